@@ -1,0 +1,80 @@
+/* gpufrag_event.h: the one wire format of gpufrag.
+ *
+ * Every capture source (the LD_PRELOAD shim, the eBPF probes, the snapshot importer) produces this
+ * fixed-size record and everything downstream consumes only it. The Rust twin is
+ * `gpufrag::event::Event` (src/event.rs); tests/event_layout.rs compiles this header and fails if the
+ * size or any field offset differs. Change both together, never one.
+ */
+#ifndef GPUFRAG_EVENT_H
+#define GPUFRAG_EVENT_H
+
+#ifdef __BPF__
+/* BPF programs get the fixed-width types from vmlinux.h or <linux/types.h>. */
+#else
+#include <stdint.h>
+typedef uint64_t __u64;
+typedef uint32_t __u32;
+typedef uint16_t __u16;
+typedef int32_t __s32;
+typedef int16_t __s16;
+#endif
+
+enum gpufrag_event_kind {
+	GPUFRAG_EV_INVALID = 0,
+	GPUFRAG_EV_MEM_ALLOC = 1,          /* cuMemAlloc / cudaMalloc: addr, size */
+	GPUFRAG_EV_MEM_ALLOC_PITCH = 2,    /* cuMemAllocPitch / cudaMallocPitch / cudaMalloc3D: addr, size = pitch * height */
+	GPUFRAG_EV_MEM_ALLOC_MANAGED = 3,  /* cuMemAllocManaged / cudaMallocManaged: addr, size */
+	GPUFRAG_EV_MEM_FREE = 4,           /* cuMemFree / cudaFree: addr */
+	GPUFRAG_EV_ADDRESS_RESERVE = 5,    /* cuMemAddressReserve: addr, size */
+	GPUFRAG_EV_ADDRESS_FREE = 6,       /* cuMemAddressFree: addr, size */
+	GPUFRAG_EV_PHYS_CREATE = 7,        /* cuMemCreate: handle, size */
+	GPUFRAG_EV_PHYS_RELEASE = 8,       /* cuMemRelease: handle */
+	GPUFRAG_EV_MAP = 9,                /* cuMemMap: addr, size, handle, requested = offset into handle */
+	GPUFRAG_EV_UNMAP = 10,             /* cuMemUnmap: addr, size */
+	GPUFRAG_EV_POOL_ALLOC = 11,        /* cuMemAllocAsync / cuMemAllocFromPoolAsync: addr, size, handle = pool, stream */
+	GPUFRAG_EV_POOL_FREE = 12,         /* cuMemFreeAsync: addr, stream */
+	GPUFRAG_EV_POOL_TRIM = 13,         /* cuMemPoolTrimTo: handle = pool, size = minBytesToKeep */
+	GPUFRAG_EV_BLOCK_ALLOC = 14,       /* framework block: addr, requested (size = block size when the source knows it, else 0) */
+	GPUFRAG_EV_BLOCK_FREE = 15,        /* framework block freed: addr */
+	GPUFRAG_EV_ALLOC_FAILED = 16,      /* failed allocation: requested, rc, device_free (flag), op = the kind that failed */
+	GPUFRAG_EV_DEVICE_INFO = 17,       /* device totals: size = total, device_free */
+	GPUFRAG_EV_PROCESS_EXEC = 18,      /* a traced process started (or exec'd): pid */
+	GPUFRAG_EV_PROCESS_EXIT = 19,      /* a traced process ended: pid */
+	GPUFRAG_EV_DROPPED = 20,           /* the source dropped `size` events before this one */
+	GPUFRAG_EV_POOL_RESERVED = 21,     /* a stream-ordered pool's reserved bytes as the driver reports them: handle = pool, size */
+	GPUFRAG_EV_KIND_COUNT = 22,
+};
+
+/* flags */
+#define GPUFRAG_F_DEVICE_FREE_KNOWN (1u << 0) /* device_free holds a measured value */
+#define GPUFRAG_F_SRC_SHIM          (1u << 1)
+#define GPUFRAG_F_SRC_EBPF          (1u << 2)
+#define GPUFRAG_F_SRC_SNAPSHOT      (1u << 3)
+#define GPUFRAG_F_SRC_USDT          (1u << 4)
+#define GPUFRAG_F_BLOCK_SIZE_KNOWN  (1u << 5) /* a block event's size is the block's real extent */
+#define GPUFRAG_F_FAILED            (1u << 6) /* the call returned rc != 0 */
+#define GPUFRAG_F_FRAMEWORK_OWNED   (1u << 7) /* a segment or mapping made by a framework's caching allocator */
+
+struct gpufrag_event {
+	__u64 ts_ns;       /* CLOCK_MONOTONIC (live) or the trace's own clock (import) */
+	__u64 addr;        /* device address, 0 when none */
+	__u64 size;        /* bytes (see the kind) */
+	__u64 requested;   /* the size the caller asked for; MAP: offset into the handle */
+	__u64 handle;      /* CUmemGenericAllocationHandle, or CUmemoryPool */
+	__u64 stream;      /* CUstream, 0 = legacy default */
+	__u64 device_free; /* bytes free on the device when known (GPUFRAG_F_DEVICE_FREE_KNOWN) */
+	__u32 pid;
+	__u32 tid;
+	__u16 kind;        /* enum gpufrag_event_kind */
+	__s16 device;      /* CUDA ordinal; -1 when unknown */
+	__s32 rc;          /* CUresult / cudaError_t of the call, 0 = success */
+	__u32 flags;       /* GPUFRAG_F_* */
+	__u16 op;          /* ALLOC_FAILED: the kind of the call that failed */
+	__u16 _pad;
+};
+
+#ifndef __BPF__
+_Static_assert(sizeof(struct gpufrag_event) == 80, "gpufrag_event must stay 80 bytes");
+#endif
+
+#endif /* GPUFRAG_EVENT_H */

@@ -1,0 +1,148 @@
+//! Size distributions: allocation sizes (recorded as events arrive) and free-run sizes (taken
+//! from the map when a summary is made). Quantiles come from an hdrhistogram (3 significant
+//! digits); the power-of-two buckets that fit GPU sizes (512 B … 64 GiB) are counted exactly
+//! beside it, so exported bucket counts never depend on the histogram's quantisation.
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+/// Upper bounds of the exported buckets: 512 B, 1 KiB, … 64 GiB; a last bucket takes the rest.
+pub const BUCKET_BOUNDS: [u64; 28] = {
+    let mut b = [0u64; 28];
+    let mut i = 0;
+    while i < 28 {
+        b[i] = 1u64 << (9 + i);
+        i += 1;
+    }
+    b
+};
+
+fn bucket_index(v: u64) -> usize {
+    BUCKET_BOUNDS.iter().position(|&le| v <= le).unwrap_or(BUCKET_BOUNDS.len())
+}
+
+/// A running distribution of byte sizes.
+#[derive(Clone, Debug)]
+pub struct SizeStats {
+    hist: Histogram<u64>,
+    buckets: [u64; 29],
+    sum: u64,
+}
+
+impl Default for SizeStats {
+    fn default() -> Self {
+        #[allow(clippy::unwrap_used)] // constant, valid bounds
+        let hist = Histogram::new_with_bounds(1, 1 << 44, 3).unwrap();
+        SizeStats { hist, buckets: [0; 29], sum: 0 }
+    }
+}
+
+impl SizeStats {
+    /// Records one size.
+    pub fn record(&mut self, v: u64) {
+        let _ = self.hist.saturating_record(v.max(1));
+        self.buckets[bucket_index(v)] += 1;
+        self.sum = self.sum.saturating_add(v);
+    }
+
+    /// Adds every value of `other`.
+    pub fn merge(&mut self, other: &SizeStats) {
+        let _ = self.hist.add(&other.hist);
+        for (a, b) in self.buckets.iter_mut().zip(other.buckets.iter()) {
+            *a += b;
+        }
+        self.sum = self.sum.saturating_add(other.sum);
+    }
+
+    /// Number of values.
+    pub fn count(&self) -> u64 {
+        self.hist.len()
+    }
+
+    /// The exported form.
+    pub fn distribution(&self) -> Distribution {
+        let q = |x: f64| if self.hist.is_empty() { 0 } else { self.hist.value_at_quantile(x) };
+        let buckets = self
+            .buckets
+            .iter()
+            .enumerate()
+            .filter(|(_, &c)| c > 0)
+            .map(|(i, &count)| Bucket { le: BUCKET_BOUNDS.get(i).copied().unwrap_or(u64::MAX), count })
+            .collect();
+        Distribution {
+            count: self.hist.len(),
+            sum: self.sum,
+            p50: q(0.5),
+            p90: q(0.9),
+            p99: q(0.99),
+            max: if self.hist.is_empty() { 0 } else { self.hist.max() },
+            buckets,
+        }
+    }
+
+    /// The distribution of `values`.
+    pub fn of(values: impl IntoIterator<Item = u64>) -> SizeStats {
+        let mut s = SizeStats::default();
+        for v in values {
+            s.record(v);
+        }
+        s
+    }
+}
+
+/// One bucket: values in `(previous le, le]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bucket {
+    /// Inclusive upper bound in bytes (`u64::MAX` for the last).
+    pub le: u64,
+    /// Values in the bucket.
+    pub count: u64,
+}
+
+/// A distribution as exported.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Distribution {
+    /// Number of values.
+    pub count: u64,
+    /// Sum of values, bytes.
+    pub sum: u64,
+    /// Median (within 0.1 %).
+    pub p50: u64,
+    /// 90th percentile (within 0.1 %).
+    pub p90: u64,
+    /// 99th percentile (within 0.1 %).
+    pub p99: u64,
+    /// Largest value (within 0.1 %).
+    pub max: u64,
+    /// Non-empty power-of-two buckets, exact counts.
+    pub buckets: Vec<Bucket>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_count_each_value_once_and_exactly() {
+        let d = SizeStats::of([512, 513, 1024, (1 << 30) + 1, 1 << 30]).distribution();
+        assert_eq!(d.count, 5);
+        assert_eq!(d.sum, 512 + 513 + 1024 + (1 << 31) + 1);
+        assert_eq!(
+            d.buckets,
+            vec![Bucket { le: 512, count: 1 }, Bucket { le: 1024, count: 2 }, Bucket { le: 1 << 30, count: 1 }, Bucket { le: 1 << 31, count: 1 }]
+        );
+    }
+
+    #[test]
+    fn empty_is_empty() {
+        let d = SizeStats::default().distribution();
+        assert_eq!((d.count, d.max, d.p50), (0, 0, 0));
+        assert!(d.buckets.is_empty());
+    }
+
+    #[test]
+    fn huge_values_land_in_the_last_bucket() {
+        let d = SizeStats::of([1 << 40]).distribution();
+        assert_eq!(d.buckets, vec![Bucket { le: u64::MAX, count: 1 }]);
+    }
+}

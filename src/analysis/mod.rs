@@ -1,0 +1,181 @@
+//! Turns address maps into the figures of DESIGN.md and failed allocations into verdicts.
+//!
+//! The figures themselves are kept incrementally by the map ([`crate::map::Figures`]); this module
+//! adds what needs the device's view (device free, largest allocatable, fragmentation), the OOM
+//! verdict with the numbers that prove it and the fix, the size distributions, and the
+//! [`summary::Summary`] that `analyze --json`, `run` and `attach` all write.
+
+pub mod histogram;
+pub mod render;
+pub mod summary;
+
+use crate::units::human_bytes;
+
+/// What the driver keeps back from the largest single request: measured on the H200, the largest
+/// request that succeeds is about `free − 4 MiB`.
+pub const DRIVER_SLACK: u64 = 4 << 20;
+
+/// `max(largest free block, device free − slack + releasable)`: what one request can get now.
+pub fn largest_allocatable(largest_free_block: u64, device_free: u64, releasable: u64) -> u64 {
+    largest_free_block.max(device_free.saturating_sub(DRIVER_SLACK) + releasable)
+}
+
+/// `1 − largest allocatable / (device free + stranded + releasable)`: the share of free memory no
+/// single request can use; 0 when nothing is free.
+pub fn fragmentation(largest_free_block: u64, device_free: u64, stranded: u64, releasable: u64) -> f64 {
+    let free = device_free as f64 + stranded as f64 + releasable as f64;
+    if free <= 0.0 {
+        return 0.0;
+    }
+    let one = largest_allocatable(largest_free_block, device_free, releasable) as f64;
+    (1.0 - one / free).clamp(0.0, 1.0)
+}
+
+/// Why an allocation failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// More was asked than is free in total, counting the cache: only less demand helps.
+    TrueOom,
+    /// Enough is free in total, but no single run holds the request.
+    Fragmentation,
+    /// By the traced figures the request should have fit: the cause lies outside what was traced
+    /// (another process, a driver limit, or lost events).
+    Inconclusive,
+}
+
+impl Verdict {
+    /// The JSON / display name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::TrueOom => "true_oom",
+            Verdict::Fragmentation => "fragmentation",
+            Verdict::Inconclusive => "inconclusive",
+        }
+    }
+}
+
+/// The numbers an OOM verdict compares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OomInputs {
+    /// Bytes requested.
+    pub requested: u64,
+    /// Device free at the failure (0 when unknown).
+    pub device_free: u64,
+    /// Stranded bytes in the process's segments.
+    pub stranded: u64,
+    /// Releasable bytes in the process's cache.
+    pub releasable: u64,
+    /// The largest free run inside one segment.
+    pub largest_free_block: u64,
+    /// Whether a caching allocator was seen (the fix names its setting).
+    pub framework: bool,
+}
+
+impl OomInputs {
+    /// The verdict: `true_oom` when the request exceeds device free + stranded + releasable,
+    /// `fragmentation` when that sum covers it but no single run does.
+    pub fn verdict(&self) -> Verdict {
+        let total = self.device_free + self.stranded + self.releasable;
+        if self.requested > total {
+            Verdict::TrueOom
+        } else if self.requested > largest_allocatable(self.largest_free_block, self.device_free, self.releasable) {
+            Verdict::Fragmentation
+        } else {
+            Verdict::Inconclusive
+        }
+    }
+
+    /// The verdict in plain words, with the numbers.
+    pub fn explanation(&self) -> String {
+        let total = self.device_free + self.stranded + self.releasable;
+        let h = human_bytes;
+        match self.verdict() {
+            Verdict::TrueOom => format!(
+                "true OOM: {} requested, but only {} is free in all (device free {} + stranded {} + releasable {})",
+                h(self.requested), h(total), h(self.device_free), h(self.stranded), h(self.releasable)
+            ),
+            Verdict::Fragmentation => format!(
+                "fragmentation OOM: {} requested and {} is free in all (device free {} + stranded {} + releasable {}), but the largest free block is {} and the device can hand out at most {} in one piece",
+                h(self.requested), h(total), h(self.device_free), h(self.stranded), h(self.releasable),
+                h(self.largest_free_block),
+                h(largest_allocatable(0, self.device_free, self.releasable))
+            ),
+            Verdict::Inconclusive => format!(
+                "inconclusive: {} requested, and by the traced figures one piece of {} could be had (largest free block {}, device free {}); the failure comes from outside what was traced",
+                h(self.requested), h(largest_allocatable(self.largest_free_block, self.device_free, self.releasable)),
+                h(self.largest_free_block), h(self.device_free)
+            ),
+        }
+    }
+
+    /// What to do about it.
+    pub fn fix(&self) -> String {
+        let h = human_bytes;
+        let release = if self.releasable > 0 {
+            format!("; releasing the cache (torch.cuda.empty_cache()) would have returned {}", h(self.releasable))
+        } else {
+            "; releasing the cache would have returned nothing (no cached segment is empty)".to_string()
+        };
+        match (self.verdict(), self.framework) {
+            (Verdict::Fragmentation, true) => format!(
+                "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so that free space in one segment can grow into the next ({} stranded in split segments would become usable); or cap splitting with max_split_size_mb, or call torch.cuda.empty_cache() at a phase change{}",
+                h(self.stranded), release
+            ),
+            (Verdict::Fragmentation, false) => format!(
+                "allocate the large buffer early, before small allocations pin the space around it, or pool small allocations (sub-2 MiB allocations share 2 MiB driver pages){}",
+                release
+            ),
+            (Verdict::TrueOom, _) => format!(
+                "the request is larger than all free memory: reduce the batch or sequence length, use activation checkpointing, or move work to another device (short by {}){}",
+                h(self.requested.saturating_sub(self.device_free + self.stranded + self.releasable)),
+                release
+            ),
+            (Verdict::Inconclusive, _) => "check other processes on the device (nvidia-smi) and whether events were dropped".to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frag_oom() -> OomInputs {
+        OomInputs {
+            requested: 2_684_354_560,
+            device_free: 2_398_224_384,
+            stranded: 2_097_152_000,
+            releasable: 0,
+            largest_free_block: 209_715_200,
+            framework: true,
+        }
+    }
+
+    #[test]
+    fn frag_oom_is_a_fragmentation_oom_and_names_expandable_segments() {
+        let o = frag_oom();
+        assert_eq!(o.verdict(), Verdict::Fragmentation);
+        assert!(o.fix().contains("expandable_segments:True"), "{}", o.fix());
+        assert!(o.explanation().contains("2.50 GiB requested"), "{}", o.explanation());
+        let f = fragmentation(o.largest_free_block, o.device_free, o.stranded, o.releasable);
+        assert!((f - 0.4674).abs() < 0.001, "fragmentation {f}");
+    }
+
+    #[test]
+    fn more_than_everything_free_is_a_true_oom() {
+        let o = OomInputs { requested: 5 << 30, ..frag_oom() };
+        assert_eq!(o.verdict(), Verdict::TrueOom);
+    }
+
+    #[test]
+    fn a_request_that_fits_is_inconclusive() {
+        let o = OomInputs { requested: 100 << 20, ..frag_oom() };
+        assert_eq!(o.verdict(), Verdict::Inconclusive);
+    }
+
+    #[test]
+    fn nothing_free_means_no_fragmentation() {
+        assert_eq!(fragmentation(0, 0, 0, 0), 0.0);
+        assert_eq!(fragmentation(0, 1 << 30, 0, 0), 1.0 - ((1u64 << 30) - DRIVER_SLACK) as f64 / (1u64 << 30) as f64);
+    }
+}

@@ -1,0 +1,127 @@
+//! The human form of a [`Summary`]: sizes in GiB/MiB as PyTorch prints them, one block per
+//! device, the segments that strand the most, and every OOM with its verdict and fix.
+
+use super::summary::{DeviceSummary, Summary};
+use crate::units::human_bytes as h;
+use std::fmt::Write;
+
+fn group(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn line(out: &mut String, name: &str, bytes: u64) {
+    let _ = writeln!(out, "  {name:<21}{:>12}  ({} B)", h(bytes), group(bytes));
+}
+
+fn device(out: &mut String, d: &DeviceSummary, title: &str) {
+    let level = if d.level == "block" {
+        "block level: figures inside the caching allocator's segments"
+    } else {
+        "segment level: driver allocations only, no framework blocks seen"
+    };
+    let _ = writeln!(out, "{title} ({level})");
+    line(out, "reserved", d.reserved);
+    line(out, "allocated", d.allocated);
+    let _ = writeln!(
+        out,
+        "  {:<21}{:>12}  ({} B, {:.1} % of reserved)",
+        "stranded",
+        h(d.stranded),
+        group(d.stranded),
+        d.stranded_ratio * 100.0
+    );
+    line(out, "releasable", d.releasable);
+    line(out, "largest free block", d.largest_free_block);
+    match d.device_free {
+        Some(free) => line(out, "device free", free),
+        None => {
+            let _ = writeln!(out, "  {:<21}{:>12}", "device free", "not measured");
+        }
+    }
+    line(out, "largest allocatable", d.largest_allocatable);
+    let _ = writeln!(out, "  {:<21}{:>12.2}", "fragmentation", d.fragmentation);
+    let _ = writeln!(out, "  {:<21}{:>12}  blocks {}", "segments", d.segments, d.blocks);
+    if d.page_stranded > 0 {
+        line(out, "page-stranded", d.page_stranded);
+    }
+    if d.pool_cached > 0 {
+        line(out, "pool cached", d.pool_cached);
+    }
+    let a = &d.alloc_sizes;
+    if a.count > 0 {
+        let _ = writeln!(out, "  allocation sizes     {} allocations: p50 {}, p90 {}, p99 {}, max {}", a.count, h(a.p50), h(a.p90), h(a.p99), h(a.max));
+    }
+    let r = &d.free_runs;
+    if r.count > 0 {
+        let _ = writeln!(out, "  free runs            {} runs: p50 {}, p90 {}, max {}", r.count, h(r.p50), h(r.p90), h(r.max));
+    }
+    if !d.top_stranded_segments.is_empty() {
+        let _ = writeln!(out, "  segments stranding the most:");
+        let _ = writeln!(out, "    {:<18} {:>8} {:>12} {:>12} {:>6} {:>14}", "address", "pid", "size", "stranded", "live", "largest free");
+        for s in &d.top_stranded_segments {
+            let _ = writeln!(
+                out,
+                "    {:<18} {:>8} {:>12} {:>12} {:>6} {:>14}",
+                format!("{:#x}", s.address),
+                s.pid,
+                h(s.size),
+                h(s.stranded),
+                s.live_blocks,
+                h(s.largest_free_run)
+            );
+        }
+    }
+}
+
+/// The whole summary as text.
+pub fn render(s: &Summary) -> String {
+    let mut out = String::new();
+    let exact = if s.exact { "exact" } else { "NOT exact: see notes" };
+    let _ = writeln!(out, "gpufrag: {} ({} events, {exact})", s.source, s.events);
+    for d in &s.devices {
+        out.push('\n');
+        device(&mut out, d, &format!("device {}", d.device));
+    }
+    if s.processes.len() > 1 {
+        for p in &s.processes {
+            out.push('\n');
+            device(&mut out, &p.figures, &format!("process {} on device {}", p.pid, p.figures.device));
+        }
+    }
+    if s.ooms.is_empty() {
+        let _ = writeln!(out, "\nno failed allocation in this trace");
+    }
+    for (i, o) in s.ooms.iter().enumerate() {
+        let _ = writeln!(out, "\nOOM {} on device {} (pid {}): {} requested", i + 1, o.device, o.pid, h(o.requested));
+        let _ = writeln!(out, "  verdict: {}", o.verdict.name());
+        let _ = writeln!(out, "  {}", o.explanation);
+        let _ = writeln!(out, "  fix: {}", o.fix);
+    }
+    if !s.notes.is_empty() {
+        let _ = writeln!(out, "\nnotes:");
+        for n in &s.notes {
+            let _ = writeln!(out, "  - {n}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_are_grouped() {
+        assert_eq!(group(0), "0");
+        assert_eq!(group(999), "999");
+        assert_eq!(group(2_684_354_560), "2,684,354,560");
+    }
+}

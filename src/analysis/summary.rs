@@ -1,0 +1,295 @@
+//! The summary schema: what `gpufrag analyze --json` prints and what `run --summary-json` and
+//! `attach --summary-json` write. Field names are stable (docs/metrics.md documents them); new
+//! fields may be added, none renamed or removed. All sizes are exact bytes.
+
+use super::histogram::{Distribution, SizeStats};
+use super::{fragmentation, largest_allocatable, OomInputs, Verdict};
+use crate::ingest::State;
+use crate::map::{Figures, SegmentKind};
+use serde::{Deserialize, Serialize};
+
+/// Version of this schema.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// One analysis.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Summary {
+    /// [`SCHEMA_VERSION`].
+    pub schema: u32,
+    /// What was analysed: a file path or a command line.
+    pub source: String,
+    /// Whether every figure is exact: no dropped events, no anomalies, a complete trace.
+    pub exact: bool,
+    /// Why the figures are not exact, or how they were obtained, in plain words.
+    pub notes: Vec<String>,
+    /// Per device, summed over processes.
+    pub devices: Vec<DeviceSummary>,
+    /// Per process and device.
+    pub processes: Vec<ProcessSummary>,
+    /// Every failed allocation, in order.
+    pub ooms: Vec<OomSummary>,
+    /// Events applied.
+    pub events: u64,
+    /// Events the sources dropped.
+    pub dropped: u64,
+    /// Events that did not fit the map (lost or inconsistent).
+    pub anomalies: u64,
+}
+
+/// Figures of one device, or of one process on one device.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DeviceSummary {
+    /// CUDA ordinal.
+    pub device: i16,
+    /// Bytes held from the driver.
+    pub reserved: u64,
+    /// Bytes in live blocks (plus segments no framework owns).
+    pub allocated: u64,
+    /// Free bytes inside segments that hold a live block.
+    pub stranded: u64,
+    /// Bytes in cached segments with no live block (what `empty_cache()` returns).
+    pub releasable: u64,
+    /// The largest free run inside one segment.
+    pub largest_free_block: u64,
+    /// Number of segments.
+    pub segments: u64,
+    /// Number of live blocks.
+    pub blocks: u64,
+    /// Share of free memory that no single request can use.
+    pub fragmentation: f64,
+    /// stranded / reserved.
+    pub stranded_ratio: f64,
+    /// Device free bytes when measured.
+    pub device_free: Option<u64>,
+    /// Device total bytes when measured.
+    pub device_total: Option<u64>,
+    /// What one request can get now.
+    pub largest_allocatable: u64,
+    /// Free bytes in 2 MiB driver pages held by live sub-2 MiB allocations.
+    pub page_stranded: u64,
+    /// Bytes kept by stream-ordered pools.
+    pub pool_cached: u64,
+    /// `block` when a caching allocator's blocks were seen, else `segment` (driver level only).
+    pub level: String,
+    /// The segments with the most stranded bytes, most first (at most ten).
+    pub top_stranded_segments: Vec<SegmentSummary>,
+    /// Sizes of successful allocations.
+    pub alloc_sizes: Distribution,
+    /// Sizes of the free runs inside segments now.
+    pub free_runs: Distribution,
+}
+
+/// A process's figures on one device.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ProcessSummary {
+    /// Process id (0 for a snapshot).
+    pub pid: u32,
+    /// The figures.
+    #[serde(flatten)]
+    pub figures: DeviceSummary,
+    /// Successful allocations seen.
+    pub allocs: u64,
+    /// Frees seen.
+    pub frees: u64,
+}
+
+/// One segment in a table.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SegmentSummary {
+    /// Process.
+    pub pid: u32,
+    /// First byte.
+    pub address: u64,
+    /// Bytes.
+    pub size: u64,
+    /// How the driver handed it out.
+    pub kind: String,
+    /// Free bytes held hostage by live blocks.
+    pub stranded: u64,
+    /// Live blocks inside.
+    pub live_blocks: u64,
+    /// The largest free run inside.
+    pub largest_free_run: u64,
+}
+
+/// One failed allocation.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct OomSummary {
+    /// Device.
+    pub device: i16,
+    /// Process.
+    pub pid: u32,
+    /// Timestamp, ns.
+    pub ts_ns: u64,
+    /// Bytes requested.
+    pub requested: u64,
+    /// Device free at the failure (0 when not measured; see `device_free_known`).
+    pub device_free: u64,
+    /// Whether `device_free` was measured.
+    pub device_free_known: bool,
+    /// Stranded bytes at the failure.
+    pub stranded: u64,
+    /// Releasable bytes at the failure.
+    pub releasable: u64,
+    /// The largest free block at the failure.
+    pub largest_free_block: u64,
+    /// Reserved bytes at the failure.
+    pub reserved: u64,
+    /// Allocated bytes at the failure.
+    pub allocated: u64,
+    /// The return code of the failed call.
+    pub rc: i32,
+    /// The call that failed.
+    pub op: String,
+    /// `fragmentation`, `true_oom` or `inconclusive`.
+    pub verdict: Verdict,
+    /// The verdict in plain words.
+    pub explanation: String,
+    /// What to do.
+    pub fix: String,
+}
+
+fn segment_kind_name(k: SegmentKind) -> &'static str {
+    match k {
+        SegmentKind::Driver => "driver",
+        SegmentKind::Pitch => "pitch",
+        SegmentKind::Managed => "managed",
+        SegmentKind::Mapped => "mapped",
+        SegmentKind::Pool => "pool",
+    }
+}
+
+fn device_summary(
+    device: i16,
+    f: &Figures,
+    free: Option<u64>,
+    total: Option<u64>,
+    spaces: &[&crate::ingest::ProcessDevice],
+) -> DeviceSummary {
+    let device_free = free.unwrap_or(0);
+    let mut top: Vec<SegmentSummary> = spaces
+        .iter()
+        .flat_map(|s| {
+            let m = &s.map;
+            m.segments().filter(|g| g.stranded() > 0).map(move |g| SegmentSummary {
+                pid: s.pid,
+                address: g.start,
+                size: g.size,
+                kind: segment_kind_name(g.kind).to_string(),
+                stranded: g.stranded(),
+                live_blocks: g.live_blocks,
+                largest_free_run: m.free_runs_in(g.start, g.end()).map(|(_, l)| l).max().unwrap_or(0),
+            })
+        })
+        .collect();
+    top.sort_by(|a, b| b.stranded.cmp(&a.stranded).then(a.address.cmp(&b.address)));
+    top.truncate(10);
+    let mut alloc_sizes = SizeStats::default();
+    let mut runs = SizeStats::default();
+    for s in spaces {
+        alloc_sizes.merge(&s.alloc_sizes);
+        for (_, l) in s.map.free_runs() {
+            runs.record(l);
+        }
+    }
+    DeviceSummary {
+        device,
+        reserved: f.reserved,
+        allocated: f.allocated,
+        stranded: f.stranded,
+        releasable: f.releasable,
+        largest_free_block: f.largest_free_block,
+        segments: f.segments,
+        blocks: f.blocks,
+        fragmentation: fragmentation(f.largest_free_block, device_free, f.stranded, f.releasable),
+        stranded_ratio: if f.reserved == 0 { 0.0 } else { f.stranded as f64 / f.reserved as f64 },
+        device_free: free,
+        device_total: total,
+        largest_allocatable: largest_allocatable(f.largest_free_block, device_free, f.releasable),
+        page_stranded: f.page_stranded,
+        pool_cached: f.pool_cached,
+        level: if f.framework_seen { "block" } else { "segment" }.to_string(),
+        top_stranded_segments: top,
+        alloc_sizes: alloc_sizes.distribution(),
+        free_runs: runs.distribution(),
+    }
+}
+
+impl Summary {
+    /// The summary of `state`, for `source`.
+    pub fn from_state(state: &State, source: &str) -> Summary {
+        let mut devices = Vec::new();
+        let mut processes = Vec::new();
+        for device in state.device_ids() {
+            let totals = state.devices.get(&device).copied().unwrap_or_default();
+            let spaces: Vec<_> = state.spaces.values().filter(|s| s.device == device).collect();
+            let f = state.device_figures(device);
+            devices.push(device_summary(device, &f, totals.free, totals.total, &spaces));
+            for s in &spaces {
+                processes.push(ProcessSummary {
+                    pid: s.pid,
+                    figures: device_summary(device, &s.map.figures(), totals.free, totals.total, std::slice::from_ref(s)),
+                    allocs: s.allocs,
+                    frees: s.frees,
+                });
+            }
+        }
+        let ooms = state
+            .ooms
+            .iter()
+            .map(|o| {
+                let inputs = OomInputs {
+                    requested: o.requested,
+                    device_free: o.device_free.unwrap_or(0),
+                    stranded: o.figures.stranded,
+                    releasable: o.figures.releasable,
+                    largest_free_block: o.figures.largest_free_block,
+                    framework: o.figures.framework_seen,
+                };
+                OomSummary {
+                    device: o.device,
+                    pid: o.pid,
+                    ts_ns: o.ts_ns,
+                    requested: o.requested,
+                    device_free: o.device_free.unwrap_or(0),
+                    device_free_known: o.device_free.is_some(),
+                    stranded: o.figures.stranded,
+                    releasable: o.figures.releasable,
+                    largest_free_block: o.figures.largest_free_block,
+                    reserved: o.figures.reserved,
+                    allocated: o.figures.allocated,
+                    rc: o.rc,
+                    op: o.op.map_or("unknown", |k| k.name()).to_string(),
+                    verdict: inputs.verdict(),
+                    explanation: inputs.explanation(),
+                    fix: inputs.fix(),
+                }
+            })
+            .collect();
+        let mut notes = Vec::new();
+        if state.dropped > 0 {
+            notes.push(format!("{} events were dropped by the capture: figures are lower bounds", state.dropped));
+        }
+        if state.anomaly_count > 0 {
+            notes.push(format!("{} events did not fit the traced state (lost or inconsistent events)", state.anomaly_count));
+            for a in &state.anomalies {
+                notes.push(format!("event {}: pid {} device {}: {}", a.index, a.pid, a.device, a.anomaly));
+            }
+        }
+        if state.unknown_kinds > 0 {
+            notes.push(format!("{} events had a kind this build does not know", state.unknown_kinds));
+        }
+        Summary {
+            schema: SCHEMA_VERSION,
+            source: source.to_string(),
+            exact: state.exact(),
+            notes,
+            devices,
+            processes,
+            ooms,
+            events: state.events,
+            dropped: state.dropped,
+            anomalies: state.anomaly_count,
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! The one event that every capture source produces and everything downstream consumes.
+//!
+//! `Event` is a fixed-size `#[repr(C)]` record mirrored field for field by
+//! `include/gpufrag_event.h`, the header that the eBPF programs and the preload shim include;
+//! `tests/event_layout.rs` compiles that header and fails if the size or any offset differs.
+//! A kind is stored as a `u16` so that a record from a newer or broken source never becomes an
+//! invalid Rust enum: [`Event::kind`] decodes it and says when it cannot.
+
+use std::fmt;
+
+/// What happened. The numbering is the wire format: never renumber, only append.
+#[repr(u16)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EventKind {
+    /// `cuMemAlloc` / `cudaMalloc`: a driver segment at `addr` of `size` bytes.
+    MemAlloc = 1,
+    /// `cuMemAllocPitch` / `cudaMallocPitch` / `cudaMalloc3D`: `size` = pitch × height (× depth).
+    MemAllocPitch = 2,
+    /// `cuMemAllocManaged` / `cudaMallocManaged`.
+    MemAllocManaged = 3,
+    /// `cuMemFree` / `cudaFree` of `addr`.
+    MemFree = 4,
+    /// `cuMemAddressReserve`: a virtual range, no memory behind it yet.
+    AddressReserve = 5,
+    /// `cuMemAddressFree` of the range at `addr`.
+    AddressFree = 6,
+    /// `cuMemCreate`: physical memory `handle` of `size` bytes.
+    PhysCreate = 7,
+    /// `cuMemRelease` of `handle`.
+    PhysRelease = 8,
+    /// `cuMemMap`: `size` bytes of `handle` (from offset `requested`) at `addr`.
+    Map = 9,
+    /// `cuMemUnmap` of `[addr, addr + size)`.
+    Unmap = 10,
+    /// `cuMemAllocAsync` / `cuMemAllocFromPoolAsync`: `addr`, `size`, pool in `handle`.
+    PoolAlloc = 11,
+    /// `cuMemFreeAsync` of `addr`: the bytes stay in the pool until trimmed.
+    PoolFree = 12,
+    /// `cuMemPoolTrimTo(handle, size)`.
+    PoolTrim = 13,
+    /// A framework (caching allocator) block at `addr`; `requested` = the size asked for.
+    BlockAlloc = 14,
+    /// A framework block at `addr` freed (returned to the cache, not to the driver).
+    BlockFree = 15,
+    /// An allocation that failed: `requested`, `rc`, `op` (the kind that failed), device free if known.
+    AllocFailed = 16,
+    /// Device totals: `size` = total bytes, `device_free` = free bytes.
+    DeviceInfo = 17,
+    /// A traced process started or exec'd.
+    ProcessExec = 18,
+    /// A traced process ended.
+    ProcessExit = 19,
+    /// The source lost `size` events before this one.
+    Dropped = 20,
+    /// A stream-ordered pool's reserved bytes as the driver reports them (`handle` = pool).
+    PoolReserved = 21,
+}
+
+impl EventKind {
+    /// Every kind, in wire order.
+    pub const ALL: [EventKind; 21] = [
+        EventKind::MemAlloc,
+        EventKind::MemAllocPitch,
+        EventKind::MemAllocManaged,
+        EventKind::MemFree,
+        EventKind::AddressReserve,
+        EventKind::AddressFree,
+        EventKind::PhysCreate,
+        EventKind::PhysRelease,
+        EventKind::Map,
+        EventKind::Unmap,
+        EventKind::PoolAlloc,
+        EventKind::PoolFree,
+        EventKind::PoolTrim,
+        EventKind::BlockAlloc,
+        EventKind::BlockFree,
+        EventKind::AllocFailed,
+        EventKind::DeviceInfo,
+        EventKind::ProcessExec,
+        EventKind::ProcessExit,
+        EventKind::Dropped,
+        EventKind::PoolReserved,
+    ];
+
+    /// Decodes a wire value; `None` for 0 and for values this build does not know.
+    pub fn from_u16(v: u16) -> Option<EventKind> {
+        EventKind::ALL.get((v as usize).wrapping_sub(1)).copied()
+    }
+
+    /// The snake-case name used in JSON and on screen.
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::MemAlloc => "mem_alloc",
+            EventKind::MemAllocPitch => "mem_alloc_pitch",
+            EventKind::MemAllocManaged => "mem_alloc_managed",
+            EventKind::MemFree => "mem_free",
+            EventKind::AddressReserve => "address_reserve",
+            EventKind::AddressFree => "address_free",
+            EventKind::PhysCreate => "phys_create",
+            EventKind::PhysRelease => "phys_release",
+            EventKind::Map => "map",
+            EventKind::Unmap => "unmap",
+            EventKind::PoolAlloc => "pool_alloc",
+            EventKind::PoolFree => "pool_free",
+            EventKind::PoolTrim => "pool_trim",
+            EventKind::BlockAlloc => "block_alloc",
+            EventKind::BlockFree => "block_free",
+            EventKind::AllocFailed => "alloc_failed",
+            EventKind::DeviceInfo => "device_info",
+            EventKind::ProcessExec => "process_exec",
+            EventKind::ProcessExit => "process_exit",
+            EventKind::Dropped => "dropped",
+            EventKind::PoolReserved => "pool_reserved",
+        }
+    }
+}
+
+impl fmt::Display for EventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `device_free` holds a measured value.
+pub const F_DEVICE_FREE_KNOWN: u32 = 1 << 0;
+/// Produced by the LD_PRELOAD shim.
+pub const F_SRC_SHIM: u32 = 1 << 1;
+/// Produced by eBPF uprobes.
+pub const F_SRC_EBPF: u32 = 1 << 2;
+/// Imported from a PyTorch snapshot.
+pub const F_SRC_SNAPSHOT: u32 = 1 << 3;
+/// Produced by a USDT probe.
+pub const F_SRC_USDT: u32 = 1 << 4;
+/// A block event's `size` is the block's real extent (no allocator rules needed).
+pub const F_BLOCK_SIZE_KNOWN: u32 = 1 << 5;
+/// The call returned a non-zero code.
+pub const F_FAILED: u32 = 1 << 6;
+/// A segment or mapping made by a framework's caching allocator (its free space is cache, not in use).
+pub const F_FRAMEWORK_OWNED: u32 = 1 << 7;
+
+/// The wire record: 80 bytes, little-endian on every platform gpufrag runs on.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Event {
+    /// Nanoseconds: `CLOCK_MONOTONIC` for live capture, the trace's own clock for imports.
+    pub ts_ns: u64,
+    /// Device address, 0 when none.
+    pub addr: u64,
+    /// Bytes; see each [`EventKind`].
+    pub size: u64,
+    /// The size the caller asked for; for [`EventKind::Map`], the offset into the handle.
+    pub requested: u64,
+    /// A `CUmemGenericAllocationHandle` or a `CUmemoryPool`.
+    pub handle: u64,
+    /// The `CUstream`, 0 for the legacy default stream.
+    pub stream: u64,
+    /// Bytes free on the device when known (see [`F_DEVICE_FREE_KNOWN`]).
+    pub device_free: u64,
+    /// Process id (the thread group id).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// An [`EventKind`] as its wire value.
+    pub kind: u16,
+    /// CUDA device ordinal; -1 when unknown.
+    pub device: i16,
+    /// `CUresult` / `cudaError_t` of the call; 0 on success.
+    pub rc: i32,
+    /// `F_*` bits.
+    pub flags: u32,
+    /// For [`EventKind::AllocFailed`]: the kind of the call that failed.
+    pub op: u16,
+    /// Padding, always 0.
+    pub _pad: u16,
+}
+
+/// Size of one record on the wire.
+pub const EVENT_SIZE: usize = std::mem::size_of::<Event>();
+const _: () = assert!(EVENT_SIZE == 80);
+
+impl Event {
+    /// A zeroed event of `kind` for `pid` on `device`.
+    pub fn new(kind: EventKind, pid: u32, device: i16) -> Event {
+        Event { kind: kind as u16, pid, device, ..Event::default() }
+    }
+
+    /// The decoded kind, `None` when the wire value is unknown.
+    pub fn kind(&self) -> Option<EventKind> {
+        EventKind::from_u16(self.kind)
+    }
+
+    /// The kind of call that failed, for [`EventKind::AllocFailed`].
+    pub fn failed_op(&self) -> Option<EventKind> {
+        EventKind::from_u16(self.op)
+    }
+
+    /// Device free bytes when the source measured them.
+    pub fn device_free(&self) -> Option<u64> {
+        (self.flags & F_DEVICE_FREE_KNOWN != 0).then_some(self.device_free)
+    }
+
+    /// The record as its 80 wire bytes.
+    pub fn to_bytes(&self) -> [u8; EVENT_SIZE] {
+        let mut b = [0u8; EVENT_SIZE];
+        let mut o = 0;
+        for v in [self.ts_ns, self.addr, self.size, self.requested, self.handle, self.stream, self.device_free] {
+            b[o..o + 8].copy_from_slice(&v.to_le_bytes());
+            o += 8;
+        }
+        b[56..60].copy_from_slice(&self.pid.to_le_bytes());
+        b[60..64].copy_from_slice(&self.tid.to_le_bytes());
+        b[64..66].copy_from_slice(&self.kind.to_le_bytes());
+        b[66..68].copy_from_slice(&self.device.to_le_bytes());
+        b[68..72].copy_from_slice(&self.rc.to_le_bytes());
+        b[72..76].copy_from_slice(&self.flags.to_le_bytes());
+        b[76..78].copy_from_slice(&self.op.to_le_bytes());
+        b[78..80].copy_from_slice(&self._pad.to_le_bytes());
+        b
+    }
+
+    /// Decodes 80 wire bytes (any alignment).
+    pub fn from_bytes(b: &[u8; EVENT_SIZE]) -> Event {
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or([0; 8]));
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or([0; 4]));
+        let u16_at = |o: usize| u16::from_le_bytes(b[o..o + 2].try_into().unwrap_or([0; 2]));
+        Event {
+            ts_ns: u64_at(0),
+            addr: u64_at(8),
+            size: u64_at(16),
+            requested: u64_at(24),
+            handle: u64_at(32),
+            stream: u64_at(40),
+            device_free: u64_at(48),
+            pid: u32_at(56),
+            tid: u32_at(60),
+            kind: u16_at(64),
+            device: u16_at(66) as i16,
+            rc: u32_at(68) as i32,
+            flags: u32_at(72),
+            op: u16_at(76),
+            _pad: u16_at(78),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_round_trip_and_unknown_values_decode_to_none() {
+        for k in EventKind::ALL {
+            assert_eq!(EventKind::from_u16(k as u16), Some(k));
+        }
+        assert_eq!(EventKind::from_u16(0), None);
+        assert_eq!(EventKind::from_u16(EventKind::ALL.len() as u16 + 1), None);
+        assert_eq!(EventKind::from_u16(u16::MAX), None);
+    }
+
+    #[test]
+    fn bytes_round_trip_every_field() {
+        let e = Event {
+            ts_ns: 1,
+            addr: 0x7f00_0000_0000,
+            size: 3,
+            requested: 4,
+            handle: 5,
+            stream: 6,
+            device_free: 7,
+            pid: 8,
+            tid: 9,
+            kind: EventKind::AllocFailed as u16,
+            device: -1,
+            rc: -2,
+            flags: F_DEVICE_FREE_KNOWN | F_FAILED,
+            op: EventKind::MemAlloc as u16,
+            _pad: 0,
+        };
+        assert_eq!(Event::from_bytes(&e.to_bytes()), e);
+        assert_eq!(e.device_free(), Some(7));
+        assert_eq!(e.failed_op(), Some(EventKind::MemAlloc));
+    }
+}

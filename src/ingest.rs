@@ -1,0 +1,272 @@
+//! The live state: every event, from any source, applied to the address map of its
+//! (process, device), plus device totals, OOM records and the bookkeeping that says whether the
+//! figures are exact.
+//!
+//! [`State::apply`] is the one entry point; it never fails. What the map cannot square with what
+//! it knows (a free of an unknown address, a block outside every segment, events the source
+//! dropped) is counted, the first few are kept with their event index for the user, and the
+//! figures are then reported as inexact.
+
+use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
+use crate::map::{AddressSpace, Anomaly, Figures, SegmentKind};
+use crate::rules::AllocatorRules;
+use crate::analysis::histogram::SizeStats;
+use std::collections::BTreeMap;
+
+/// How many anomalies are kept verbatim (all are counted).
+pub const KEPT_ANOMALIES: usize = 20;
+
+/// A process's map on one device, with its counters.
+#[derive(Clone, Debug)]
+pub struct ProcessDevice {
+    /// Process id.
+    pub pid: u32,
+    /// CUDA ordinal.
+    pub device: i16,
+    /// The address map.
+    pub map: AddressSpace,
+    /// Sizes of successful allocations (segments and blocks), bytes.
+    pub alloc_sizes: SizeStats,
+    /// Successful allocations seen.
+    pub allocs: u64,
+    /// Frees seen.
+    pub frees: u64,
+}
+
+impl ProcessDevice {
+    fn new(pid: u32, device: i16, rules: AllocatorRules) -> ProcessDevice {
+        ProcessDevice { pid, device, map: AddressSpace::new(rules), alloc_sizes: SizeStats::default(), allocs: 0, frees: 0 }
+    }
+}
+
+/// A failed allocation with the state of its address space at that moment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OomRecord {
+    /// Event timestamp.
+    pub ts_ns: u64,
+    /// Process.
+    pub pid: u32,
+    /// Device.
+    pub device: i16,
+    /// Bytes requested.
+    pub requested: u64,
+    /// Return code of the failed call.
+    pub rc: i32,
+    /// What kind of call failed.
+    pub op: Option<EventKind>,
+    /// Device free bytes when the failure was observed, if measured.
+    pub device_free: Option<u64>,
+    /// The process's figures on that device at that moment.
+    pub figures: Figures,
+}
+
+/// Device-wide totals as last measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceTotals {
+    /// Bytes the device has (`cuMemGetInfo` total or NVML total).
+    pub total: Option<u64>,
+    /// Bytes free on the device.
+    pub free: Option<u64>,
+}
+
+/// One anomaly, kept for the user.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AnomalyRecord {
+    /// Index of the event in the stream (0-based).
+    pub index: u64,
+    /// Process.
+    pub pid: u32,
+    /// Device.
+    pub device: i16,
+    /// What was wrong.
+    pub anomaly: Anomaly,
+}
+
+/// Everything known from the events applied so far.
+#[derive(Clone, Debug, Default)]
+pub struct State {
+    /// Per (pid, device).
+    pub spaces: BTreeMap<(u32, i16), ProcessDevice>,
+    /// Per device.
+    pub devices: BTreeMap<i16, DeviceTotals>,
+    /// Failed allocations in order.
+    pub ooms: Vec<OomRecord>,
+    /// Events the sources reported dropped.
+    pub dropped: u64,
+    /// Anomalies counted.
+    pub anomaly_count: u64,
+    /// The first [`KEPT_ANOMALIES`] anomalies.
+    pub anomalies: Vec<AnomalyRecord>,
+    /// Events applied.
+    pub events: u64,
+    /// Events with a kind this build does not know.
+    pub unknown_kinds: u64,
+    /// Processes that exited.
+    pub exited: BTreeMap<u32, u64>,
+    rules: AllocatorRules,
+}
+
+impl State {
+    /// An empty state; new address spaces follow `rules`.
+    pub fn new(rules: AllocatorRules) -> State {
+        State { rules, ..State::default() }
+    }
+
+    /// Whether the figures can be trusted to the byte: nothing dropped, nothing inconsistent.
+    pub fn exact(&self) -> bool {
+        self.dropped == 0 && self.anomaly_count == 0 && self.unknown_kinds == 0
+    }
+
+    /// Records an anomaly (used by sources that find one outside `apply`, too).
+    pub fn note_anomaly(&mut self, pid: u32, device: i16, anomaly: Anomaly) {
+        self.anomaly_count += 1;
+        if self.anomalies.len() < KEPT_ANOMALIES {
+            self.anomalies.push(AnomalyRecord { index: self.events.saturating_sub(1), pid, device, anomaly });
+        }
+    }
+
+    /// The map of (pid, device), created on first use.
+    pub fn space(&mut self, pid: u32, device: i16) -> &mut ProcessDevice {
+        let rules = &self.rules;
+        self.spaces.entry((pid, device)).or_insert_with(|| ProcessDevice::new(pid, device, rules.clone()))
+    }
+
+    /// Applies one event. Never fails: what does not fit is counted.
+    pub fn apply(&mut self, ev: &Event) {
+        self.events += 1;
+        let Some(kind) = ev.kind() else {
+            self.unknown_kinds += 1;
+            return;
+        };
+        let (pid, device) = (ev.pid, ev.device);
+        let framework = ev.flags & F_FRAMEWORK_OWNED != 0;
+        let result: Result<(), Anomaly> = match kind {
+            EventKind::DeviceInfo => {
+                let d = self.devices.entry(device).or_default();
+                if ev.size > 0 {
+                    d.total = Some(ev.size);
+                }
+                if let Some(free) = ev.device_free() {
+                    d.free = Some(free);
+                }
+                Ok(())
+            }
+            EventKind::Dropped => {
+                self.dropped += ev.size;
+                Ok(())
+            }
+            EventKind::ProcessExec => Ok(()),
+            EventKind::ProcessExit => {
+                self.exited.insert(pid, ev.ts_ns);
+                Ok(())
+            }
+            EventKind::AllocFailed => {
+                if let Some(free) = ev.device_free() {
+                    self.devices.entry(device).or_default().free = Some(free);
+                }
+                let figures = self.space(pid, device).map.figures();
+                self.ooms.push(OomRecord {
+                    ts_ns: ev.ts_ns,
+                    pid,
+                    device,
+                    requested: ev.requested,
+                    rc: ev.rc,
+                    op: ev.failed_op(),
+                    device_free: ev.device_free(),
+                    figures,
+                });
+                Ok(())
+            }
+            _ if ev.rc != 0 => Ok(()), // a failed call changes nothing; sources send AllocFailed for OOMs
+            _ => {
+                let s = self.space(pid, device);
+                let m = &mut s.map;
+                let r = match kind {
+                    EventKind::MemAlloc => m.driver_alloc(ev.addr, ev.size, SegmentKind::Driver, framework, ev.stream),
+                    EventKind::MemAllocPitch => m.driver_alloc(ev.addr, ev.size, SegmentKind::Pitch, framework, ev.stream),
+                    EventKind::MemAllocManaged => m.driver_alloc(ev.addr, ev.size, SegmentKind::Managed, framework, ev.stream),
+                    EventKind::MemFree | EventKind::PoolFree => {
+                        s.frees += 1;
+                        m.driver_free(ev.addr)
+                    }
+                    EventKind::AddressReserve => {
+                        m.reserve(ev.addr, ev.size);
+                        Ok(())
+                    }
+                    EventKind::AddressFree => m.reserve_free(ev.addr),
+                    EventKind::PhysCreate => {
+                        m.phys_create(ev.handle, ev.size);
+                        Ok(())
+                    }
+                    EventKind::PhysRelease => m.phys_release(ev.handle),
+                    EventKind::Map => m.map(ev.addr, ev.size, framework),
+                    EventKind::Unmap => m.unmap(ev.addr, ev.size),
+                    EventKind::PoolAlloc => m.pool_alloc(ev.addr, ev.size, ev.handle, ev.stream),
+                    EventKind::PoolTrim => {
+                        m.pool_trim(ev.handle, ev.size);
+                        Ok(())
+                    }
+                    EventKind::PoolReserved => {
+                        m.pool_reserved(ev.handle, ev.size);
+                        Ok(())
+                    }
+                    EventKind::BlockAlloc => {
+                        let known = (ev.flags & F_BLOCK_SIZE_KNOWN != 0).then_some(ev.size);
+                        m.block_alloc(ev.addr, ev.requested, known).map(|size| {
+                            s.allocs += 1;
+                            s.alloc_sizes.record(size);
+                        })
+                    }
+                    EventKind::BlockFree => {
+                        s.frees += 1;
+                        m.block_free(ev.addr).map(|_| ())
+                    }
+                    _ => Err(Anomaly::NotAMapEvent(ev.kind)),
+                };
+                if r.is_ok() && matches!(kind, EventKind::MemAlloc | EventKind::MemAllocPitch | EventKind::MemAllocManaged | EventKind::PoolAlloc | EventKind::Map) {
+                    s.allocs += 1;
+                    s.alloc_sizes.record(ev.size);
+                }
+                r
+            }
+        };
+        if let Err(a) = result {
+            self.note_anomaly(pid, device, a);
+        }
+    }
+
+    /// Applies events in order.
+    pub fn apply_all<'a>(&mut self, events: impl IntoIterator<Item = &'a Event>) {
+        for e in events {
+            self.apply(e);
+        }
+    }
+
+    /// The figures of one device summed over processes.
+    pub fn device_figures(&self, device: i16) -> Figures {
+        let mut f = Figures::default();
+        for s in self.spaces.values().filter(|s| s.device == device) {
+            let g = s.map.figures();
+            f.reserved += g.reserved;
+            f.allocated += g.allocated;
+            f.stranded += g.stranded;
+            f.releasable += g.releasable;
+            f.largest_free_block = f.largest_free_block.max(g.largest_free_block);
+            f.segments += g.segments;
+            f.blocks += g.blocks;
+            f.page_stranded += g.page_stranded;
+            f.pool_cached += g.pool_cached;
+            f.unmapped_physical += g.unmapped_physical;
+            f.framework_seen |= g.framework_seen;
+        }
+        f
+    }
+
+    /// Devices that appear in any map or measurement, in order.
+    pub fn device_ids(&self) -> Vec<i16> {
+        let mut d: Vec<i16> = self.spaces.values().map(|s| s.device).chain(self.devices.keys().copied()).collect();
+        d.sort_unstable();
+        d.dedup();
+        d
+    }
+}

@@ -1,0 +1,14 @@
+//! gpufrag: why GPU jobs die of "out of memory" while nvidia-smi shows free memory.
+//!
+//! The library owns the parts every front end shares: the one wire [`event`], the per-process
+//! address [`map`] with the caching allocator's [`rules`], the [`analysis`] that turns a map into
+//! figures and OOM verdicts, the PyTorch [`snapshot`] importer, and the [`ingest`] state that feeds
+//! events into maps. The `gpufrag` binary (src/main.rs) is a thin dispatcher over it.
+
+pub mod analysis;
+pub mod event;
+pub mod ingest;
+pub mod map;
+pub mod rules;
+pub mod snapshot;
+pub mod units;

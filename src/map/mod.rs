@@ -1,0 +1,816 @@
+//! The address map of one process on one device: driver segments, VMM mappings, stream-ordered
+//! pool allocations, the framework blocks carved out of segments, and the driver's 2 MiB pages.
+//!
+//! Segments never overlap, so an ordered map keyed by start address answers "which segment holds
+//! this address" in O(log n) (`range(..=addr).next_back()`); that is the interval query this map
+//! needs. Free runs inside framework segments are kept twice, by address (to merge neighbours on
+//! free) and in an ordered set by length (so the largest free run is the last element, O(log n),
+//! with no scan of the segments). Totals (reserved, stranded, releasable, ...) are maintained
+//! incrementally: every update subtracts a segment's contribution, changes it, and adds it back.
+//!
+//! Why no crate: `rangemap` coalesces touching ranges (driver segments must never merge with a
+//! neighbour even when their addresses touch) and keeps no per-range aggregates; interval-tree
+//! crates (`rust-lapper`, `iset`, `intervaltree`) answer overlap queries but keep neither the
+//! free-run order nor the incremental totals. `std`'s B-trees give every operation in O(log n) with
+//! one exception, documented on [`AddressSpace::unmap`]: cutting a mapped range in two walks the
+//! live blocks of the part above the cut.
+//!
+//! A segment is *framework-owned* once a caching allocator is known to own it (the event says so,
+//! or a framework block was placed in it). Only there is free space "cache": stranded when the
+//! segment still holds a live block, releasable when it holds none. A segment no framework ever
+//! touched is in use in full (a raw `cudaMalloc`, a JAX mapping, a balloon).
+
+mod pages;
+
+pub use pages::PageOccupancy;
+
+use crate::rules::{AllocatorRules, DRIVER_PAGE};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// How the driver handed a segment out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SegmentKind {
+    /// `cuMemAlloc` / `cudaMalloc`.
+    Driver,
+    /// `cuMemAllocPitch` / `cudaMallocPitch` / `cudaMalloc3D`.
+    Pitch,
+    /// `cuMemAllocManaged` / `cudaMallocManaged`.
+    Managed,
+    /// A maximal run of `cuMemMap`ped memory inside one reserved range.
+    Mapped,
+    /// A stream-ordered allocation from a memory pool.
+    Pool,
+}
+
+/// One segment: memory the process holds from the driver.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// First byte.
+    pub start: u64,
+    /// Length in bytes.
+    pub size: u64,
+    /// How it was obtained.
+    pub kind: SegmentKind,
+    /// Owned by a caching allocator: its free space is cache.
+    pub framework: bool,
+    /// Live framework blocks inside.
+    pub live_blocks: u64,
+    /// Bytes of those blocks.
+    pub live_bytes: u64,
+    /// The pool (for [`SegmentKind::Pool`]) or the reserved range's start (for
+    /// [`SegmentKind::Mapped`], 0 when unknown).
+    pub owner: u64,
+    /// The stream it was allocated on.
+    pub stream: u64,
+}
+
+impl Segment {
+    /// One past the last byte.
+    pub fn end(&self) -> u64 {
+        self.start + self.size
+    }
+    /// Free bytes held hostage by live blocks.
+    pub fn stranded(&self) -> u64 {
+        if self.framework && self.live_blocks > 0 {
+            self.size - self.live_bytes
+        } else {
+            0
+        }
+    }
+    /// Bytes a cache release (`empty_cache()`) would return.
+    pub fn releasable(&self) -> u64 {
+        if self.framework && self.live_blocks == 0 {
+            self.size
+        } else {
+            0
+        }
+    }
+    /// Bytes in use outside any framework.
+    pub fn raw(&self) -> u64 {
+        if self.framework {
+            0
+        } else {
+            self.size
+        }
+    }
+}
+
+/// A live framework block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    /// First byte.
+    pub addr: u64,
+    /// The block's extent (rounded, with any swallowed remainder).
+    pub size: u64,
+    /// What the program asked for.
+    pub requested: u64,
+}
+
+/// Something the event stream says that the map cannot square with what it knows: a lost event,
+/// a trace that starts mid-way, or a bug in a source. Counted, never fatal.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Anomaly {
+    /// A free of an address the map does not hold.
+    #[error("free of unknown address {0:#x}")]
+    FreeUnknown(u64),
+    /// A block placed where no segment is.
+    #[error("block at {0:#x} lies inside no segment")]
+    BlockOutsideSegment(u64),
+    /// A block placed on top of a live block.
+    #[error("block at {0:#x} overlaps a live block")]
+    BlockOverlap(u64),
+    /// A block larger than the free run it starts in.
+    #[error("block at {addr:#x} of {size} bytes runs past its free run of {run} bytes")]
+    BlockTooLarge {
+        /// Block start.
+        addr: u64,
+        /// Block size.
+        size: u64,
+        /// Free bytes from `addr` to the end of its run.
+        run: u64,
+    },
+    /// A new segment on top of known ones (their frees were lost); the old ones were dropped.
+    #[error("segment at {0:#x} overlaps known segments, which were dropped")]
+    SegmentOverlap(u64),
+    /// An unmap of a range that is not mapped.
+    #[error("unmap of {0:#x} covers unmapped memory")]
+    UnmapUnknown(u64),
+    /// A segment or range released while blocks in it were live.
+    #[error("range at {addr:#x} released with {blocks} live blocks")]
+    LiveBlocksDropped {
+        /// Start of the range released.
+        addr: u64,
+        /// Live blocks dropped with it.
+        blocks: u64,
+    },
+    /// A VMM handle or reservation the map never saw created.
+    #[error("unknown handle or range {0:#x}")]
+    UnknownHandle(u64),
+    /// An event kind this map does not apply.
+    #[error("event kind {0} does not change the address map")]
+    NotAMapEvent(u16),
+}
+
+/// The figures of one address space, all in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Figures {
+    /// Held from the driver: segments, mapped VMM memory, pool caches.
+    pub reserved: u64,
+    /// In live framework blocks, plus segments no framework owns.
+    pub allocated: u64,
+    /// Free inside framework segments that hold a live block.
+    pub stranded: u64,
+    /// Framework segments with no live block, plus pool caches.
+    pub releasable: u64,
+    /// The largest free run inside one framework segment.
+    pub largest_free_block: u64,
+    /// Number of segments (mapped runs count one each).
+    pub segments: u64,
+    /// Number of live framework blocks.
+    pub blocks: u64,
+    /// Free bytes in 2 MiB driver pages held by live sub-2 MiB allocations.
+    pub page_stranded: u64,
+    /// Bytes stream-ordered pools keep after frees, until trimmed.
+    pub pool_cached: u64,
+    /// Physical VMM memory created but not mapped.
+    pub unmapped_physical: u64,
+    /// Whether any framework-owned segment was ever seen.
+    pub framework_seen: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Totals {
+    segment_bytes: u64,
+    raw: u64,
+    live_bytes: u64,
+    live_blocks: u64,
+    stranded: u64,
+    releasable: u64,
+}
+
+impl Totals {
+    fn add(&mut self, s: &Segment) {
+        self.segment_bytes += s.size;
+        self.raw += s.raw();
+        self.live_bytes += s.live_bytes;
+        self.live_blocks += s.live_blocks;
+        self.stranded += s.stranded();
+        self.releasable += s.releasable();
+    }
+    fn sub(&mut self, s: &Segment) {
+        self.segment_bytes -= s.size;
+        self.raw -= s.raw();
+        self.live_bytes -= s.live_bytes;
+        self.live_blocks -= s.live_blocks;
+        self.stranded -= s.stranded();
+        self.releasable -= s.releasable();
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Pool {
+    used: u64,
+    cached: u64,
+}
+
+/// The map of one (process, device).
+#[derive(Clone, Debug, Default)]
+pub struct AddressSpace {
+    rules: AllocatorRules,
+    segments: BTreeMap<u64, Segment>,
+    blocks: BTreeMap<u64, Block>,
+    free_runs: BTreeMap<u64, u64>,
+    free_by_len: BTreeSet<(u64, u64)>,
+    pages: PageOccupancy,
+    reservations: BTreeMap<u64, u64>,
+    handles: HashMap<u64, u64>,
+    physical_bytes: u64,
+    mapped_bytes: u64,
+    pools: HashMap<u64, Pool>,
+    pool_cached: u64,
+    totals: Totals,
+    framework_seen: bool,
+}
+
+impl AddressSpace {
+    /// An empty map whose blocks follow `rules`.
+    pub fn new(rules: AllocatorRules) -> AddressSpace {
+        AddressSpace { rules, ..AddressSpace::default() }
+    }
+
+    /// The allocator rules block events follow.
+    pub fn rules(&self) -> &AllocatorRules {
+        &self.rules
+    }
+
+    /// Replaces the allocator rules (for blocks placed from now on).
+    pub fn set_rules(&mut self, rules: AllocatorRules) {
+        self.rules = rules;
+    }
+
+    /// The current figures, O(1).
+    pub fn figures(&self) -> Figures {
+        let t = &self.totals;
+        Figures {
+            reserved: t.segment_bytes + self.pool_cached,
+            allocated: t.live_bytes + t.raw,
+            stranded: t.stranded,
+            releasable: t.releasable + self.pool_cached,
+            largest_free_block: self.largest_free_run(),
+            segments: self.segments.len() as u64,
+            blocks: t.live_blocks,
+            page_stranded: self.pages.stranded(),
+            pool_cached: self.pool_cached,
+            unmapped_physical: self.physical_bytes.saturating_sub(self.mapped_bytes),
+            framework_seen: self.framework_seen,
+        }
+    }
+
+    /// The largest free run inside one framework segment, O(log n).
+    pub fn largest_free_run(&self) -> u64 {
+        self.free_by_len.last().map_or(0, |&(len, _)| len)
+    }
+
+    /// Segments in address order.
+    pub fn segments(&self) -> impl Iterator<Item = &Segment> {
+        self.segments.values()
+    }
+
+    /// Live blocks in address order.
+    pub fn blocks(&self) -> impl Iterator<Item = &Block> {
+        self.blocks.values()
+    }
+
+    /// Free runs `(start, len)` in address order.
+    pub fn free_runs(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.free_runs.iter().map(|(&s, &l)| (s, l))
+    }
+
+    /// Free runs `(start, len)` starting in `[lo, hi)`.
+    pub fn free_runs_in(&self, lo: u64, hi: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.free_runs.range(lo..hi).map(|(&s, &l)| (s, l))
+    }
+
+    /// The segment holding `addr`, O(log n).
+    pub fn segment_at(&self, addr: u64) -> Option<&Segment> {
+        self.segments.range(..=addr).next_back().map(|(_, s)| s).filter(|s| addr < s.end())
+    }
+
+    fn segment_start_at(&self, addr: u64) -> Option<u64> {
+        self.segment_at(addr).map(|s| s.start)
+    }
+
+    fn insert_run(&mut self, start: u64, len: u64) {
+        if len > 0 {
+            self.free_runs.insert(start, len);
+            self.free_by_len.insert((len, start));
+        }
+    }
+
+    fn remove_run(&mut self, start: u64) -> Option<u64> {
+        let len = self.free_runs.remove(&start)?;
+        self.free_by_len.remove(&(len, start));
+        Some(len)
+    }
+
+    /// Removes every free run inside `[lo, hi)`, re-inserting the parts outside it.
+    fn cut_runs(&mut self, lo: u64, hi: u64) {
+        let mut hit = Vec::new();
+        if let Some((&s, &l)) = self.free_runs.range(..lo).next_back() {
+            if s + l > lo {
+                hit.push((s, l));
+            }
+        }
+        hit.extend(self.free_runs.range(lo..hi).map(|(&s, &l)| (s, l)));
+        for (s, l) in hit {
+            self.remove_run(s);
+            if s < lo {
+                self.insert_run(s, lo - s);
+            }
+            if s + l > hi {
+                self.insert_run(hi, s + l - hi);
+            }
+        }
+    }
+
+    /// Drops live blocks inside `[lo, hi)`; returns (count, bytes).
+    fn drop_blocks(&mut self, lo: u64, hi: u64) -> (u64, u64) {
+        let inside: Vec<u64> = self.blocks.range(lo..hi).map(|(&a, _)| a).collect();
+        let mut bytes = 0;
+        for a in &inside {
+            if let Some(b) = self.blocks.remove(a) {
+                bytes += b.size;
+            }
+        }
+        (inside.len() as u64, bytes)
+    }
+
+    /// Makes a segment framework-owned: all of it becomes one free run (it holds no block).
+    fn adopt(&mut self, start: u64) {
+        let Some(seg) = self.segments.get_mut(&start) else { return };
+        if seg.framework {
+            return;
+        }
+        self.totals.sub(seg);
+        seg.framework = true;
+        let (s, len) = (seg.start, seg.size);
+        self.totals.add(seg);
+        self.framework_seen = true;
+        self.insert_run(s, len);
+    }
+
+    /// Inserts a new segment, dropping any it overlaps (their frees were lost).
+    fn insert_segment(&mut self, seg: Segment) -> Result<(), Anomaly> {
+        let mut result = Ok(());
+        let overlapping: Vec<u64> = self
+            .segments
+            .range(..seg.end())
+            .rev()
+            .take_while(|(_, s)| s.end() > seg.start)
+            .map(|(&a, _)| a)
+            .collect();
+        if !overlapping.is_empty() {
+            result = Err(Anomaly::SegmentOverlap(seg.start));
+            for a in overlapping {
+                let _ = self.remove_segment(a);
+            }
+        }
+        let (start, framework) = (seg.start, seg.framework);
+        self.totals.add(&seg);
+        if framework {
+            self.framework_seen = true;
+            self.insert_run(seg.start, seg.size);
+        }
+        self.segments.insert(start, seg);
+        result
+    }
+
+    /// Removes the segment starting at `start` with everything inside it.
+    fn remove_segment(&mut self, start: u64) -> Result<Segment, Anomaly> {
+        let seg = self.segments.remove(&start).ok_or(Anomaly::FreeUnknown(start))?;
+        self.totals.sub(&seg);
+        let (blocks, _) = if seg.live_blocks > 0 { self.drop_blocks(seg.start, seg.end()) } else { (0, 0) };
+        if seg.framework {
+            self.cut_runs(seg.start, seg.end());
+        }
+        if seg.kind == SegmentKind::Mapped {
+            self.mapped_bytes -= seg.size;
+        }
+        if blocks > 0 {
+            // Keep the segment's removal; report the blocks that went with it.
+            return Err(Anomaly::LiveBlocksDropped { addr: start, blocks });
+        }
+        Ok(seg)
+    }
+
+    /// `cuMemAlloc` and friends: a new driver segment. Sub-2 MiB ones occupy shared 2 MiB pages.
+    pub fn driver_alloc(&mut self, addr: u64, size: u64, kind: SegmentKind, framework: bool, stream: u64) -> Result<(), Anomaly> {
+        let seg = Segment { start: addr, size, kind, framework, live_blocks: 0, live_bytes: 0, owner: 0, stream };
+        let r = self.insert_segment(seg);
+        if size < DRIVER_PAGE && kind != SegmentKind::Managed {
+            self.pages.add(addr, size);
+        }
+        r
+    }
+
+    /// `cuMemFree`: the segment starting at `addr` goes back to the driver.
+    pub fn driver_free(&mut self, addr: u64) -> Result<(), Anomaly> {
+        let (kind, size) = match self.segments.get(&addr) {
+            Some(s) => (s.kind, s.size),
+            None => return Err(Anomaly::FreeUnknown(addr)),
+        };
+        if kind == SegmentKind::Pool {
+            return self.pool_free(addr);
+        }
+        if size < DRIVER_PAGE && kind != SegmentKind::Managed && kind != SegmentKind::Mapped {
+            self.pages.remove(addr, size);
+        }
+        self.remove_segment(addr).map(|_| ())
+    }
+
+    /// `cuMemAddressReserve`: a virtual range with nothing behind it.
+    pub fn reserve(&mut self, addr: u64, size: u64) {
+        self.reservations.insert(addr, size);
+    }
+
+    /// `cuMemAddressFree`: the range goes; anything still mapped in it is dropped.
+    pub fn reserve_free(&mut self, addr: u64) -> Result<(), Anomaly> {
+        let size = self.reservations.remove(&addr).ok_or(Anomaly::UnknownHandle(addr))?;
+        let mapped: Vec<u64> = self.segments.range(addr..addr + size).map(|(&a, _)| a).collect();
+        if mapped.is_empty() {
+            return Ok(());
+        }
+        for a in mapped {
+            let _ = self.remove_segment(a);
+        }
+        Err(Anomaly::UnmapUnknown(addr))
+    }
+
+    /// `cuMemCreate`: physical memory behind `handle`.
+    pub fn phys_create(&mut self, handle: u64, size: u64) {
+        if let Some(old) = self.handles.insert(handle, size) {
+            self.physical_bytes -= old;
+        }
+        self.physical_bytes += size;
+    }
+
+    /// `cuMemRelease` of `handle`.
+    pub fn phys_release(&mut self, handle: u64) -> Result<(), Anomaly> {
+        let size = self.handles.remove(&handle).ok_or(Anomaly::UnknownHandle(handle))?;
+        self.physical_bytes -= size;
+        Ok(())
+    }
+
+    fn reservation_of(&self, addr: u64) -> u64 {
+        self.reservations.range(..=addr).next_back().filter(|(&s, &l)| addr < s + l).map_or(0, |(&s, _)| s)
+    }
+
+    /// `cuMemMap`: `[addr, addr + size)` becomes mapped. Mapped memory that touches other mapped
+    /// memory of the same reserved range joins it into one segment (expandable segments grow in
+    /// place); driver segments never join.
+    pub fn map(&mut self, addr: u64, size: u64, framework: bool) -> Result<(), Anomaly> {
+        let owner = self.reservation_of(addr);
+        let seg = Segment { start: addr, size, kind: SegmentKind::Mapped, framework, live_blocks: 0, live_bytes: 0, owner, stream: 0 };
+        let r = self.insert_segment(seg);
+        self.mapped_bytes += size;
+        let left = self.segments.range(..addr).next_back().map(|(_, s)| s.clone());
+        let mut start = addr;
+        if let Some(l) = left {
+            if l.end() == addr && l.kind == SegmentKind::Mapped && l.owner == owner {
+                self.join(l.start, addr);
+                start = l.start;
+            }
+        }
+        if let Some(rs) = self.segments.get(&(addr + size)).cloned() {
+            if rs.kind == SegmentKind::Mapped && rs.owner == owner {
+                self.join(start, rs.start);
+            }
+        }
+        r
+    }
+
+    /// Joins two touching mapped segments into the left one.
+    fn join(&mut self, left: u64, right: u64) {
+        let (lf, rf) = match (self.segments.get(&left), self.segments.get(&right)) {
+            (Some(l), Some(r)) => (l.framework, r.framework),
+            _ => return,
+        };
+        if lf && !rf {
+            self.adopt(right);
+        } else if rf && !lf {
+            self.adopt(left);
+        }
+        let Some(r) = self.segments.remove(&right) else { return };
+        self.totals.sub(&r);
+        let Some(l) = self.segments.get_mut(&left) else { return };
+        self.totals.sub(l);
+        l.size += r.size;
+        l.live_blocks += r.live_blocks;
+        l.live_bytes += r.live_bytes;
+        let l = l.clone();
+        self.totals.add(&l);
+        if l.framework {
+            // A free run ending at the seam merges with one starting there.
+            if let Some(rlen) = self.free_runs.get(&right).copied() {
+                if let Some((&ls, &llen)) = self.free_runs.range(..right).next_back() {
+                    if ls + llen == right {
+                        self.remove_run(ls);
+                        self.remove_run(right);
+                        self.insert_run(ls, llen + rlen);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `cuMemUnmap` of `[addr, addr + size)`: cuts the mapped segments it covers, possibly in two.
+    ///
+    /// The one update that is not O(log n): the part above the cut becomes a segment of its own,
+    /// and its live bytes are summed over its live blocks (PyTorch unmaps only free tails, so there
+    /// are few or none).
+    pub fn unmap(&mut self, addr: u64, size: u64) -> Result<(), Anomaly> {
+        let end = addr + size;
+        let mut at = addr;
+        let mut result = Ok(());
+        while at < end {
+            let Some(seg) = self.segment_at(at).cloned() else {
+                result = Err(Anomaly::UnmapUnknown(at));
+                match self.segments.range(at..end).next() {
+                    Some((&next, _)) => {
+                        at = next;
+                        continue;
+                    }
+                    None => break,
+                }
+            };
+            let hi = end.min(seg.end());
+            if seg.kind != SegmentKind::Mapped {
+                result = Err(Anomaly::UnmapUnknown(at));
+                at = hi;
+                continue;
+            }
+            if let Err(e) = self.cut(&seg, at, hi) {
+                result = Err(e);
+            }
+            at = hi;
+        }
+        result
+    }
+
+    fn cut(&mut self, seg: &Segment, lo: u64, hi: u64) -> Result<(), Anomaly> {
+        let Some(old) = self.segments.remove(&seg.start) else { return Ok(()) };
+        self.totals.sub(&old);
+        self.mapped_bytes -= hi - lo;
+        let (dropped, dropped_bytes) = self.drop_blocks(lo, hi);
+        if old.framework {
+            self.cut_runs(lo, hi);
+        }
+        let (mut right_blocks, mut right_bytes) = (0, 0);
+        for b in self.blocks.range(hi..old.end()).map(|(_, b)| b) {
+            right_blocks += 1;
+            right_bytes += b.size;
+        }
+        let left = Segment {
+            size: lo - old.start,
+            live_blocks: old.live_blocks - dropped - right_blocks,
+            live_bytes: old.live_bytes - dropped_bytes - right_bytes,
+            ..old.clone()
+        };
+        let right = Segment { start: hi, size: old.end() - hi, live_blocks: right_blocks, live_bytes: right_bytes, ..old };
+        for piece in [left, right] {
+            if piece.size > 0 {
+                self.totals.add(&piece);
+                self.segments.insert(piece.start, piece);
+            }
+        }
+        if dropped > 0 {
+            return Err(Anomaly::LiveBlocksDropped { addr: lo, blocks: dropped });
+        }
+        Ok(())
+    }
+
+    /// `cuMemAllocAsync` / `cuMemAllocFromPoolAsync`: served from `pool`'s cache when it can.
+    pub fn pool_alloc(&mut self, addr: u64, size: u64, pool: u64, stream: u64) -> Result<(), Anomaly> {
+        let p = self.pools.entry(pool).or_default();
+        let reuse = p.cached.min(size);
+        p.cached -= reuse;
+        p.used += size;
+        self.pool_cached -= reuse;
+        let seg = Segment { start: addr, size, kind: SegmentKind::Pool, framework: false, live_blocks: 0, live_bytes: 0, owner: pool, stream };
+        self.insert_segment(seg)
+    }
+
+    /// `cuMemFreeAsync`: the bytes stay in their pool until it is trimmed.
+    pub fn pool_free(&mut self, addr: u64) -> Result<(), Anomaly> {
+        let seg = self.remove_segment(addr)?;
+        if seg.kind == SegmentKind::Pool {
+            let p = self.pools.entry(seg.owner).or_default();
+            p.used = p.used.saturating_sub(seg.size);
+            p.cached += seg.size;
+            self.pool_cached += seg.size;
+        } else if seg.size < DRIVER_PAGE && seg.kind != SegmentKind::Managed && seg.kind != SegmentKind::Mapped {
+            self.pages.remove(addr, seg.size);
+        }
+        Ok(())
+    }
+
+    /// `cuMemPoolTrimTo(pool, keep)`: the pool releases unused bytes until it holds at most `keep`.
+    pub fn pool_trim(&mut self, pool: u64, keep: u64) {
+        let p = self.pools.entry(pool).or_default();
+        let cached = p.cached.min(keep.saturating_sub(p.used));
+        self.pool_cached -= p.cached - cached;
+        p.cached = cached;
+    }
+
+    /// The driver's own figure for a pool's reserved bytes (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
+    pub fn pool_reserved(&mut self, pool: u64, reserved: u64) {
+        let p = self.pools.entry(pool).or_default();
+        let cached = reserved.saturating_sub(p.used);
+        self.pool_cached = self.pool_cached - p.cached + cached;
+        p.cached = cached;
+    }
+
+    /// A framework block at `addr`. With `known_size` the extent is taken as given; otherwise it is
+    /// `round_size(requested)`, or the whole rest of its free run when the allocator would not
+    /// split that rest off.
+    pub fn block_alloc(&mut self, addr: u64, requested: u64, known_size: Option<u64>) -> Result<u64, Anomaly> {
+        let seg_start = self.segment_start_at(addr).ok_or(Anomaly::BlockOutsideSegment(addr))?;
+        self.adopt(seg_start);
+        let (run_start, run_len) = match self.free_runs.range(..=addr).next_back() {
+            Some((&s, &l)) if addr < s + l => (s, l),
+            _ => return Err(Anomaly::BlockOverlap(addr)),
+        };
+        let run_end = run_start + run_len;
+        let avail = run_end - addr;
+        let size = match known_size {
+            Some(s) => s,
+            None => {
+                let rounded = self.rules.round_size(requested);
+                if rounded <= avail && !self.rules.should_split(avail, rounded) {
+                    avail
+                } else {
+                    rounded
+                }
+            }
+        };
+        if size > avail || size == 0 {
+            return Err(Anomaly::BlockTooLarge { addr, size, run: avail });
+        }
+        self.remove_run(run_start);
+        self.insert_run(run_start, addr - run_start);
+        self.insert_run(addr + size, run_end - addr - size);
+        self.blocks.insert(addr, Block { addr, size, requested });
+        if let Some(seg) = self.segments.get_mut(&seg_start) {
+            self.totals.sub(seg);
+            seg.live_blocks += 1;
+            seg.live_bytes += size;
+            self.totals.add(seg);
+        }
+        Ok(size)
+    }
+
+    /// A framework block at `addr` goes back to the cache; it merges with free neighbours inside
+    /// its segment, never across a segment boundary. Returns the block.
+    pub fn block_free(&mut self, addr: u64) -> Result<Block, Anomaly> {
+        let block = self.blocks.remove(&addr).ok_or(Anomaly::FreeUnknown(addr))?;
+        let Some(seg) = self.segment_at(addr).cloned() else { return Ok(block) };
+        let mut start = addr;
+        let mut len = block.size;
+        if let Some((&ls, &ll)) = self.free_runs.range(..addr).next_back() {
+            if ls + ll == addr && ls >= seg.start {
+                self.remove_run(ls);
+                start = ls;
+                len += ll;
+            }
+        }
+        let after = addr + block.size;
+        if after < seg.end() {
+            if let Some(rl) = self.remove_run(after) {
+                len += rl;
+            }
+        }
+        self.insert_run(start, len);
+        if let Some(s) = self.segments.get_mut(&seg.start) {
+            self.totals.sub(s);
+            s.live_blocks -= 1;
+            s.live_bytes -= block.size;
+            self.totals.add(s);
+        }
+        Ok(block)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const BASE: u64 = 0x7f00_0000_0000;
+
+    #[test]
+    fn frag_oom_shape_strands_the_split_remainders() {
+        let mut m = AddressSpace::default();
+        let mut segs = vec![];
+        for i in 0..20 {
+            let a = BASE + i * 600 * MIB;
+            m.driver_alloc(a, 500 * MIB, SegmentKind::Driver, true, 0).unwrap();
+            m.block_alloc(a, 500 * MIB, None).unwrap();
+            segs.push(a);
+        }
+        for a in segs.iter().step_by(2) {
+            m.block_free(*a).unwrap();
+        }
+        assert_eq!(m.figures().releasable, 10 * 500 * MIB);
+        for a in segs.iter().step_by(2) {
+            assert_eq!(m.block_alloc(*a, 300 * MIB, None).unwrap(), 300 * MIB);
+        }
+        let f = m.figures();
+        assert_eq!(f.reserved, 10_485_760_000);
+        assert_eq!(f.allocated, 8_388_608_000);
+        assert_eq!(f.stranded, 2_097_152_000);
+        assert_eq!(f.releasable, 0);
+        assert_eq!(f.largest_free_block, 209_715_200);
+        assert_eq!(f.segments, 20);
+    }
+
+    #[test]
+    fn a_remainder_of_one_mib_or_less_is_swallowed_in_the_large_pool() {
+        let mut m = AddressSpace::default();
+        m.driver_alloc(BASE, 20 * MIB, SegmentKind::Driver, true, 0).unwrap();
+        assert_eq!(m.block_alloc(BASE, 19 * MIB, None).unwrap(), 20 * MIB);
+        assert_eq!(m.figures().largest_free_block, 0);
+    }
+
+    #[test]
+    fn blocks_never_merge_across_touching_segments() {
+        let mut m = AddressSpace::default();
+        m.driver_alloc(BASE, 20 * MIB, SegmentKind::Driver, true, 0).unwrap();
+        m.driver_alloc(BASE + 20 * MIB, 20 * MIB, SegmentKind::Driver, true, 0).unwrap();
+        m.block_alloc(BASE, 4 * MIB, None).unwrap();
+        m.block_alloc(BASE + 20 * MIB, 4 * MIB, None).unwrap();
+        let f = m.figures();
+        assert_eq!(f.largest_free_block, 16 * MIB);
+        assert_eq!(f.stranded, 32 * MIB);
+        m.block_free(BASE).unwrap();
+        assert_eq!(m.figures().largest_free_block, 20 * MIB);
+        assert_eq!(m.figures().releasable, 20 * MIB);
+        assert_eq!(m.figures().stranded, 16 * MIB);
+    }
+
+    #[test]
+    fn raw_segments_count_as_allocated_and_never_as_cache() {
+        let mut m = AddressSpace::default();
+        m.driver_alloc(BASE, 100 * MIB, SegmentKind::Driver, false, 0).unwrap();
+        let f = m.figures();
+        assert_eq!((f.reserved, f.allocated, f.releasable, f.stranded), (100 * MIB, 100 * MIB, 0, 0));
+        assert!(!f.framework_seen);
+    }
+
+    #[test]
+    fn expandable_mappings_grow_in_place_and_unmap_cuts_them_in_two() {
+        let mut m = AddressSpace::default();
+        m.reserve(BASE, 1 << 30);
+        m.map(BASE, 100 * MIB, true).unwrap();
+        m.block_alloc(BASE, 100 * MIB, None).unwrap();
+        m.map(BASE + 100 * MIB, 100 * MIB, true).unwrap();
+        m.block_alloc(BASE + 100 * MIB, 50 * MIB, None).unwrap();
+        m.map(BASE + 200 * MIB, 100 * MIB, true).unwrap();
+        m.block_alloc(BASE + 200 * MIB, 100 * MIB, None).unwrap();
+        let f = m.figures();
+        assert_eq!(f.segments, 1);
+        assert_eq!(f.reserved, 300 * MIB);
+        assert_eq!(f.largest_free_block, 50 * MIB);
+        m.block_free(BASE + 100 * MIB).unwrap();
+        m.unmap(BASE + 100 * MIB, 100 * MIB).unwrap();
+        let f = m.figures();
+        assert_eq!(f.segments, 2);
+        assert_eq!((f.reserved, f.allocated, f.stranded, f.largest_free_block), (200 * MIB, 200 * MIB, 0, 0));
+    }
+
+    #[test]
+    fn pools_keep_freed_bytes_until_trimmed() {
+        let mut m = AddressSpace::default();
+        m.pool_alloc(BASE, 64 * MIB, 1, 0).unwrap();
+        m.pool_alloc(BASE + 64 * MIB, 64 * MIB, 1, 0).unwrap();
+        m.pool_free(BASE).unwrap();
+        let f = m.figures();
+        assert_eq!((f.reserved, f.allocated, f.releasable), (128 * MIB, 64 * MIB, 64 * MIB));
+        m.pool_alloc(BASE, 32 * MIB, 1, 0).unwrap();
+        assert_eq!(m.figures().reserved, 128 * MIB);
+        m.pool_trim(1, 0);
+        assert_eq!(m.figures().reserved, 96 * MIB);
+    }
+
+    #[test]
+    fn anomalies_are_reported_not_fatal() {
+        let mut m = AddressSpace::default();
+        assert_eq!(m.block_free(BASE), Err(Anomaly::FreeUnknown(BASE)));
+        assert_eq!(m.block_alloc(BASE, 512, None), Err(Anomaly::BlockOutsideSegment(BASE)));
+        m.driver_alloc(BASE, 4 * MIB, SegmentKind::Driver, true, 0).unwrap();
+        m.block_alloc(BASE, 4 * MIB, None).unwrap();
+        assert_eq!(m.block_alloc(BASE, 512, None), Err(Anomaly::BlockOverlap(BASE)));
+        assert!(matches!(m.driver_free(BASE), Err(Anomaly::LiveBlocksDropped { blocks: 1, .. })));
+        assert_eq!(m.figures(), Figures { framework_seen: true, ..Figures::default() });
+    }
+}
