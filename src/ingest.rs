@@ -25,8 +25,10 @@ pub struct ProcessDevice {
     pub device: i16,
     /// The address map.
     pub map: AddressSpace,
-    /// Sizes of successful allocations (segments and blocks), bytes.
-    pub alloc_sizes: SizeStats,
+    /// Sizes of framework blocks allocated, bytes.
+    pub block_sizes: SizeStats,
+    /// Sizes of segments allocated (driver, mapped, pool), bytes.
+    pub segment_sizes: SizeStats,
     /// Successful allocations seen.
     pub allocs: u64,
     /// Frees seen.
@@ -35,7 +37,7 @@ pub struct ProcessDevice {
 
 impl ProcessDevice {
     fn new(pid: u32, device: i16, rules: AllocatorRules) -> ProcessDevice {
-        ProcessDevice { pid, device, map: AddressSpace::new(rules), alloc_sizes: SizeStats::default(), allocs: 0, frees: 0 }
+        ProcessDevice { pid, device, map: AddressSpace::new(rules), block_sizes: SizeStats::default(), segment_sizes: SizeStats::default(), allocs: 0, frees: 0 }
     }
 }
 
@@ -214,7 +216,7 @@ impl State {
                         let known = (ev.flags & F_BLOCK_SIZE_KNOWN != 0).then_some(ev.size);
                         m.block_alloc(ev.addr, ev.requested, known).map(|size| {
                             s.allocs += 1;
-                            s.alloc_sizes.record(size);
+                            s.block_sizes.record(size);
                         })
                     }
                     EventKind::BlockFree => {
@@ -225,7 +227,7 @@ impl State {
                 };
                 if r.is_ok() && matches!(kind, EventKind::MemAlloc | EventKind::MemAllocPitch | EventKind::MemAllocManaged | EventKind::PoolAlloc | EventKind::Map) {
                     s.allocs += 1;
-                    s.alloc_sizes.record(ev.size);
+                    s.segment_sizes.record(ev.size);
                 }
                 r
             }

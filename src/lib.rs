@@ -6,9 +6,12 @@
 //! events into maps. The `gpufrag` binary (src/main.rs) is a thin dispatcher over it.
 
 pub mod analysis;
+pub mod cli;
 pub mod event;
 pub mod ingest;
+pub mod input;
 pub mod map;
+pub mod record;
 pub mod rules;
 pub mod snapshot;
 pub mod units;

@@ -27,13 +27,15 @@ pub struct SizeStats {
     hist: Histogram<u64>,
     buckets: [u64; 29],
     sum: u64,
+    min: u64,
+    max: u64,
 }
 
 impl Default for SizeStats {
     fn default() -> Self {
         #[allow(clippy::unwrap_used)] // constant, valid bounds
         let hist = Histogram::new_with_bounds(1, 1 << 44, 3).unwrap();
-        SizeStats { hist, buckets: [0; 29], sum: 0 }
+        SizeStats { hist, buckets: [0; 29], sum: 0, min: u64::MAX, max: 0 }
     }
 }
 
@@ -43,6 +45,8 @@ impl SizeStats {
         let _ = self.hist.saturating_record(v.max(1));
         self.buckets[bucket_index(v)] += 1;
         self.sum = self.sum.saturating_add(v);
+        self.min = self.min.min(v);
+        self.max = self.max.max(v);
     }
 
     /// Adds every value of `other`.
@@ -52,6 +56,8 @@ impl SizeStats {
             *a += b;
         }
         self.sum = self.sum.saturating_add(other.sum);
+        self.min = self.min.min(other.min);
+        self.max = self.max.max(other.max);
     }
 
     /// Number of values.
@@ -61,7 +67,14 @@ impl SizeStats {
 
     /// The exported form.
     pub fn distribution(&self) -> Distribution {
-        let q = |x: f64| if self.hist.is_empty() { 0 } else { self.hist.value_at_quantile(x) };
+        // The histogram's bucket midpoint, kept inside the exact range seen.
+        let q = |x: f64| {
+            if self.hist.is_empty() {
+                0
+            } else {
+                self.hist.median_equivalent(self.hist.value_at_quantile(x)).clamp(self.min, self.max)
+            }
+        };
         let buckets = self
             .buckets
             .iter()
@@ -75,7 +88,7 @@ impl SizeStats {
             p50: q(0.5),
             p90: q(0.9),
             p99: q(0.99),
-            max: if self.hist.is_empty() { 0 } else { self.hist.max() },
+            max: self.max,
             buckets,
         }
     }
@@ -112,7 +125,7 @@ pub struct Distribution {
     pub p90: u64,
     /// 99th percentile (within 0.1 %).
     pub p99: u64,
-    /// Largest value (within 0.1 %).
+    /// Largest value (exact).
     pub max: u64,
     /// Non-empty power-of-two buckets, exact counts.
     pub buckets: Vec<Bucket>,
@@ -138,6 +151,12 @@ mod tests {
         let d = SizeStats::default().distribution();
         assert_eq!((d.count, d.max, d.p50), (0, 0, 0));
         assert!(d.buckets.is_empty());
+    }
+
+    #[test]
+    fn quantiles_of_one_size_are_that_size() {
+        let d = SizeStats::of([500 << 20; 7]).distribution();
+        assert_eq!((d.p50, d.p99, d.max), (500 << 20, 500 << 20, 500 << 20));
     }
 
     #[test]

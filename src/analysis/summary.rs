@@ -73,7 +73,7 @@ pub struct DeviceSummary {
     pub level: String,
     /// The segments with the most stranded bytes, most first (at most ten).
     pub top_stranded_segments: Vec<SegmentSummary>,
-    /// Sizes of successful allocations.
+    /// Sizes of successful allocations: framework blocks at block level, segments at segment level.
     pub alloc_sizes: Distribution,
     /// Sizes of the free runs inside segments now.
     pub free_runs: Distribution,
@@ -187,7 +187,7 @@ fn device_summary(
     let mut alloc_sizes = SizeStats::default();
     let mut runs = SizeStats::default();
     for s in spaces {
-        alloc_sizes.merge(&s.alloc_sizes);
+        alloc_sizes.merge(if f.framework_seen { &s.block_sizes } else { &s.segment_sizes });
         for (_, l) in s.map.free_runs() {
             runs.record(l);
         }

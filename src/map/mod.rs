@@ -24,6 +24,7 @@ mod pages;
 
 pub use pages::PageOccupancy;
 
+use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
 use crate::rules::{AllocatorRules, DRIVER_PAGE};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -402,6 +403,41 @@ impl AddressSpace {
             return Err(Anomaly::LiveBlocksDropped { addr: start, blocks });
         }
         Ok(seg)
+    }
+
+    /// The map as events that rebuild it from empty: reservations, physical handles, segments
+    /// (framework-owned ones flagged), then every live block with its exact extent. Pool caches
+    /// are not carried over (their contiguity is unknown); they follow as [`EventKind::PoolReserved`].
+    pub fn to_events(&self, pid: u32, device: i16) -> Vec<Event> {
+        let mut out = Vec::with_capacity(self.segments.len() + self.blocks.len() + self.reservations.len());
+        let ev = |kind| Event::new(kind, pid, device);
+        for (&addr, &size) in &self.reservations {
+            out.push(Event { addr, size, ..ev(EventKind::AddressReserve) });
+        }
+        for (&handle, &size) in &self.handles {
+            out.push(Event { handle, size, ..ev(EventKind::PhysCreate) });
+        }
+        for s in self.segments.values() {
+            let kind = match s.kind {
+                SegmentKind::Driver => EventKind::MemAlloc,
+                SegmentKind::Pitch => EventKind::MemAllocPitch,
+                SegmentKind::Managed => EventKind::MemAllocManaged,
+                SegmentKind::Mapped => EventKind::Map,
+                SegmentKind::Pool => EventKind::PoolAlloc,
+            };
+            let flags = if s.framework { F_FRAMEWORK_OWNED } else { 0 };
+            let handle = if s.kind == SegmentKind::Pool { s.owner } else { 0 };
+            out.push(Event { addr: s.start, size: s.size, stream: s.stream, handle, flags, ..ev(kind) });
+        }
+        for b in self.blocks.values() {
+            out.push(Event { addr: b.addr, size: b.size, requested: b.requested, flags: F_BLOCK_SIZE_KNOWN, ..ev(EventKind::BlockAlloc) });
+        }
+        for (&pool, p) in &self.pools {
+            if p.cached > 0 {
+                out.push(Event { handle: pool, size: p.used + p.cached, ..ev(EventKind::PoolReserved) });
+            }
+        }
+        out
     }
 
     /// `cuMemAlloc` and friends: a new driver segment. Sub-2 MiB ones occupy shared 2 MiB pages.
@@ -800,6 +836,23 @@ mod tests {
         assert_eq!(m.figures().reserved, 128 * MIB);
         m.pool_trim(1, 0);
         assert_eq!(m.figures().reserved, 96 * MIB);
+    }
+
+    #[test]
+    fn to_events_rebuilds_the_same_map() {
+        let mut m = AddressSpace::default();
+        m.driver_alloc(BASE, 20 * MIB, SegmentKind::Driver, true, 0).unwrap();
+        m.block_alloc(BASE, 3 * MIB, None).unwrap();
+        m.driver_alloc(BASE + 20 * MIB, MIB, SegmentKind::Driver, false, 0).unwrap();
+        m.reserve(BASE + (1 << 30), 1 << 30);
+        m.map(BASE + (1 << 30), 40 * MIB, false).unwrap();
+        m.pool_alloc(BASE + (4 << 30), 8 * MIB, 9, 0).unwrap();
+        m.pool_alloc(BASE + (5 << 30), 8 * MIB, 9, 0).unwrap();
+        m.pool_free(BASE + (5 << 30)).unwrap();
+        let mut state = crate::ingest::State::default();
+        state.apply_all(&m.to_events(1, 0));
+        assert!(state.exact());
+        assert_eq!(state.spaces[&(1, 0)].map.figures(), m.figures());
     }
 
     #[test]

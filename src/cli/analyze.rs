@@ -1,0 +1,53 @@
+//! `gpufrag analyze FILE [--json] [--device N]`: the figures, the segments that strand the most,
+//! and every OOM with its verdict, for a snapshot pickle or a record file.
+
+use crate::analysis::render::render;
+use crate::analysis::summary::Summary;
+use crate::input;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Arguments of `analyze`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// A PyTorch memory snapshot (.pickle or .pickle.gz, from torch.cuda.memory._snapshot() or
+    /// _dump_snapshot()) or a gpufrag record file (run --record, attach --record).
+    pub file: PathBuf,
+    /// Print the summary as JSON (exact bytes; schema in docs/metrics.md).
+    #[arg(long)]
+    pub json: bool,
+    /// Only this device.
+    #[arg(long)]
+    pub device: Option<i16>,
+}
+
+/// The summary of a file, as `analyze` computes it.
+pub fn summarize(file: &std::path::Path, device: Option<i16>) -> anyhow::Result<Summary> {
+    let loaded = input::load(file)?;
+    let mut s = Summary::from_state(&loaded.state, &file.display().to_string());
+    s.exact &= loaded.complete;
+    let mut notes = loaded.notes;
+    notes.append(&mut s.notes);
+    s.notes = notes;
+    if let Some(d) = device {
+        s.devices.retain(|x| x.device == d);
+        s.processes.retain(|x| x.figures.device == d);
+        s.ooms.retain(|x| x.device == d);
+    }
+    Ok(s)
+}
+
+/// Runs `analyze`.
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let s = summarize(&args.file, args.device)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &s)?;
+        writeln!(out)?;
+    } else {
+        out.write_all(render(&s).as_bytes())?;
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}

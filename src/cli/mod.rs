@@ -1,0 +1,68 @@
+//! The command line: argument definitions (clap derive), dispatch to one module per subcommand,
+//! and the one place that turns errors into exit codes (unusable input 2, a broken pipe 0, any
+//! other failure 1; `run` passes the traced command's own code through).
+
+pub mod analyze;
+
+use clap::{Parser, Subcommand};
+use std::io::Write;
+use std::process::ExitCode;
+
+/// Why GPU jobs die of "out of memory" while nvidia-smi shows free memory.
+#[derive(Parser, Debug)]
+#[command(name = "gpufrag", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Analyse a PyTorch memory snapshot (.pickle, .pickle.gz) or a gpufrag record file.
+    Analyze(analyze::Args),
+}
+
+/// An error whose exit code is fixed: the input cannot be used (2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UnusableInput(pub String);
+
+/// Exit code for an error: 2 for unusable input, 0 for a closed pipe, 1 otherwise.
+pub fn exit_code(err: &anyhow::Error) -> u8 {
+    for cause in err.chain() {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::BrokenPipe {
+                return 0;
+            }
+        }
+        if cause.downcast_ref::<UnusableInput>().is_some() {
+            return 2;
+        }
+    }
+    1
+}
+
+/// Entry point of the binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Analyze(args) => analyze::run(&args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            let code = exit_code(&err);
+            if code != 0 {
+                let mut stderr = std::io::stderr().lock();
+                let _ = write!(stderr, "gpufrag: {err}");
+                for cause in err.chain().skip(1) {
+                    let _ = write!(stderr, ": {cause}");
+                }
+                let _ = writeln!(stderr);
+            }
+            ExitCode::from(code)
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Any input `analyze` (and `report`) accepts, recognised by its first bytes, turned into a
+//! [`State`]: a PyTorch snapshot pickle (plain or gzipped) or a gpufrag record file.
+//!
+//! A snapshot's trace ring is replayed from empty. When the ring was truncated (`max_entries`),
+//! that replay cannot reach the snapshot's own final `segments`; then the state at the start of
+//! the ring is rebuilt by undoing the ring, newest entry first, from the final segments and blocks,
+//! and the ring is replayed forward from there, so that every OOM in it is judged on the state of
+//! its moment. The output says which way was taken.
+
+use crate::ingest::State;
+use crate::record;
+use crate::rules::{AllocatorRules, ROUNDUP_INTERVALS};
+use crate::snapshot::{self, AllocatorSettings, Snapshot};
+use std::io::Read;
+use std::path::Path;
+
+/// What kind of file an input was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputKind {
+    /// A PyTorch memory snapshot.
+    Snapshot,
+    /// A gpufrag record file.
+    Record,
+}
+
+/// An input turned into state.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The replayed state.
+    pub state: State,
+    /// How the figures were obtained, for the user.
+    pub notes: Vec<String>,
+    /// False when the figures are known to be incomplete beyond what `state` counts.
+    pub complete: bool,
+    /// The kind of input.
+    pub kind: InputKind,
+    /// The snapshot, when the input was one.
+    pub snapshot: Option<Snapshot>,
+}
+
+/// The caching allocator rules a snapshot's settings describe.
+pub fn rules_from(settings: &AllocatorSettings) -> AllocatorRules {
+    let mut divisions = [0u64; ROUNDUP_INTERVALS];
+    for &(start, d) in &settings.roundup_power2_divisions {
+        let mib = (start >> 20).max(1);
+        let idx = (63 - mib.leading_zeros()) as usize;
+        if idx < ROUNDUP_INTERVALS {
+            divisions[idx] = d;
+        }
+    }
+    AllocatorRules { max_split_size: settings.max_split_size.unwrap_or(u64::MAX), roundup_power2_divisions: divisions }
+}
+
+/// Loads `path`, whatever it holds.
+pub fn load(path: &Path) -> anyhow::Result<Loaded> {
+    let mut head = [0u8; 8];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| f.read(&mut head))
+        .map_err(|e| crate::cli::UnusableInput(format!("{}: {e}", path.display())))?;
+    if record::is_record(&head[..n]) {
+        let rec = record::read(path).map_err(|e| crate::cli::UnusableInput(e.to_string()))?;
+        let mut state = State::default();
+        state.apply_all(&rec.events);
+        let mut notes = vec![format!("replayed {} recorded events", rec.events.len())];
+        if let Some(at) = rec.partial_tail_at {
+            notes.push(format!("{}: the last record is cut short at offset {at} (the writer stopped mid-record); it was left out", path.display()));
+        }
+        return Ok(Loaded { state, notes, complete: rec.partial_tail_at.is_none(), kind: InputKind::Record, snapshot: None });
+    }
+    let snap = snapshot::load(path).map_err(|e| crate::cli::UnusableInput(e.to_string()))?;
+    Ok(replay_snapshot(snap))
+}
+
+fn matches_final(state: &State, snap: &Snapshot) -> bool {
+    state.exact()
+        && snap.devices().into_iter().all(|d| {
+            let f = state.device_figures(d);
+            let s = snap.device_stats(d);
+            f.reserved == s.all.get("reserved_bytes").unwrap_or(u64::MAX)
+                && f.allocated == s.all.get("allocated_bytes").unwrap_or(u64::MAX)
+                && f.segments == s.segment_entries
+        })
+}
+
+/// Replays a snapshot's trace rings, rebuilding their starting state when they were truncated.
+pub fn replay_snapshot(snap: Snapshot) -> Loaded {
+    let rules = rules_from(&snap.settings);
+    let mut state = State::new(rules.clone());
+    state.apply_all(&snap.events());
+    let mut notes = Vec::new();
+    for w in &snap.warnings {
+        notes.push(w.clone());
+    }
+    if matches_final(&state, &snap) {
+        notes.push(format!("replayed the complete trace ring ({} entries) from an empty cache", snap.entry_count()));
+        return Loaded { state, notes, complete: true, kind: InputKind::Snapshot, snapshot: Some(snap) };
+    }
+    // Truncated ring: final segments and blocks, undo the ring, then replay it forward.
+    let mut start = State::new(rules.clone());
+    start.apply_all(&snap.seed_events());
+    for d in snap.devices() {
+        start.apply_all(&snap.reverse_events(d));
+    }
+    let undo_clean = start.exact();
+    let mut rebuilt = State::new(rules);
+    for s in start.spaces.values() {
+        rebuilt.apply_all(&s.map.to_events(s.pid, s.device));
+    }
+    rebuilt.events = 0;
+    rebuilt.apply_all(&snap.events());
+    let complete = undo_clean && matches_final(&rebuilt, &snap);
+    notes.push(format!(
+        "the trace ring does not start from an empty cache (truncated by max_entries, or recording began late): the state at its first entry was rebuilt from the snapshot's segments by undoing its {} entries{}",
+        snap.entry_count(),
+        if complete { "; the replay then reproduces the final segments exactly" } else { "; the rebuilt replay still differs from the final segments, so figures at OOMs are approximate" }
+    ));
+    Loaded { state: rebuilt, notes, complete, kind: InputKind::Snapshot, snapshot: Some(snap) }
+}

@@ -1,0 +1,176 @@
+//! The record file: a replayable stream of wire events that `run --record` and `attach --record`
+//! write and `analyze` reads back to the same figures.
+//!
+//! Layout: a 16-byte header (`GPUFRAG\x01`, `u32` version, `u32` record size = 80) followed by
+//! 80-byte [`Event`] records, little-endian. The writer flushes in whole records, so a process
+//! killed mid-run leaves a readable prefix; the reader keeps every whole record and reports a
+//! partial tail with its offset instead of failing.
+
+use crate::event::{Event, EVENT_SIZE};
+use std::fs::File;
+use std::io::{self, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+/// First 8 bytes of every record file.
+pub const MAGIC: &[u8; 8] = b"GPUFRAG\x01";
+/// Format version.
+pub const VERSION: u32 = 1;
+/// Header length in bytes.
+pub const HEADER_LEN: usize = 16;
+
+/// Why a record file cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// The file could not be opened or read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// The header is not a gpufrag record header.
+    #[error("{path}: not a gpufrag record file (bad header at offset 0)")]
+    BadMagic {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A version or record size this build does not read.
+    #[error("{path}: record format version {version} with {record_size}-byte records is not supported (this build reads version {VERSION}, {EVENT_SIZE}-byte records)")]
+    Unsupported {
+        /// The file.
+        path: PathBuf,
+        /// Its version.
+        version: u32,
+        /// Its record size.
+        record_size: u32,
+    },
+}
+
+/// Whether `head` starts like a record file.
+pub fn is_record(head: &[u8]) -> bool {
+    head.starts_with(MAGIC)
+}
+
+/// The events of a record file, and where a partial tail began if there was one.
+#[derive(Debug)]
+pub struct Recording {
+    /// Every whole record.
+    pub events: Vec<Event>,
+    /// Offset of a trailing partial record (the writer was killed mid-record).
+    pub partial_tail_at: Option<u64>,
+}
+
+/// Reads a whole record file.
+pub fn read(path: &Path) -> Result<Recording, RecordError> {
+    let io = |source| RecordError::Io { path: path.to_path_buf(), source };
+    let mut data = Vec::new();
+    File::open(path).and_then(|mut f| f.read_to_end(&mut data)).map_err(io)?;
+    parse(path, &data)
+}
+
+/// Parses record-file bytes (`path` names them in errors).
+pub fn parse(path: &Path, data: &[u8]) -> Result<Recording, RecordError> {
+    if data.len() < HEADER_LEN || !is_record(data) {
+        return Err(RecordError::BadMagic { path: path.to_path_buf() });
+    }
+    let version = u32::from_le_bytes([data[8], data[9], data[10], data[11]]);
+    let record_size = u32::from_le_bytes([data[12], data[13], data[14], data[15]]);
+    if version != VERSION || record_size as usize != EVENT_SIZE {
+        return Err(RecordError::Unsupported { path: path.to_path_buf(), version, record_size });
+    }
+    let body = &data[HEADER_LEN..];
+    let chunks = body.chunks_exact(EVENT_SIZE);
+    let partial_tail_at = (!chunks.remainder().is_empty()).then(|| (HEADER_LEN + body.len() / EVENT_SIZE * EVENT_SIZE) as u64);
+    let events = chunks
+        .map(|c| {
+            let mut b = [0u8; EVENT_SIZE];
+            b.copy_from_slice(c);
+            Event::from_bytes(&b)
+        })
+        .collect();
+    Ok(Recording { events, partial_tail_at })
+}
+
+/// Writes events to a record file.
+pub struct Writer<W: Write> {
+    out: BufWriter<W>,
+    written: u64,
+}
+
+impl Writer<File> {
+    /// Creates (truncates) `path`, readable by its owner only.
+    pub fn create(path: &Path) -> io::Result<Writer<File>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+        Writer::new(f)
+    }
+}
+
+impl<W: Write> Writer<W> {
+    /// Starts a record stream on `w` (writes the header).
+    pub fn new(w: W) -> io::Result<Writer<W>> {
+        let mut out = BufWriter::with_capacity(EVENT_SIZE * 1024, w);
+        out.write_all(MAGIC)?;
+        out.write_all(&VERSION.to_le_bytes())?;
+        out.write_all(&(EVENT_SIZE as u32).to_le_bytes())?;
+        Ok(Writer { out, written: 0 })
+    }
+
+    /// Appends one event.
+    pub fn write(&mut self, e: &Event) -> io::Result<()> {
+        self.out.write_all(&e.to_bytes())?;
+        self.written += 1;
+        Ok(())
+    }
+
+    /// Events written so far.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// Pushes buffered records to the file.
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+
+    /// Flushes and returns the inner writer.
+    pub fn finish(self) -> io::Result<W> {
+        self.out.into_inner().map_err(|e| e.into_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::EventKind;
+
+    #[test]
+    fn round_trip_and_partial_tail() {
+        let mut w = Writer::new(Vec::new()).unwrap();
+        let mut e = Event::new(EventKind::MemAlloc, 7, 0);
+        e.addr = 0x7f00_0000_0000;
+        e.size = 1 << 21;
+        w.write(&e).unwrap();
+        w.write(&Event::new(EventKind::MemFree, 7, 0)).unwrap();
+        let mut bytes = w.finish().unwrap();
+        let r = parse(Path::new("x"), &bytes).unwrap();
+        assert_eq!(r.events.len(), 2);
+        assert_eq!(r.events[0], e);
+        assert_eq!(r.partial_tail_at, None);
+        bytes.extend_from_slice(&[1, 2, 3]);
+        let r = parse(Path::new("x"), &bytes).unwrap();
+        assert_eq!(r.events.len(), 2);
+        assert_eq!(r.partial_tail_at, Some((HEADER_LEN + 2 * EVENT_SIZE) as u64));
+    }
+
+    #[test]
+    fn bad_headers_name_the_file() {
+        let e = parse(Path::new("/tmp/f.rec"), b"not a record file").unwrap_err();
+        assert_eq!(e.to_string(), "/tmp/f.rec: not a gpufrag record file (bad header at offset 0)");
+        let mut h = MAGIC.to_vec();
+        h.extend_from_slice(&2u32.to_le_bytes());
+        h.extend_from_slice(&80u32.to_le_bytes());
+        assert!(parse(Path::new("f"), &h).unwrap_err().to_string().contains("version 2"));
+    }
+}

@@ -1,0 +1,160 @@
+//! `gpufrag analyze` driven as a user drives it, against the real H200 traces and their ground
+//! truth (`torch.cuda.memory_stats()` saved beside each snapshot, and the largest free blocks of
+//! ../shared/traces/README.md), and against bad input of every kind.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+fn gpufrag(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpufrag")).args(args).output().expect("run gpufrag")
+}
+
+fn analyze_json(file: &Path) -> Value {
+    let out = gpufrag(&["analyze", "--json", file.to_str().expect("utf-8 path")]);
+    assert!(out.status.success(), "analyze {} failed: {}", file.display(), String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("analyze --json prints JSON")
+}
+
+fn stat(name: &str, key: &str) -> u64 {
+    let text = std::fs::read_to_string(fixture(&format!("{name}.stats.json"))).expect("stats.json");
+    let v: Value = serde_json::from_str(&text).expect("stats.json is JSON");
+    v[key].as_u64().unwrap_or_else(|| panic!("{name}.stats.json has no {key}"))
+}
+
+/// Asserts the device-0 figures equal the trace's ground truth, printing both on failure.
+fn check_trace(name: &str, file: &str, segments: u64, largest_free_block: u64, stranded: u64) -> Value {
+    let s = analyze_json(&fixture(file));
+    let d = &s["devices"][0];
+    let want = [
+        ("reserved", stat(name, "reserved_bytes.all.current")),
+        ("allocated", stat(name, "allocated_bytes.all.current")),
+        ("stranded", stranded),
+        ("segments", segments),
+        ("largest_free_block", largest_free_block),
+    ];
+    for (k, v) in want {
+        assert_eq!(d[k].as_u64(), Some(v), "{name}: {k} is {} but the ground truth says {v}\nsummary: {d:#}", d[k]);
+    }
+    assert_eq!(s["exact"], Value::Bool(true), "{name}: notes {:#}", s["notes"]);
+    s
+}
+
+#[test]
+fn frag_oom_matches_ground_truth_and_is_a_fragmentation_oom() {
+    let stranded = stat("frag_oom", "inactive_split_bytes.all.current");
+    assert_eq!(stranded, 2_097_152_000);
+    let s = check_trace("frag_oom", "frag_oom.pickle", 20, 209_715_200, stranded);
+    let ooms = s["ooms"].as_array().expect("ooms");
+    assert_eq!(ooms.len(), 1);
+    let o = &ooms[0];
+    assert_eq!(o["verdict"], "fragmentation");
+    assert_eq!(o["requested"].as_u64(), Some(2_684_354_560));
+    assert_eq!(o["device_free"].as_u64(), Some(2_398_224_384));
+    assert_eq!(o["stranded"].as_u64(), Some(2_097_152_000));
+    assert_eq!(o["largest_free_block"].as_u64(), Some(209_715_200));
+    let f = s["devices"][0]["fragmentation"].as_f64().expect("fragmentation");
+    assert!((f - 0.467).abs() < 0.001, "fragmentation {f}, DESIGN.md works it out as 1 - 2.23/4.18 = 0.47");
+}
+
+#[test]
+fn frag_oom_human_output_names_the_numbers_and_the_fix() {
+    let out = gpufrag(&["analyze", fixture("frag_oom.pickle").to_str().expect("path")]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in ["verdict: fragmentation", "2.50 GiB requested", "1.95 GiB", "2.23 GiB", "200.00 MiB", "expandable_segments:True"] {
+        assert!(text.contains(needle), "human output lacks {needle:?}:\n{text}");
+    }
+}
+
+#[test]
+fn frag_oom_expandable_has_no_oom_and_nothing_stranded() {
+    assert_eq!(stat("frag_oom_expandable", "inactive_split_bytes.all.current"), 0);
+    let s = check_trace("frag_oom_expandable", "frag_oom_expandable.pickle", 11, 0, 0);
+    assert_eq!(s["ooms"].as_array().map(Vec::len), Some(0));
+}
+
+#[test]
+fn pinned_splits_matches_ground_truth() {
+    let stranded = stat("pinned_splits", "inactive_split_bytes.all.current");
+    check_trace("pinned_splits", "pinned_splits.pickle", 8, 1_073_741_824, stranded);
+}
+
+#[test]
+fn gpt2_varlen_matches_ground_truth() {
+    let stranded = stat("gpt2_varlen", "inactive_split_bytes.all.current");
+    check_trace("gpt2_varlen", "gpt2_varlen.pickle.gz", 204, 2_703_228_928, stranded);
+}
+
+#[test]
+fn device_filter_keeps_only_that_device() {
+    let out = gpufrag(&["analyze", "--json", "--device", "3", fixture("frag_oom.pickle").to_str().expect("path")]);
+    assert!(out.status.success());
+    let s: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(s["devices"].as_array().map(Vec::len), Some(0));
+    assert_eq!(s["ooms"].as_array().map(Vec::len), Some(0));
+}
+
+/// Runs analyze on bad input: exit 2, one line on stderr naming the file, no panic.
+fn rejects(file: &Path, what: &str) -> String {
+    let out = gpufrag(&["analyze", file.to_str().expect("path")]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{what}: exit {:?}, stderr {err}", out.status.code());
+    assert!(!err.contains("panicked"), "{what}: panicked: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{what}: want one line, got {err}");
+    assert!(err.contains(&file.display().to_string()), "{what}: error does not name the file: {err}");
+    err
+}
+
+fn scratch(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gpufrag-analyze-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).expect("write scratch file");
+    p
+}
+
+#[test]
+fn bad_input_gets_one_line_naming_the_file_and_exit_2() {
+    rejects(Path::new("/nonexistent/trace.pickle"), "missing file");
+    let whole = std::fs::read(fixture("frag_oom.pickle")).expect("fixture");
+    let err = rejects(&scratch("truncated.pickle", &whole[..whole.len() / 2]), "truncated pickle");
+    assert!(err.contains("offset") || err.contains("truncated") || err.contains("end of"), "{err}");
+    // A valid pickle that is not a snapshot: protocol 2, the list [1, 2].
+    rejects(&scratch("list.pickle", b"\x80\x02]q\x00(K\x01K\x02e."), "not a snapshot");
+    let mut gz = vec![0x1f, 0x8b, 0x08, 0x00];
+    gz.extend_from_slice(&[0xde; 64]);
+    rejects(&scratch("corrupt.pickle.gz", &gz), "corrupt gzip");
+    rejects(&scratch("random.bin", b"\x00\x01\x02 this is not anything"), "random bytes");
+    let mut rec = b"GPUFRAG\x01".to_vec();
+    rec.extend_from_slice(&9u32.to_le_bytes());
+    rec.extend_from_slice(&80u32.to_le_bytes());
+    rejects(&scratch("future.rec", &rec), "record file of a future version");
+}
+
+#[test]
+fn event_anomalies_are_counted_warnings_and_make_the_figures_inexact() {
+    use gpufrag::event::{Event, EventKind, F_FRAMEWORK_OWNED};
+    let mut w = gpufrag::record::Writer::new(Vec::new()).expect("writer");
+    let seg = Event { addr: 0x7f00_0000_0000, size: 20 << 20, flags: F_FRAMEWORK_OWNED, ..Event::new(EventKind::MemAlloc, 42, 0) };
+    let block = Event { addr: 0x7f00_0000_0000, requested: 4 << 20, ..Event::new(EventKind::BlockAlloc, 42, 0) };
+    let unknown_free = Event { addr: 0xdead_0000, ..Event::new(EventKind::BlockFree, 42, 0) };
+    let outside = Event { addr: 0x1000, requested: 512, ..Event::new(EventKind::BlockAlloc, 42, 0) };
+    for e in [seg, block, unknown_free, outside] {
+        w.write(&e).expect("write");
+    }
+    let file = scratch("anomalies.rec", &w.finish().expect("finish"));
+    let s = analyze_json(&file);
+    assert_eq!(s["exact"], Value::Bool(false));
+    assert_eq!(s["anomalies"].as_u64(), Some(2));
+    let notes = s["notes"].to_string();
+    assert!(notes.contains("free of unknown address 0xdead0000"), "{notes}");
+    assert!(notes.contains("inside no segment"), "{notes}");
+    // What was consistent still counts.
+    assert_eq!(s["devices"][0]["allocated"].as_u64(), Some(4 << 20));
+    assert_eq!(s["devices"][0]["stranded"].as_u64(), Some(16 << 20));
+}
