@@ -7,7 +7,7 @@
 
 pub mod analysis;
 pub mod cli;
-pub mod event;
+pub use gpufrag_wire::{event, hello, ring};
 pub mod ingest;
 pub mod input;
 pub mod map;

@@ -6,7 +6,7 @@
 //! A kind is stored as a `u16` so that a record from a newer or broken source never becomes an
 //! invalid Rust enum: [`Event::kind`] decodes it and says when it cannot.
 
-use std::fmt;
+use core::fmt;
 
 /// What happened. The numbering is the wire format: never renumber, only append.
 #[repr(u16)]

@@ -1,0 +1,11 @@
+//! The formats that cross a process boundary, with no dependency beyond `core`/`std`, so that
+//! the preload shim can link them without pulling the analyser in.
+//!
+//! - [`event`]: the one fixed-size event record (mirrored by `include/gpufrag_event.h`).
+//! - [`ring`]: the lock-free shared-memory ring a traced process writes events into and the
+//!   consumer drains, dropping and counting when full.
+//! - [`hello`]: the first message a traced process sends the consumer over its Unix socket.
+
+pub mod event;
+pub mod hello;
+pub mod ring;
