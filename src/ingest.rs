@@ -140,7 +140,8 @@ impl State {
             self.unknown_kinds += 1;
             return;
         };
-        let (pid, device) = (ev.pid, ev.device);
+        let pid = ev.pid;
+        let device = if ev.device < 0 { self.resolve_device(pid, ev, kind) } else { ev.device };
         let framework = ev.flags & F_FRAMEWORK_OWNED != 0;
         let result: Result<(), Anomaly> = match kind {
             EventKind::DeviceInfo => {
@@ -219,6 +220,7 @@ impl State {
                             s.block_sizes.record(size);
                         })
                     }
+                    EventKind::Adopt => m.adopt_at(ev.addr),
                     EventKind::BlockFree => {
                         s.frees += 1;
                         m.block_free(ev.addr).map(|_| ())
@@ -235,6 +237,24 @@ impl State {
         if let Err(a) = result {
             self.note_anomaly(pid, device, a);
         }
+    }
+
+    /// The device of a free-like event whose source did not know it (the shim sends -1 for frees):
+    /// the one of this process's maps that holds the address or handle.
+    fn resolve_device(&self, pid: u32, ev: &Event, kind: EventKind) -> i16 {
+        let mut first = None;
+        for ((_, d), s) in self.spaces.range((pid, i16::MIN)..=(pid, i16::MAX)) {
+            first.get_or_insert(*d);
+            let hit = match kind {
+                EventKind::PhysRelease => s.map.holds_handle(ev.handle),
+                EventKind::PoolTrim | EventKind::PoolReserved => false,
+                _ => s.map.holds(ev.addr),
+            };
+            if hit {
+                return *d;
+            }
+        }
+        first.unwrap_or(ev.device)
     }
 
     /// Applies events in order.

@@ -7,6 +7,7 @@
 
 pub mod analysis;
 pub mod cli;
+pub mod consumer;
 pub use gpufrag_wire::{event, hello, ring};
 pub mod ingest;
 pub mod input;

@@ -44,7 +44,7 @@ fn c_header_and_rust_struct_have_the_same_layout() {
     let c_names = [
         "MEM_ALLOC", "MEM_ALLOC_PITCH", "MEM_ALLOC_MANAGED", "MEM_FREE", "ADDRESS_RESERVE", "ADDRESS_FREE",
         "PHYS_CREATE", "PHYS_RELEASE", "MAP", "UNMAP", "POOL_ALLOC", "POOL_FREE", "POOL_TRIM", "BLOCK_ALLOC",
-        "BLOCK_FREE", "ALLOC_FAILED", "DEVICE_INFO", "PROCESS_EXEC", "PROCESS_EXIT", "DROPPED", "POOL_RESERVED",
+        "BLOCK_FREE", "ALLOC_FAILED", "DEVICE_INFO", "PROCESS_EXEC", "PROCESS_EXIT", "DROPPED", "POOL_RESERVED", "ADOPT",
     ];
     for n in c_names {
         c.push_str(&format!("printf(\"%d\\n\", (int)GPUFRAG_EV_{n});\n"));

@@ -3,6 +3,7 @@
 //! other failure 1; `run` passes the traced command's own code through).
 
 pub mod analyze;
+pub mod run;
 
 use clap::{Parser, Subcommand};
 use std::io::Write;
@@ -22,6 +23,8 @@ pub struct Cli {
 pub enum Command {
     /// Analyse a PyTorch memory snapshot (.pickle, .pickle.gz) or a gpufrag record file.
     Analyze(analyze::Args),
+    /// Run a command under the LD_PRELOAD shim and show where its GPU memory goes.
+    Run(run::Args),
 }
 
 /// An error whose exit code is fixed: the input cannot be used (2).
@@ -49,6 +52,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Analyze(args) => analyze::run(&args),
+        Command::Run(args) => run::run(&args),
     };
     match result {
         Ok(code) => code,

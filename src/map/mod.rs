@@ -215,6 +215,12 @@ struct Pool {
     cached: u64,
 }
 
+/// Whether a segment occupies shared 2 MiB driver pages: a sub-2 MiB `cuMemAlloc` or pitch
+/// allocation (managed memory migrates by its own pages; mappings and pools are whole pages).
+fn shares_pages(kind: SegmentKind, size: u64) -> bool {
+    size < DRIVER_PAGE && matches!(kind, SegmentKind::Driver | SegmentKind::Pitch)
+}
+
 /// The map of one (process, device).
 #[derive(Clone, Debug, Default)]
 pub struct AddressSpace {
@@ -283,6 +289,11 @@ impl AddressSpace {
         self.blocks.values()
     }
 
+    /// The live block starting at `addr`.
+    pub fn block_at(&self, addr: u64) -> Option<&Block> {
+        self.blocks.get(&addr)
+    }
+
     /// Free runs `(start, len)` in address order.
     pub fn free_runs(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.free_runs.iter().map(|(&s, &l)| (s, l))
@@ -347,6 +358,24 @@ impl AddressSpace {
         (inside.len() as u64, bytes)
     }
 
+    /// Whether `addr` falls in anything this map holds: a segment or a reserved range.
+    pub fn holds(&self, addr: u64) -> bool {
+        self.segment_at(addr).is_some()
+            || self.reservations.range(..=addr).next_back().is_some_and(|(&s, &l)| addr < s + l)
+    }
+
+    /// Whether this map holds the physical handle.
+    pub fn holds_handle(&self, handle: u64) -> bool {
+        self.handles.contains_key(&handle)
+    }
+
+    /// A caching allocator claims the segment holding `addr`.
+    pub fn adopt_at(&mut self, addr: u64) -> Result<(), Anomaly> {
+        let start = self.segment_start_at(addr).ok_or(Anomaly::BlockOutsideSegment(addr))?;
+        self.adopt(start);
+        Ok(())
+    }
+
     /// Makes a segment framework-owned: all of it becomes one free run (it holds no block).
     fn adopt(&mut self, start: u64) {
         let Some(seg) = self.segments.get_mut(&start) else { return };
@@ -387,9 +416,11 @@ impl AddressSpace {
         result
     }
 
-    /// Removes the segment starting at `start` with everything inside it.
-    fn remove_segment(&mut self, start: u64) -> Result<Segment, Anomaly> {
-        let seg = self.segments.remove(&start).ok_or(Anomaly::FreeUnknown(start))?;
+    /// Removes the segment starting at `start` with everything inside it, whichever way it goes
+    /// (freed, or dropped under a newer segment): its blocks, free runs, share of the 2 MiB pages
+    /// and bytes in use in its pool. Returns it with the number of live blocks that went with it.
+    fn remove_segment(&mut self, start: u64) -> Option<(Segment, u64)> {
+        let seg = self.segments.remove(&start)?;
         self.totals.sub(&seg);
         let (blocks, _) = if seg.live_blocks > 0 { self.drop_blocks(seg.start, seg.end()) } else { (0, 0) };
         if seg.framework {
@@ -398,11 +429,14 @@ impl AddressSpace {
         if seg.kind == SegmentKind::Mapped {
             self.mapped_bytes -= seg.size;
         }
-        if blocks > 0 {
-            // Keep the segment's removal; report the blocks that went with it.
-            return Err(Anomaly::LiveBlocksDropped { addr: start, blocks });
+        if shares_pages(seg.kind, seg.size) {
+            self.pages.remove(seg.start, seg.size);
         }
-        Ok(seg)
+        if seg.kind == SegmentKind::Pool {
+            let p = self.pools.entry(seg.owner).or_default();
+            p.used = p.used.saturating_sub(seg.size);
+        }
+        Some((seg, blocks))
     }
 
     /// The map as events that rebuild it from empty: reservations, physical handles, segments
@@ -444,25 +478,26 @@ impl AddressSpace {
     pub fn driver_alloc(&mut self, addr: u64, size: u64, kind: SegmentKind, framework: bool, stream: u64) -> Result<(), Anomaly> {
         let seg = Segment { start: addr, size, kind, framework, live_blocks: 0, live_bytes: 0, owner: 0, stream };
         let r = self.insert_segment(seg);
-        if size < DRIVER_PAGE && kind != SegmentKind::Managed {
+        if shares_pages(kind, size) {
             self.pages.add(addr, size);
         }
         r
     }
 
-    /// `cuMemFree`: the segment starting at `addr` goes back to the driver.
+    /// `cuMemFree`: the segment starting at `addr` goes back to the driver; a pool allocation
+    /// goes back to its pool, which keeps the bytes until it is trimmed.
     pub fn driver_free(&mut self, addr: u64) -> Result<(), Anomaly> {
-        let (kind, size) = match self.segments.get(&addr) {
-            Some(s) => (s.kind, s.size),
-            None => return Err(Anomaly::FreeUnknown(addr)),
-        };
-        if kind == SegmentKind::Pool {
-            return self.pool_free(addr);
+        let (seg, blocks) = self.remove_segment(addr).ok_or(Anomaly::FreeUnknown(addr))?;
+        if seg.kind == SegmentKind::Pool {
+            let p = self.pools.entry(seg.owner).or_default();
+            p.cached += seg.size;
+            self.pool_cached += seg.size;
         }
-        if size < DRIVER_PAGE && kind != SegmentKind::Managed && kind != SegmentKind::Mapped {
-            self.pages.remove(addr, size);
+        if blocks > 0 {
+            // The segment is gone either way; report the blocks that went with it.
+            return Err(Anomaly::LiveBlocksDropped { addr, blocks });
         }
-        self.remove_segment(addr).map(|_| ())
+        Ok(())
     }
 
     /// `cuMemAddressReserve`: a virtual range with nothing behind it.
@@ -637,18 +672,10 @@ impl AddressSpace {
         self.insert_segment(seg)
     }
 
-    /// `cuMemFreeAsync`: the bytes stay in their pool until it is trimmed.
+    /// `cuMemFreeAsync`: the bytes stay in their pool until it is trimmed. The same as
+    /// [`AddressSpace::driver_free`]: the segment found at `addr` says where its bytes go.
     pub fn pool_free(&mut self, addr: u64) -> Result<(), Anomaly> {
-        let seg = self.remove_segment(addr)?;
-        if seg.kind == SegmentKind::Pool {
-            let p = self.pools.entry(seg.owner).or_default();
-            p.used = p.used.saturating_sub(seg.size);
-            p.cached += seg.size;
-            self.pool_cached += seg.size;
-        } else if seg.size < DRIVER_PAGE && seg.kind != SegmentKind::Managed && seg.kind != SegmentKind::Mapped {
-            self.pages.remove(addr, seg.size);
-        }
-        Ok(())
+        self.driver_free(addr)
     }
 
     /// `cuMemPoolTrimTo(pool, keep)`: the pool releases unused bytes until it holds at most `keep`.

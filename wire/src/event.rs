@@ -54,11 +54,14 @@ pub enum EventKind {
     Dropped = 20,
     /// A stream-ordered pool's reserved bytes as the driver reports them (`handle` = pool).
     PoolReserved = 21,
+    /// A caching allocator claims the segment or mapped range holding `addr`: its free space is
+    /// cache from now on, stranded or releasable.
+    Adopt = 22,
 }
 
 impl EventKind {
     /// Every kind, in wire order.
-    pub const ALL: [EventKind; 21] = [
+    pub const ALL: [EventKind; 22] = [
         EventKind::MemAlloc,
         EventKind::MemAllocPitch,
         EventKind::MemAllocManaged,
@@ -80,6 +83,7 @@ impl EventKind {
         EventKind::ProcessExit,
         EventKind::Dropped,
         EventKind::PoolReserved,
+        EventKind::Adopt,
     ];
 
     /// Decodes a wire value; `None` for 0 and for values this build does not know.
@@ -111,6 +115,7 @@ impl EventKind {
             EventKind::ProcessExit => "process_exit",
             EventKind::Dropped => "dropped",
             EventKind::PoolReserved => "pool_reserved",
+            EventKind::Adopt => "adopt",
         }
     }
 }

@@ -1,0 +1,207 @@
+//! One traced process's connection: the peer-uid check, the hello with its memfd
+//! (`SCM_RIGHTS`), the shared mapping of its ring, and the framed messages a Python hook sends.
+
+use crate::hello::{Hello, HELLO_BYTES, SOURCE_PYTHON, SOURCE_SHIM};
+use crate::ring::Ring;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+/// A shim's ring, mapped.
+pub struct RingConn {
+    /// The process's hello.
+    pub hello: Hello,
+    /// Drops already reported.
+    pub dropped_seen: u64,
+    stream: UnixStream,
+    base: *mut libc::c_void,
+    len: usize,
+    ring: Ring,
+}
+
+// SAFETY: the mapping is owned by this value alone and the ring view is Send.
+unsafe impl Send for RingConn {}
+
+impl RingConn {
+    /// The ring.
+    pub fn ring(&self) -> &Ring {
+        &self.ring
+    }
+
+    /// Whether the process closed its end (it exited).
+    pub fn peer_closed(&self) -> bool {
+        let mut p = libc::pollfd { fd: self.stream.as_raw_fd(), events: libc::POLLIN | libc::POLLRDHUP, revents: 0 };
+        // SAFETY: one pollfd we own, zero timeout.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        if n <= 0 {
+            return false;
+        }
+        if p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0 {
+            return true;
+        }
+        let mut b = [0u8; 1];
+        // SAFETY: peeks one byte into our buffer without blocking.
+        let r = unsafe { libc::recv(self.stream.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+        r == 0
+    }
+}
+
+impl Drop for RingConn {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `handshake`; the ring view dies with self.
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
+
+/// What a new connection turned out to be.
+pub enum Accepted {
+    /// The shim with its ring.
+    Ring(RingConn),
+    /// A Python hook that will send framed messages.
+    Python(Hello, UnixStream),
+}
+
+fn peer_uid(s: &UnixStream) -> io::Result<u32> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED fills one ucred we own, of the length we pass.
+    let r = unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.uid)
+}
+
+/// Receives the hello and, if attached, one file descriptor.
+fn recv_hello(s: &UnixStream) -> io::Result<(Hello, Option<OwnedFd>)> {
+    let mut buf = [0u8; HELLO_BYTES];
+    let mut cmsg = [0u64; 8];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: HELLO_BYTES };
+    // SAFETY: an all-zero msghdr is valid; we point it at our buffers below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cmsg.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cmsg) as _;
+    // SAFETY: recvmsg writes into the buffers msg points to, within their stated sizes.
+    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fd = None;
+    // SAFETY: the CMSG_* macros walk the control buffer recvmsg filled, bounded by msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let raw = libc::CMSG_DATA(c).cast::<libc::c_int>().read_unaligned();
+                if fd.is_none() {
+                    fd = Some(OwnedFd::from_raw_fd(raw));
+                } else {
+                    libc::close(raw);
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if (n as usize) < HELLO_BYTES {
+        let mut rest = &mut buf[n as usize..];
+        (&*s).read_exact(&mut rest)?;
+    }
+    let hello = Hello::from_bytes(&buf).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not a gpufrag hello"))?;
+    Ok((hello, fd))
+}
+
+/// Checks the peer and reads its hello; maps a shim's ring.
+pub fn handshake(stream: UnixStream) -> io::Result<Accepted> {
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let uid = peer_uid(&stream)?;
+    if uid != me {
+        return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("peer uid {uid} is not ours ({me})")));
+    }
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    let (hello, fd) = recv_hello(&stream)?;
+    match hello.source {
+        SOURCE_PYTHON => {
+            stream.set_read_timeout(None)?;
+            Ok(Accepted::Python(hello, stream))
+        }
+        SOURCE_SHIM => {
+            let fd = fd.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("pid {}: hello without its ring", hello.pid)))?;
+            // SAFETY: fstat fills one stat we own.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: as above; fd is open.
+            if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let len = st.st_size as usize;
+            if len as u64 != hello.ring_bytes || len == 0 || len > (1 << 32) {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("pid {}: ring of {len} bytes, hello says {}", hello.pid, hello.ring_bytes)));
+            }
+            // SAFETY: maps the whole memfd shared; the result is checked before use.
+            let base = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+            if base == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: a fresh page-aligned mapping of `len` bytes that RingConn unmaps on drop.
+            let ring = match unsafe { Ring::attach(base.cast(), len) } {
+                Ok(r) => r,
+                Err(e) => {
+                    // SAFETY: unmaps what we just mapped.
+                    unsafe { libc::munmap(base, len) };
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, format!("pid {}: {e}", hello.pid)));
+                }
+            };
+            stream.set_read_timeout(None)?;
+            Ok(Accepted::Ring(RingConn { hello, dropped_seen: 0, stream, base, len, ring }))
+        }
+        other => Err(io::Error::new(io::ErrorKind::InvalidData, format!("pid {}: unknown source {other}", hello.pid))),
+    }
+}
+
+/// Magic of a Python hook's frame.
+pub const PY_MAGIC: u32 = u32::from_le_bytes(*b"GFPY");
+/// Frame: a pickled `torch.cuda.memory._snapshot()`.
+pub const PY_SNAPSHOT: u32 = 1;
+/// Frame: the out-of-memory observer fired (`<qQQQ`: device, requested, device allocated, device free).
+pub const PY_OOM: u32 = 2;
+/// Largest frame accepted.
+const PY_MAX_FRAME: u64 = 1 << 31;
+
+/// Reads a Python hook's frames until it closes, handing each to `emit`.
+pub fn python_reader(hello: Hello, mut stream: UnixStream, mut emit: impl FnMut(super::Msg)) {
+    let name = format!("python hook of pid {}", hello.pid);
+    loop {
+        let mut head = [0u8; 16];
+        if stream.read_exact(&mut head).is_err() {
+            return;
+        }
+        let word = |o: usize| u32::from_le_bytes([head[o], head[o + 1], head[o + 2], head[o + 3]]);
+        let len = u64::from_le_bytes([head[8], head[9], head[10], head[11], head[12], head[13], head[14], head[15]]);
+        if word(0) != PY_MAGIC || len > PY_MAX_FRAME {
+            emit(super::Msg::Warning(format!("{name}: bad frame header; hook disconnected")));
+            return;
+        }
+        let mut body = vec![0u8; len as usize];
+        if stream.read_exact(&mut body).is_err() {
+            return;
+        }
+        match word(4) {
+            PY_SNAPSHOT => match crate::snapshot::from_bytes(&body, Path::new(&name)) {
+                Ok(s) => emit(super::Msg::Blocks { pid: hello.pid, snapshot: Box::new(s) }),
+                Err(e) => emit(super::Msg::Warning(e.to_string())),
+            },
+            PY_OOM if body.len() == 32 => {
+                let q = |o: usize| {
+                    let mut w = [0u8; 8];
+                    w.copy_from_slice(&body[o..o + 8]);
+                    u64::from_le_bytes(w)
+                };
+                emit(super::Msg::PyOom { pid: hello.pid, device: q(0) as i64 as i16, requested: q(8), device_free: q(24) });
+            }
+            t => emit(super::Msg::Warning(format!("{name}: unknown frame type {t}"))),
+        }
+    }
+}

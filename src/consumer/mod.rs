@@ -1,0 +1,283 @@
+//! The consumer side of live capture: a private Unix socket that traced processes connect to,
+//! the shared-memory rings they hand over, and one bounded channel that carries what they say to
+//! whoever owns the [`State`](crate::ingest::State).
+//!
+//! Threads: an acceptor (checks each peer's uid, reads its hello, maps its ring or starts a reader
+//! for a Python hook) and a drainer (empties every ring into the channel, turns ring drop counts
+//! into `Dropped` events and a closed socket into `ProcessExit`). A slow owner blocks only the
+//! drainer; the traced processes then drop and count, never wait. Python messages are forwarded
+//! only after a full drain pass, so a snapshot never overtakes the driver events that preceded it.
+
+mod conn;
+pub mod blocks;
+
+use crate::event::{Event, EventKind, F_SRC_SHIM};
+use crate::hello::{Hello, SOURCE_PYTHON, SOURCE_SHIM};
+use crossbeam_channel::{bounded, Receiver, Sender};
+use std::collections::VecDeque;
+use std::io;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub use conn::RingConn;
+
+/// What the consumer hands to the state owner.
+#[derive(Debug)]
+pub enum Msg {
+    /// One event from a ring (or made by the consumer: `Dropped`, `ProcessExit`).
+    Event(Event),
+    /// A process connected.
+    Connected {
+        /// Its hello.
+        hello: Hello,
+    },
+    /// A PyTorch allocator snapshot from a Python hook: the process's blocks now.
+    Blocks {
+        /// The process.
+        pid: u32,
+        /// The snapshot (segments with blocks).
+        snapshot: Box<crate::snapshot::Snapshot>,
+    },
+    /// PyTorch's out-of-memory observer fired.
+    PyOom {
+        /// The process.
+        pid: u32,
+        /// Device.
+        device: i16,
+        /// Bytes requested.
+        requested: u64,
+        /// Device free bytes PyTorch measured.
+        device_free: u64,
+    },
+    /// A Python hook's message could not be used.
+    Warning(String),
+}
+
+struct Shared {
+    stop: AtomicBool,
+    rings: Mutex<Vec<RingConn>>,
+    pending: Mutex<VecDeque<Msg>>,
+    connections: AtomicU64,
+    open: AtomicU64,
+}
+
+/// A running consumer.
+pub struct Consumer {
+    dir: PathBuf,
+    sock: PathBuf,
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    rx: Receiver<Msg>,
+}
+
+/// Makes a fresh directory only the owner can enter.
+fn private_dir() -> io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from).filter(|p| p.is_dir()).unwrap_or_else(std::env::temp_dir);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    for i in 0..100u32 {
+        let p = base.join(format!("gpufrag-{}-{:08x}", std::process::id(), nanos.wrapping_add(i.wrapping_mul(0x9e37_79b9))));
+        match std::fs::DirBuilder::new().mode(0o700).create(&p) {
+            Ok(()) => return Ok(p),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::new(io::ErrorKind::AlreadyExists, "no fresh directory name"))
+}
+
+impl Consumer {
+    /// Starts listening; events reach [`Consumer::receiver`] through a channel of `capacity`.
+    pub fn start(capacity: usize) -> io::Result<Consumer> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = private_dir()?;
+        let sock = dir.join("sock");
+        let listener = UnixListener::bind(&sock)?;
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
+        listener.set_nonblocking(true)?;
+        let (tx, rx) = bounded(capacity);
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            rings: Mutex::new(Vec::new()),
+            pending: Mutex::new(VecDeque::new()),
+            connections: AtomicU64::new(0),
+            open: AtomicU64::new(0),
+        });
+        let mut threads = Vec::new();
+        {
+            let shared = Arc::clone(&shared);
+            let tx = tx.clone();
+            threads.push(std::thread::Builder::new().name("gpufrag-accept".into()).spawn(move || accept_loop(listener, shared, tx))?);
+        }
+        {
+            let shared = Arc::clone(&shared);
+            threads.push(std::thread::Builder::new().name("gpufrag-drain".into()).spawn(move || drain_loop(shared, tx))?);
+        }
+        Ok(Consumer { dir, sock, shared, threads, rx })
+    }
+
+    /// The socket traced processes connect to (`GPUFRAG_SOCK`).
+    pub fn socket_path(&self) -> &Path {
+        &self.sock
+    }
+
+    /// The private directory (mode 0700) the socket lives in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where messages arrive.
+    pub fn receiver(&self) -> &Receiver<Msg> {
+        &self.rx
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.shared.connections.load(Ordering::Relaxed)
+    }
+
+    /// Connections still open (processes still alive).
+    pub fn open_connections(&self) -> u64 {
+        self.shared.open.load(Ordering::Relaxed)
+    }
+
+    /// Stops accepting, drains what is left, and ends the threads. Messages already queued stay
+    /// readable from the receiver.
+    pub fn shutdown(mut self) -> Receiver<Msg> {
+        self.shared.stop.store(true, Ordering::Release);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+        self.rx.clone()
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        let _ = std::fs::remove_file(&self.sock);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+fn accept_loop(listener: UnixListener, shared: Arc<Shared>, tx: Sender<Msg>) {
+    while !shared.stop.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                let _ = stream.set_nonblocking(false);
+                match conn::handshake(stream) {
+                    Ok(conn::Accepted::Ring(ring)) => {
+                        shared.connections.fetch_add(1, Ordering::Relaxed);
+                        shared.open.fetch_add(1, Ordering::Relaxed);
+                        let hello = ring.hello;
+                        if let Ok(mut rings) = shared.rings.lock() {
+                            rings.push(ring);
+                        }
+                        if let Ok(mut p) = shared.pending.lock() {
+                            p.push_back(Msg::Connected { hello });
+                        }
+                    }
+                    Ok(conn::Accepted::Python(hello, stream)) => {
+                        let shared = Arc::clone(&shared);
+                        let _ = std::thread::Builder::new()
+                            .name("gpufrag-python".into())
+                            .spawn(move || conn::python_reader(hello, stream, |m| {
+                                if let Ok(mut p) = shared.pending.lock() {
+                                    p.push_back(m);
+                                }
+                            }));
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Msg::Warning(format!("refused a connection: {e}")));
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Events drained from one ring per pass before moving to the next.
+const BATCH: usize = 4096;
+
+fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
+    let mut idle = 0u32;
+    loop {
+        let stopping = shared.stop.load(Ordering::Acquire);
+        let pending: Vec<Msg> = shared.pending.lock().map(|mut p| p.drain(..).collect()).unwrap_or_default();
+        let mut moved = 0usize;
+        let mut closed = Vec::new();
+        if let Ok(mut rings) = shared.rings.lock() {
+            for (i, c) in rings.iter_mut().enumerate() {
+                // With Python messages waiting, empty the rings completely first.
+                let limit = if pending.is_empty() && !stopping { BATCH } else { usize::MAX };
+                let mut n = 0;
+                while n < limit {
+                    match c.ring().pop() {
+                        Some(e) => {
+                            n += 1;
+                            if tx.send(Msg::Event(e)).is_err() {
+                                return;
+                            }
+                        }
+                        None => break,
+                    }
+                }
+                moved += n;
+                let dropped = c.ring().dropped_count();
+                if dropped > c.dropped_seen {
+                    let e = Event { size: dropped - c.dropped_seen, flags: F_SRC_SHIM, ..Event::new(EventKind::Dropped, c.hello.pid, -1) };
+                    c.dropped_seen = dropped;
+                    let _ = tx.send(Msg::Event(e));
+                }
+                if n < limit && (c.peer_closed() || stopping) {
+                    closed.push(i);
+                }
+            }
+            for i in closed.into_iter().rev() {
+                let c = rings.remove(i);
+                while let Some(e) = c.ring().pop() {
+                    let _ = tx.send(Msg::Event(e));
+                }
+                let exit = Event { ts_ns: crate::consumer::now_ns(), flags: F_SRC_SHIM, ..Event::new(EventKind::ProcessExit, c.hello.pid, -1) };
+                let _ = tx.send(Msg::Event(exit));
+                shared.open.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        for m in pending {
+            if tx.send(m).is_err() {
+                return;
+            }
+        }
+        if stopping && shared.rings.lock().map_or(true, |r| r.is_empty()) {
+            let rest: Vec<Msg> = shared.pending.lock().map(|mut p| p.drain(..).collect()).unwrap_or_default();
+            for m in rest {
+                let _ = tx.send(m);
+            }
+            return;
+        }
+        if moved == 0 {
+            idle = (idle + 1).min(5);
+            std::thread::sleep(Duration::from_millis(u64::from(idle)));
+        } else {
+            idle = 0;
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds, the shim's clock.
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[allow(dead_code)]
+const _SOURCES: (u32, u32) = (SOURCE_SHIM, SOURCE_PYTHON);
