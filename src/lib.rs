@@ -8,11 +8,14 @@
 pub mod analysis;
 pub mod cli;
 pub mod consumer;
+pub mod export;
 pub use gpufrag_wire::{event, hello, ring};
 pub mod ingest;
 pub mod input;
 pub mod map;
+pub mod observe;
 pub mod record;
 pub mod rules;
 pub mod snapshot;
 pub mod units;
+pub mod views;

@@ -47,6 +47,12 @@ pub struct Args {
     /// The shim to preload (default: libgpufrag_preload.so next to this executable).
     #[arg(long, value_name = "PATH", env = "GPUFRAG_PRELOAD")]
     pub preload: Option<PathBuf>,
+    /// Metrics export.
+    #[command(flatten)]
+    pub export: crate::export::ExportArgs,
+    /// Reports and live views.
+    #[command(flatten)]
+    pub views: crate::views::ViewArgs,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub cmd: Vec<OsString>,
@@ -109,6 +115,8 @@ pub struct Live {
     quiet: bool,
     /// Processes that connected, with their names.
     pub processes: Vec<(u32, String)>,
+    /// Exporters, live feeds, report writers.
+    pub observers: Vec<Box<dyn crate::observe::Observer>>,
 }
 
 impl Live {
@@ -118,7 +126,7 @@ impl Live {
             Some(p) => Some(record::Writer::create(p).with_context(|| format!("creating the record file {}", p.display()))?),
             None => None,
         };
-        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: Vec::new() })
+        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: Vec::new(), observers: Vec::new() })
     }
 
     fn apply(&mut self, e: &Event) {
@@ -196,6 +204,20 @@ impl Live {
                 inputs.explanation(),
                 inputs.fix()
             );
+        }
+    }
+
+    /// Gives every observer the current state.
+    pub fn tick(&mut self) {
+        for o in self.observers.iter_mut() {
+            o.tick(&self.state);
+        }
+    }
+
+    /// Gives every observer the final state.
+    pub fn finish(&mut self) {
+        for o in self.observers.iter_mut() {
+            o.finish(&self.state);
         }
     }
 
@@ -280,6 +302,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         cmd.env("GPUFRAG_PY_INTERVAL", args.python_interval.to_string());
     }
     let mut live = Live::new(args.record.as_deref(), args.quiet)?;
+    live.observers.extend(crate::export::observers(&args.export)?);
+    live.observers.extend(crate::views::observers(&args.views, args.summary_json.as_deref())?);
     // SAFETY: installs plain handlers; forward_signal only calls kill.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
@@ -297,11 +321,14 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {}
         }
-        if tty && last_status.elapsed() >= Duration::from_millis(500) {
+        if last_status.elapsed() >= Duration::from_millis(500) {
             last_status = Instant::now();
-            let mut e = std::io::stderr().lock();
-            let _ = write!(e, "\r\x1b[K{}", live.status_line());
-            let _ = e.flush();
+            live.tick();
+            if tty {
+                let mut e = std::io::stderr().lock();
+                let _ = write!(e, "\r\x1b[K{}", live.status_line());
+                let _ = e.flush();
+            }
         }
         if let Some(st) = child.try_wait()? {
             break st;
@@ -319,6 +346,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     while let Ok(m) = rx.try_recv() {
         live.handle(m);
     }
+    live.finish();
     let source = args.cmd.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
     let summary = live.summary(&source)?;
     if tty {

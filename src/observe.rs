@@ -1,0 +1,13 @@
+//! What live front ends plug into: `run`, `attach` and `agent` call every [`Observer`] with the
+//! state at each tick and once at the end. Exporters (OTLP, Prometheus), the live feed that `top`
+//! reads, and the post-mortem report writer are observers; the capture path knows none of them.
+
+use crate::ingest::State;
+
+/// Something that watches the live state.
+pub trait Observer: Send {
+    /// Called about every status interval with the current state.
+    fn tick(&mut self, state: &State);
+    /// Called once after the traced processes ended and the last events were applied.
+    fn finish(&mut self, state: &State);
+}
