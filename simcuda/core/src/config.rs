@@ -1,0 +1,148 @@
+//! The simulated machine, read from the environment: how many devices, how much memory each has,
+//! the driver's reserve, the allocation slack, and where the shared state file lives. Every
+//! process sharing one `SIMCUDA_STATE_DIR` must see the same values (the file shares usage, not
+//! configuration).
+
+use std::path::PathBuf;
+
+/// Physical page size and VMM granularity of the simulated device (the H200's).
+pub const GRANULARITY: u64 = 2 << 20;
+/// The most devices `SIMCUDA_DEVICES` may ask for.
+pub const MAX_DEVICES: u32 = 16;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// What the stand-ins simulate, from `SIMCUDA_*` variables.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// `SIMCUDA_DEVICES` (default 1, at most [`MAX_DEVICES`]).
+    pub devices: u32,
+    /// `SIMCUDA_MEM` (default 16 GiB): each device's physical memory, what NVML reports as total.
+    pub total: u64,
+    /// `SIMCUDA_RESERVE` (default 615 MiB, the H200's): memory the driver keeps for itself;
+    /// `cuMemGetInfo` total = total − reserve, NVML v2 reports it as `reserved`.
+    pub reserve: u64,
+    /// `SIMCUDA_SLACK` (default 4 MiB): a request for new pages succeeds only while it leaves
+    /// this much free, so the largest request that succeeds is `free − slack` (measured on the H200).
+    pub slack: u64,
+    /// `SIMCUDA_STATE_DIR` (default `/tmp/simcuda-$UID`): holds the state file shared by processes.
+    pub state_dir: PathBuf,
+}
+
+impl Config {
+    /// Reads the configuration from the process environment.
+    pub fn from_env() -> Result<Config, String> {
+        Config::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads the configuration through `get` (a stand-in for the environment, for tests).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
+        let size = |key: &str, default: u64| -> Result<u64, String> {
+            match get(key) {
+                None => Ok(default),
+                Some(v) => parse_size(&v).map_err(|e| format!("{key}={v}: {e}")),
+            }
+        };
+        let devices = match get("SIMCUDA_DEVICES") {
+            None => 1,
+            Some(v) => v
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=MAX_DEVICES).contains(n))
+                .ok_or_else(|| format!("SIMCUDA_DEVICES={v}: expected 1..={MAX_DEVICES}"))?,
+        };
+        let total = size("SIMCUDA_MEM", 16 * GIB)?;
+        let reserve = size("SIMCUDA_RESERVE", 615 * MIB)?;
+        let slack = size("SIMCUDA_SLACK", 4 * MIB)?;
+        if total < GRANULARITY || reserve >= total {
+            return Err(format!(
+                "SIMCUDA_MEM ({total} bytes) must be at least 2 MiB and above SIMCUDA_RESERVE ({reserve} bytes)"
+            ));
+        }
+        let state_dir = match get("SIMCUDA_STATE_DIR") {
+            Some(d) if !d.is_empty() => PathBuf::from(d),
+            _ => {
+                // SAFETY: getuid has no preconditions and cannot fail.
+                let uid = unsafe { libc::getuid() };
+                std::env::temp_dir().join(format!("simcuda-{uid}"))
+            }
+        };
+        Ok(Config { devices, total, reserve, slack, state_dir })
+    }
+
+    /// What `cuMemGetInfo` reports as total: the device less the driver's reserve.
+    pub fn usable(&self) -> u64 {
+        self.total - self.reserve
+    }
+
+    /// The most bytes all processes together may hold on one device (usable − slack).
+    pub fn allocation_limit(&self) -> u64 {
+        self.usable().saturating_sub(self.slack)
+    }
+}
+
+/// Parses `12GiB`, `615 MiB`, `1.5G`, `4096`, `2MB` (decimal), `512KiB` into bytes. A bare
+/// letter (`K`, `M`, `G`, `T`) and the `i` forms are binary; `KB`, `MB`, `GB`, `TB` are decimal.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = (&s[..split], s[split..].trim());
+    let mult: u128 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => return Err(format!("unknown unit {unit:?}")),
+    };
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if int.is_empty() && frac.is_empty() {
+        return Err("no number".to_string());
+    }
+    let digits = |d: &str| -> Result<u128, String> {
+        if d.is_empty() {
+            Ok(0)
+        } else {
+            d.parse::<u128>().map_err(|e| e.to_string())
+        }
+    };
+    if frac.len() > 18 {
+        return Err("too many decimals".to_string());
+    }
+    let scale = 10u128.pow(frac.len() as u32);
+    let frac_bytes = digits(frac)? * mult / scale;
+    let bytes = digits(int)?.checked_mul(mult).and_then(|b| b.checked_add(frac_bytes)).ok_or("too large")?;
+    u64::try_from(bytes).map_err(|_| "too large".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("12GiB"), Ok(12 << 30));
+        assert_eq!(parse_size("615 MiB"), Ok(615 << 20));
+        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("2MB"), Ok(2_000_000));
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn defaults_and_errors() {
+        let c = Config::from_lookup(|_| None).expect("defaults are valid");
+        assert_eq!((c.devices, c.total, c.reserve, c.slack), (1, 16 << 30, 615 << 20, 4 << 20));
+        let bad = Config::from_lookup(|k| (k == "SIMCUDA_DEVICES").then(|| "0".to_string()));
+        assert!(bad.is_err());
+        let bad = Config::from_lookup(|k| (k == "SIMCUDA_MEM").then(|| "512MiB".to_string()));
+        assert!(bad.is_err(), "reserve above total");
+    }
+}
