@@ -2,8 +2,13 @@
 //! and the one place that turns errors into exit codes (unusable input 2, a broken pipe 0, any
 //! other failure 1; `run` passes the traced command's own code through).
 
+pub mod agent;
 pub mod analyze;
+pub mod demo;
+pub mod attach;
+pub mod report;
 pub mod run;
+pub mod top;
 
 use clap::{Parser, Subcommand};
 use std::io::Write;
@@ -25,6 +30,17 @@ pub enum Command {
     Analyze(analyze::Args),
     /// Run a command under the LD_PRELOAD shim and show where its GPU memory goes.
     Run(run::Args),
+    /// Show the whole story on a simulated GPU (no GPU needed).
+    Demo(demo::Args),
+    /// Write the post-mortem report (one HTML file: memory map, timeline, verdict), the map as
+    /// SVG, or a memory_viz pickle, from a snapshot, a record file or a summary JSON.
+    Report(report::Args),
+    /// Live terminal view of GPU memory per device and process (from `run`'s feed or a replay).
+    Top(top::Args),
+    /// Trace a running process through eBPF (uprobes, USDT); needs CAP_BPF and CAP_PERFMON.
+    Attach(attach::Args),
+    /// Trace every GPU process of this node through eBPF; needs CAP_BPF and CAP_PERFMON.
+    Agent(agent::Args),
 }
 
 /// An error whose exit code is fixed: the input cannot be used (2).
@@ -53,6 +69,11 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Analyze(args) => analyze::run(&args),
         Command::Run(args) => run::run(&args),
+        Command::Demo(args) => demo::run(&args),
+        Command::Report(args) => report::run(&args),
+        Command::Top(args) => top::run(&args),
+        Command::Attach(args) => attach::run(&args),
+        Command::Agent(args) => agent::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -131,6 +131,9 @@ impl Live {
 
     fn apply(&mut self, e: &Event) {
         self.state.apply(e);
+        for o in self.observers.iter_mut() {
+            o.event(&self.state, e);
+        }
         if let Some(w) = self.record.as_mut() {
             if let Err(err) = w.write(e) {
                 self.record_error = Some(err.to_string());

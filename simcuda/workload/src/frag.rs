@@ -5,6 +5,7 @@
 
 use simcuda_workload::{oom_message, AllocatorEvent, CachingAllocator, Device};
 
+use crate::annotate;
 use crate::{cuda_free, cuda_malloc, error_name, ffi, hex, init_runtime, mem_info, ok, result, Outcome};
 
 const MIB: u64 = 1 << 20;
@@ -21,18 +22,24 @@ impl Device for Runtime {
     }
 }
 
-/// Prints and forgets the allocator's events (the preload issue will turn these into hooks).
+/// Prints the allocator's events and tells a tracer through gpufrag's annotation API (a no-op
+/// without the gpufrag shim).
 fn announce(alloc: &mut CachingAllocator) {
     for e in alloc.events.drain(..) {
         match e {
             AllocatorEvent::SegmentAlloc { addr, size } => {
+                annotate::segment(addr);
                 println!("EVENT kind=segment_alloc addr={} size={size}", hex(addr))
             }
             AllocatorEvent::SegmentFree { addr, size } => println!("EVENT kind=segment_free addr={} size={size}", hex(addr)),
             AllocatorEvent::BlockAlloc { addr, size, requested } => {
+                annotate::block_alloc(addr, size, requested);
                 println!("EVENT kind=block_alloc addr={} size={size} requested={requested}", hex(addr))
             }
-            AllocatorEvent::BlockFree { addr, size } => println!("EVENT kind=block_free addr={} size={size}", hex(addr)),
+            AllocatorEvent::BlockFree { addr, size } => {
+                annotate::block_free(addr);
+                println!("EVENT kind=block_free addr={} size={size}", hex(addr))
+            }
             AllocatorEvent::Oom { requested, segment_size, rc } => {
                 println!("EVENT kind=oom requested={requested} segment_size={segment_size} rc={rc}")
             }
@@ -88,6 +95,7 @@ pub fn frag_oom(keep: u64) -> Outcome {
         Err(oom) => {
             announce(&mut alloc);
             let (free_at_oom, _) = mem_info()?;
+            annotate::oom(oom.requested, free_at_oom);
             let s = alloc.stats();
             result!(
                 "test" = "frag-oom",

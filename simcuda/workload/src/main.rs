@@ -4,6 +4,7 @@
 //! `PROCESS` where said) and exits 0 when the outcome is the expected one, 1 when it is not, 2 on
 //! a usage error. `main` only dispatches; the scenarios live in one module per theme.
 
+mod annotate;
 mod ffi;
 mod frag;
 mod nvml;
