@@ -2,6 +2,7 @@
 //! state at each tick and once at the end. Exporters (OTLP, Prometheus), the live feed that `top`
 //! reads, and the post-mortem report writer are observers; the capture path knows none of them.
 
+use crate::event::Event;
 use crate::ingest::State;
 
 /// Something that watches the live state.
@@ -10,4 +11,8 @@ pub trait Observer: Send {
     fn tick(&mut self, state: &State);
     /// Called once after the traced processes ended and the last events were applied.
     fn finish(&mut self, state: &State);
+    /// Called after each event was applied to `state` (default: nothing). Views that keep a
+    /// history need every event: the memviz export's trace, the report's timeline and its map at
+    /// the moment of each OOM. Must be cheap: it runs on the capture's hot path.
+    fn event(&mut self, _state: &State, _ev: &Event) {}
 }

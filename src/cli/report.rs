@@ -1,0 +1,72 @@
+//! `gpufrag report INPUT [-o report.html] [--svg map.svg] [--memviz out.pickle] [--oom N]`: the
+//! post-mortem report as one self-contained HTML file, the memory map alone as SVG, or the input
+//! converted to a PyTorch memory_viz pickle. INPUT is a snapshot pickle, a record file or a
+//! summary JSON (`analyze --json`, `run --summary-json`; no map or timeline then, see
+//! `views::report`).
+
+use crate::views::{memviz, report};
+use anyhow::Context;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Arguments of `report`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// A PyTorch memory snapshot (.pickle, .pickle.gz), a gpufrag record file, or a summary JSON.
+    pub input: PathBuf,
+    /// Write the HTML report here (default: report.html when neither --svg nor --memviz is given).
+    #[arg(short, long, value_name = "PATH")]
+    pub output: Option<PathBuf>,
+    /// Write the memory map alone as an SVG file.
+    #[arg(long, value_name = "PATH")]
+    pub svg: Option<PathBuf>,
+    /// Write the input as a PyTorch memory snapshot pickle (pytorch.org/memory_viz); one file per
+    /// process, `-PID` added to the name, when the input has several.
+    #[arg(long, value_name = "PATH")]
+    pub memviz: Option<PathBuf>,
+    /// Which failed allocation to draw, 1-based (default: the last).
+    #[arg(long, value_name = "N")]
+    pub oom: Option<usize>,
+    /// Points per device on the timeline (the trace is downsampled to this many).
+    #[arg(long, value_name = "N", default_value_t = crate::views::history::DEFAULT_POINTS)]
+    pub points: usize,
+}
+
+/// Runs `report`.
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let memviz_entries = args.memviz.as_ref().map(|_| usize::MAX);
+    let data = report::load(&args.input, args.points, memviz_entries)?;
+    let oom = report::pick_oom(&data.summary, args.oom);
+    if let Some(k) = args.oom {
+        if oom != Some(k.wrapping_sub(1)) {
+            return Err(crate::cli::UnusableInput(format!("--oom {k}: the input has {} failed allocation(s)", data.summary.ooms.len())).into());
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    let html_path = match (&args.output, &args.svg, &args.memviz) {
+        (Some(p), _, _) => Some(p.clone()),
+        (None, None, None) => Some(PathBuf::from("report.html")),
+        _ => None,
+    };
+    if let Some(p) = &html_path {
+        std::fs::write(p, report::html(&data, oom)).with_context(|| format!("writing {}", p.display()))?;
+        writeln!(out, "report: {}", p.display())?;
+    }
+    if let Some(p) = &args.svg {
+        let svgs = report::map_svgs(&data, oom);
+        let first = svgs.into_iter().next().unwrap_or_default();
+        std::fs::write(p, format!("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n{first}")).with_context(|| format!("writing {}", p.display()))?;
+        writeln!(out, "map: {}", p.display())?;
+    }
+    if let Some(p) = &args.memviz {
+        let Some(state) = &data.state else {
+            return Err(crate::cli::UnusableInput(format!("{}: a summary JSON holds no blocks or events to export; use a record file or a snapshot", args.input.display())).into());
+        };
+        for f in memviz::export_all(state, data.log.as_ref(), p).with_context(|| format!("writing {}", p.display()))? {
+            writeln!(out, "memory_viz snapshot: {}", f.display())?;
+        }
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,44 @@
+//! `gpufrag top [--connect SOCK | --replay FILE [--speed X]]`: the live terminal view. With no
+//! argument it connects to the newest live feed of a `gpufrag run` of this user.
+
+use crate::views::feed;
+use crate::views::top::{self, Source};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Arguments of `top`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Connect to this live feed socket (default: the newest one in $XDG_RUNTIME_DIR/gpufrag/).
+    #[arg(long, value_name = "SOCK", conflicts_with = "replay")]
+    pub connect: Option<PathBuf>,
+    /// Play a record file or a snapshot back instead of watching a live run.
+    #[arg(long, value_name = "FILE")]
+    pub replay: Option<PathBuf>,
+    /// Playback speed for --replay: 1 is real time, 10 ten times faster, 0 at once (idle
+    /// stretches longer than 2 s are cut short).
+    #[arg(long, value_name = "X", default_value_t = 1.0, requires = "replay")]
+    pub speed: f64,
+}
+
+/// Runs `top`.
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let source = if let Some(p) = &args.replay {
+        if !(args.speed >= 0.0 && args.speed.is_finite()) {
+            return Err(crate::cli::UnusableInput(format!("--speed {}: give a speed of 0 or more", args.speed)).into());
+        }
+        Source::Replay { path: p.clone(), speed: args.speed }
+    } else if let Some(p) = &args.connect {
+        Source::Connect(p.clone())
+    } else {
+        match feed::live_sockets().into_iter().next() {
+            Some(p) => Source::Connect(p),
+            None => anyhow::bail!(
+                "no live gpufrag feed in {} (start one with `gpufrag run -- CMD`, or use --connect SOCK or --replay FILE)",
+                feed::feed_dir().display()
+            ),
+        }
+    };
+    top::run(&source)?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,335 @@
+//! The live feed: what `gpufrag top` reads from a running `gpufrag run` (and, later, from the
+//! eBPF `agent`): newline-delimited JSON [`Frame`]s on a Unix socket.
+//!
+//! Protocol (version [`FEED_VERSION`]): the server writes one frame per line, about every 500 ms
+//! while the traced command runs, and a last one with `"final": true` before it closes. A client
+//! sends nothing. A frame is the [`Summary`] schema of `analyze --json` (devices, processes, OOMs
+//! with verdicts, dropped events, `exact`) plus `strips`: for each process and device its segments
+//! in address order with [`STRIP_CELLS`](super::strip::STRIP_CELLS) digits of live share each and
+//! the largest free run (see [`ProcessStrip`]). Fields are added, never renamed.
+//!
+//! Where: `--feed SOCK`, or by default `$XDG_RUNTIME_DIR/gpufrag/run-PID.sock` (falling back to
+//! `/tmp/gpufrag-UID/run-PID.sock`) in a directory of mode 0700 owned by the user; the socket is
+//! 0600 and the server also checks each client's uid (SO_PEERCRED). `gpufrag top` with no argument
+//! connects to the newest socket there that answers.
+//!
+//! The server never blocks the capture: frames are built on the observer's tick only while a
+//! client is connected, and each client has its own writer thread behind a channel of two frames;
+//! a client that cannot keep up misses frames (counted), it never slows the run.
+
+use super::strip::{process_strip, ProcessStrip};
+use crate::analysis::summary::Summary;
+use crate::ingest::State;
+use crate::observe::Observer;
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::io::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Version of the feed protocol.
+pub const FEED_VERSION: u32 = 1;
+
+/// One line of the feed.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Frame {
+    /// [`FEED_VERSION`].
+    pub feed: u32,
+    /// Frame number, from 1.
+    pub seq: u64,
+    /// When it was built, ns since the Unix epoch.
+    pub ts_ns: u64,
+    /// The server's pid.
+    pub server_pid: u32,
+    /// The last frame of this feed.
+    #[serde(rename = "final")]
+    pub last: bool,
+    /// The figures (the schema of `analyze --json`).
+    pub summary: Summary,
+    /// Per process and device: the segments as strips.
+    pub strips: Vec<ProcessStrip>,
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Builds a frame from a state.
+pub fn frame(state: &State, source: &str, seq: u64, last: bool) -> Frame {
+    let summary = Summary::from_state(state, source);
+    let strips = state.spaces.values().map(process_strip).collect();
+    Frame { feed: FEED_VERSION, seq, ts_ns: now_ns(), server_pid: std::process::id(), last, summary, strips }
+}
+
+/// The directory feeds live in: `$XDG_RUNTIME_DIR/gpufrag`, else `/tmp/gpufrag-UID`.
+pub fn feed_dir() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
+        Some(d) => PathBuf::from(d).join("gpufrag"),
+        // SAFETY: getuid cannot fail and touches no memory.
+        None => PathBuf::from(format!("/tmp/gpufrag-{}", unsafe { libc::getuid() })),
+    }
+}
+
+/// The default socket of this process.
+pub fn default_socket() -> PathBuf {
+    feed_dir().join(format!("run-{}.sock", std::process::id()))
+}
+
+/// Creates `dir` with mode 0700, or checks that an existing one is ours and private.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(0o700).recursive(true).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let md = std::fs::metadata(dir)?;
+    // SAFETY: getuid cannot fail and touches no memory.
+    let me = unsafe { libc::getuid() };
+    if md.uid() != me || md.mode() & 0o077 != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("{} is not a private directory of uid {me} (owner {}, mode {:o})", dir.display(), md.uid(), md.mode() & 0o777),
+        ));
+    }
+    Ok(())
+}
+
+fn peer_uid(s: &UnixStream) -> std::io::Result<u32> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED fills one ucred we own, of the length we pass.
+    let r = unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cred.uid)
+}
+
+struct Client {
+    tx: SyncSender<Arc<str>>,
+    writer: JoinHandle<()>,
+}
+
+/// The feed server: an [`Observer`] that serves frames to `top`.
+pub struct FeedServer {
+    path: PathBuf,
+    source: String,
+    clients: Arc<Mutex<Vec<Client>>>,
+    stop: Arc<AtomicBool>,
+    seq: u64,
+    /// Frames a slow client missed.
+    pub missed: Arc<AtomicU64>,
+}
+
+impl FeedServer {
+    /// Binds `path` (its directory made private when it is the default one) and starts accepting.
+    pub fn bind(path: &Path, source: &str) -> std::io::Result<FeedServer> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if dir == feed_dir() {
+                private_dir(dir)?;
+            }
+        }
+        // A socket left by a run that was killed: remove it only when nothing answers there.
+        if path.exists() && UnixStream::connect(path).is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        let listener = UnixListener::bind(path)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        let clients: Arc<Mutex<Vec<Client>>> = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (c2, s2) = (clients.clone(), stop.clone());
+        std::thread::Builder::new().name("gpufrag-feed".into()).spawn(move || accept_loop(listener, c2, s2))?;
+        Ok(FeedServer { path: path.to_path_buf(), source: source.to_string(), clients, stop, seq: 0, missed: Arc::new(AtomicU64::new(0)) })
+    }
+
+    /// Where it listens.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn send(&mut self, state: &State, last: bool) {
+        let mut clients = match self.clients.lock() {
+            Ok(c) => c,
+            Err(p) => p.into_inner(),
+        };
+        if clients.is_empty() {
+            return;
+        }
+        self.seq += 1;
+        let f = frame(state, &self.source, self.seq, last);
+        let Ok(mut line) = serde_json::to_string(&f) else { return };
+        line.push('\n');
+        let line: Arc<str> = line.into();
+        clients.retain(|c| match c.tx.try_send(line.clone()) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_)) => {
+                self.missed.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(TrySendError::Disconnected(_)) => false,
+        });
+    }
+}
+
+fn accept_loop(listener: UnixListener, clients: Arc<Mutex<Vec<Client>>>, stop: Arc<AtomicBool>) {
+    // SAFETY: getuid cannot fail and touches no memory.
+    let me = unsafe { libc::getuid() };
+    for conn in listener.incoming() {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let Ok(stream) = conn else { continue };
+        // Only this user (or root) may read the feed.
+        if peer_uid(&stream).map_or(true, |u| u != me && u != 0) {
+            continue;
+        }
+        let (tx, rx) = sync_channel::<Arc<str>>(2);
+        let Ok(writer) = std::thread::Builder::new().name("gpufrag-feed-client".into()).spawn(move || {
+            let mut w = std::io::BufWriter::new(stream);
+            for line in rx {
+                if w.write_all(line.as_bytes()).and_then(|_| w.flush()).is_err() {
+                    break;
+                }
+            }
+        }) else {
+            continue;
+        };
+        if let Ok(mut c) = clients.lock() {
+            c.push(Client { tx, writer });
+        }
+    }
+}
+
+impl Observer for FeedServer {
+    fn tick(&mut self, state: &State) {
+        self.send(state, false);
+    }
+
+    fn finish(&mut self, state: &State) {
+        self.send(state, true);
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = std::fs::remove_file(&self.path);
+        let clients: Vec<Client> = match self.clients.lock() {
+            Ok(mut c) => c.drain(..).collect(),
+            Err(p) => p.into_inner().drain(..).collect(),
+        };
+        // Let the writers deliver the final frame (at most a second), then go on.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let writers: Vec<JoinHandle<()>> = clients.into_iter().map(|c| c.writer).collect();
+        while Instant::now() < deadline && writers.iter().any(|w| !w.is_finished()) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for FeedServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// What a feed client receives.
+#[derive(Debug)]
+pub enum Update {
+    /// A new frame.
+    Frame(Box<Frame>),
+    /// The feed ended (the reason, for the user).
+    Ended(String),
+}
+
+/// Connects to a feed and reads it on a thread; updates arrive on the receiver.
+pub fn connect(path: &Path) -> std::io::Result<Receiver<Update>> {
+    let stream = UnixStream::connect(path)?;
+    let (tx, rx) = sync_channel(16);
+    let name = path.display().to_string();
+    std::thread::Builder::new().name("gpufrag-feed-reader".into()).spawn(move || {
+        let reader = BufReader::new(stream);
+        for line in reader.lines() {
+            let line = match line {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = tx.send(Update::Ended(format!("{name}: {e}")));
+                    return;
+                }
+            };
+            match serde_json::from_str::<Frame>(&line) {
+                Ok(f) => {
+                    let last = f.last;
+                    if tx.send(Update::Frame(Box::new(f))).is_err() {
+                        return;
+                    }
+                    if last {
+                        let _ = tx.send(Update::Ended("the traced command ended".into()));
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Update::Ended(format!("{name}: not a gpufrag feed line: {e}")));
+                    return;
+                }
+            }
+        }
+        let _ = tx.send(Update::Ended("the feed closed".into()));
+    })?;
+    Ok(rx)
+}
+
+/// The sockets in the feed directory that answer, newest first.
+pub fn live_sockets() -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(feed_dir()) else { return Vec::new() };
+    let mut socks: Vec<(std::time::SystemTime, PathBuf)> = rd
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "sock"))
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    socks.sort_by(|a, b| b.0.cmp(&a.0));
+    socks.into_iter().map(|s| s.1).filter(|p| UnixStream::connect(p).is_ok()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Event, EventKind};
+
+    #[test]
+    fn a_client_gets_frames_and_the_final_one() {
+        let dir = std::env::temp_dir().join(format!("gpufrag-feed-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("t.sock");
+        let mut server = FeedServer::bind(&sock, "test").unwrap();
+        let rx = connect(&sock).unwrap();
+        let mut state = State::default();
+        let mut e = Event::new(EventKind::MemAlloc, 9, 0);
+        e.addr = 1 << 40;
+        e.size = 1 << 30;
+        state.apply(&e);
+        // The accept thread registers the client asynchronously.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while server.clients.lock().unwrap().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        server.tick(&state);
+        server.finish(&state);
+        let mut frames = Vec::new();
+        while let Ok(u) = rx.recv_timeout(Duration::from_secs(5)) {
+            match u {
+                Update::Frame(f) => frames.push(f),
+                Update::Ended(_) => break,
+            }
+        }
+        assert_eq!(frames.len(), 2);
+        assert!(frames[1].last);
+        assert_eq!(frames[0].summary.devices[0].reserved, 1 << 30);
+        assert_eq!(frames[0].strips[0].segments[0].cells, "8".repeat(crate::views::strip::STRIP_CELLS));
+        assert!(!sock.exists(), "the socket is removed at the end");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,403 @@
+//! Export to PyTorch's memory snapshot format, the pickle that pytorch.org/memory_viz opens:
+//! `segments` (each with its `blocks`, PyTorch's schema), `device_traces` (the actions PyTorch
+//! records: `alloc`, `free_requested`, `free_completed`, `segment_alloc`, `segment_free`,
+//! `segment_map`, `segment_unmap`, `oom`) and `allocator_settings` (the rounding and split rules
+//! the blocks followed, so that a replay of the export places every block where it was).
+//!
+//! The trace comes from a [`TraceLog`] fed every event after it was applied (a bounded ring: past
+//! its capacity the oldest entries go, as in PyTorch's own `max_entries`, and the importer then
+//! rebuilds the start of the ring from the final segments). The segments come from the final
+//! [`State`]. Round trip: `gpufrag analyze` of the export gives the same figures as the capture.
+//!
+//! How gpufrag's events map to PyTorch's: a framework block is an `alloc` (its requested size) and
+//! a `free_requested` + `free_completed` pair; a driver segment, pitch or managed allocation, or a
+//! pool allocation is a `segment_alloc` / `segment_free`; mapped VMM memory is `segment_map` /
+//! `segment_unmap` (with `is_expandable` segments); a failed allocation is an `oom` with
+//! `device_free`. A segment no caching allocator owns (a raw `cudaMalloc`) is exported with one
+//! `active_allocated` block covering it, so that memory_viz shows it in use and the figures stay
+//! the same. Events of several processes go to one file per process ([`export_all`]).
+
+use super::pickle::Writer;
+use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN};
+use crate::ingest::{ProcessDevice, State};
+use crate::map::SegmentKind;
+use crate::rules::{AllocatorRules, ROUNDUP_INTERVALS, SMALL_BUFFER};
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+
+/// Trace entries kept by default (the oldest go first past it).
+pub const DEFAULT_ENTRIES: usize = 1_000_000;
+
+/// A PyTorch trace action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Act {
+    /// `alloc`.
+    Alloc,
+    /// `free_requested`.
+    FreeRequested,
+    /// `free_completed`.
+    FreeCompleted,
+    /// `segment_alloc`.
+    SegmentAlloc,
+    /// `segment_free`.
+    SegmentFree,
+    /// `segment_map`.
+    SegmentMap,
+    /// `segment_unmap`.
+    SegmentUnmap,
+    /// `oom`.
+    Oom,
+}
+
+impl Act {
+    /// PyTorch's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Act::Alloc => "alloc",
+            Act::FreeRequested => "free_requested",
+            Act::FreeCompleted => "free_completed",
+            Act::SegmentAlloc => "segment_alloc",
+            Act::SegmentFree => "segment_free",
+            Act::SegmentMap => "segment_map",
+            Act::SegmentUnmap => "segment_unmap",
+            Act::Oom => "oom",
+        }
+    }
+}
+
+/// One trace entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// Process.
+    pub pid: u32,
+    /// Device.
+    pub device: i16,
+    /// Action.
+    pub act: Act,
+    /// Address (0 for `oom`).
+    pub addr: u64,
+    /// Bytes (requested size for blocks, segment size, failed request).
+    pub size: u64,
+    /// Stream.
+    pub stream: u64,
+    /// Microseconds since the epoch.
+    pub time_us: u64,
+    /// For `oom`: device free bytes when known.
+    pub device_free: Option<u64>,
+}
+
+/// The trace entries seen so far, bounded.
+#[derive(Clone, Debug)]
+pub struct TraceLog {
+    entries: VecDeque<Entry>,
+    capacity: usize,
+    /// Entries that fell off the front.
+    pub dropped: u64,
+    /// (pid, block address) → (device, requested).
+    blocks: HashMap<(u32, u64), (i16, u64)>,
+    /// (pid, segment address) → (device, size).
+    segments: HashMap<(u32, u64), (i16, u64)>,
+}
+
+impl Default for TraceLog {
+    fn default() -> Self {
+        TraceLog::new(DEFAULT_ENTRIES)
+    }
+}
+
+impl TraceLog {
+    /// A log keeping at most `capacity` entries.
+    pub fn new(capacity: usize) -> TraceLog {
+        TraceLog { entries: VecDeque::new(), capacity: capacity.max(1), dropped: 0, blocks: HashMap::new(), segments: HashMap::new() }
+    }
+
+    /// Entries kept, oldest first.
+    pub fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.entries.iter()
+    }
+
+    fn push(&mut self, e: Entry) {
+        if self.entries.len() == self.capacity {
+            self.entries.pop_front();
+            self.dropped += 1;
+        }
+        self.entries.push_back(e);
+    }
+
+    /// The device of an event whose source did not know it: the process's space that holds the
+    /// address now (after the event), or the one that held it (for frees).
+    fn device_of(&self, state: &State, ev: &Event, known: Option<i16>) -> i16 {
+        if ev.device >= 0 {
+            return ev.device;
+        }
+        if let Some(d) = known {
+            return d;
+        }
+        state.spaces.range((ev.pid, i16::MIN)..=(ev.pid, i16::MAX)).find(|(_, s)| s.map.holds(ev.addr)).map_or(0, |((_, d), _)| *d)
+    }
+
+    /// Notes one event, after it was applied to `state`.
+    pub fn observe(&mut self, state: &State, ev: &Event) {
+        let Some(kind) = ev.kind() else { return };
+        let time_us = ev.ts_ns / 1000;
+        let base = |act, device, addr, size| Entry { pid: ev.pid, device, act, addr, size, stream: ev.stream, time_us, device_free: None };
+        match kind {
+            EventKind::AllocFailed => {
+                let device = if ev.device >= 0 { ev.device } else { 0 };
+                self.push(Entry { device_free: ev.device_free(), ..base(Act::Oom, device, 0, ev.requested) });
+            }
+            _ if ev.rc != 0 => {}
+            EventKind::BlockAlloc => {
+                let device = self.device_of(state, ev, None);
+                let requested = if ev.requested > 0 || ev.flags & F_BLOCK_SIZE_KNOWN == 0 { ev.requested } else { ev.size };
+                self.blocks.insert((ev.pid, ev.addr), (device, requested));
+                self.push(base(Act::Alloc, device, ev.addr, requested));
+            }
+            EventKind::BlockFree => {
+                let known = self.blocks.remove(&(ev.pid, ev.addr));
+                let device = self.device_of(state, ev, known.map(|k| k.0));
+                let size = known.map_or(ev.requested, |k| k.1);
+                self.push(base(Act::FreeRequested, device, ev.addr, size));
+                self.push(base(Act::FreeCompleted, device, ev.addr, size));
+            }
+            EventKind::MemAlloc | EventKind::MemAllocPitch | EventKind::MemAllocManaged | EventKind::PoolAlloc => {
+                let device = self.device_of(state, ev, None);
+                self.segments.insert((ev.pid, ev.addr), (device, ev.size));
+                self.push(base(Act::SegmentAlloc, device, ev.addr, ev.size));
+            }
+            EventKind::MemFree | EventKind::PoolFree => {
+                let known = self.segments.remove(&(ev.pid, ev.addr));
+                let device = self.device_of(state, ev, known.map(|k| k.0));
+                let size = known.map_or(ev.size, |k| k.1);
+                self.blocks.retain(|(p, a), _| !(*p == ev.pid && *a >= ev.addr && *a < ev.addr + size));
+                self.push(base(Act::SegmentFree, device, ev.addr, size));
+            }
+            EventKind::Map => {
+                let device = self.device_of(state, ev, None);
+                self.push(base(Act::SegmentMap, device, ev.addr, ev.size));
+            }
+            EventKind::Unmap => {
+                let device = self.device_of(state, ev, None);
+                self.push(base(Act::SegmentUnmap, device, ev.addr, ev.size));
+            }
+            _ => {}
+        }
+    }
+
+    /// Processes with entries or maps.
+    pub fn pids(&self, state: &State) -> Vec<u32> {
+        let mut p: Vec<u32> = self.entries.iter().map(|e| e.pid).chain(state.spaces.keys().map(|k| k.0)).collect();
+        p.sort_unstable();
+        p.dedup();
+        p
+    }
+}
+
+fn write_frames(w: &mut Writer) {
+    w.str("frames");
+    w.begin_list();
+    w.end();
+}
+
+fn write_segment(w: &mut Writer, s: &ProcessDevice, seg: &crate::map::Segment) {
+    let m = &s.map;
+    // Live blocks and free runs tile a framework segment; a raw segment is one live block.
+    let mut pieces: Vec<(u64, u64, u64, bool)> = Vec::new(); // (addr, size, requested, live)
+    if seg.framework {
+        pieces.extend(m.blocks().filter(|b| b.addr >= seg.start && b.addr < seg.end()).map(|b| (b.addr, b.size, b.requested, true)));
+        pieces.extend(m.free_runs_in(seg.start, seg.end()).map(|(a, l)| (a, l, 0, false)));
+        pieces.sort_by_key(|p| p.0);
+        // Fill any gap the map does not explain, so that the blocks tile the segment.
+        let mut filled = Vec::with_capacity(pieces.len());
+        let mut at = seg.start;
+        for p in pieces {
+            if p.0 > at {
+                filled.push((at, p.0 - at, 0, false));
+            }
+            at = at.max(p.0 + p.1);
+            filled.push(p);
+        }
+        if at < seg.end() {
+            filled.push((at, seg.end() - at, 0, false));
+        }
+        pieces = filled;
+    } else {
+        pieces.push((seg.start, seg.size, seg.size, true));
+    }
+    let allocated: u64 = pieces.iter().filter(|p| p.3).map(|p| p.1).sum();
+    let requested: u64 = pieces.iter().filter(|p| p.3).map(|p| p.2).sum();
+    w.begin_dict();
+    w.str("device");
+    w.int(i128::from(s.device));
+    w.kv_uint("address", seg.start);
+    w.kv_uint("total_size", seg.size);
+    w.kv_uint("allocated_size", allocated);
+    w.kv_uint("active_size", allocated);
+    w.kv_uint("requested_size", requested);
+    w.kv_uint("stream", seg.stream);
+    w.kv_str("segment_type", if seg.size == SMALL_BUFFER && seg.kind != SegmentKind::Mapped { "small" } else { "large" });
+    w.str("segment_pool_id");
+    w.tuple2_uint(0, 0);
+    w.str("is_expandable");
+    w.bool(seg.kind == SegmentKind::Mapped);
+    write_frames(w);
+    w.str("blocks");
+    w.begin_list();
+    for (addr, size, req, live) in pieces {
+        w.begin_dict();
+        w.kv_uint("address", addr);
+        w.kv_uint("size", size);
+        w.kv_uint("requested_size", req);
+        w.kv_str("state", if live { "active_allocated" } else { "inactive" });
+        write_frames(w);
+        w.end();
+    }
+    w.end();
+    w.end();
+}
+
+fn write_settings(w: &mut Writer, rules: &AllocatorRules, expandable: bool) {
+    w.begin_dict();
+    let mut conf = Vec::new();
+    if expandable {
+        conf.push("expandable_segments:True".to_string());
+    }
+    if rules.max_split_size != u64::MAX {
+        conf.push(format!("max_split_size_mb:{}", rules.max_split_size >> 20));
+    }
+    w.kv_str("PYTORCH_CUDA_ALLOC_CONF", &conf.join(","));
+    w.str("max_split_size");
+    if rules.max_split_size == u64::MAX {
+        w.int(-1);
+    } else {
+        w.uint(rules.max_split_size);
+    }
+    w.str("expandable_segments");
+    w.bool(expandable);
+    w.str("garbage_collection_threshold");
+    w.float(0.0);
+    w.str("roundup_power2_divisions");
+    w.begin_dict();
+    for (i, d) in rules.roundup_power2_divisions.iter().enumerate().take(ROUNDUP_INTERVALS) {
+        w.kv_uint(&(1u64 << i).to_string(), *d);
+    }
+    w.end();
+    w.end();
+}
+
+/// The snapshot pickle of one process (`None`: every process, as if one).
+pub fn snapshot_pickle(state: &State, log: Option<&TraceLog>, pid: Option<u32>) -> Vec<u8> {
+    let spaces: Vec<&ProcessDevice> = state.spaces.values().filter(|s| pid.is_none_or(|p| s.pid == p)).collect();
+    let rules = spaces.first().map(|s| s.map.rules().clone()).unwrap_or_default();
+    let expandable = spaces.iter().any(|s| s.map.segments().any(|g| g.kind == SegmentKind::Mapped && g.framework));
+    let entries: Vec<&Entry> = log.map(|l| l.entries().filter(|e| pid.is_none_or(|p| e.pid == p)).collect()).unwrap_or_default();
+    let max_device = spaces.iter().map(|s| s.device).chain(entries.iter().map(|e| e.device)).max().unwrap_or(0).max(0);
+
+    let mut w = Writer::new();
+    w.begin_dict();
+    w.str("segments");
+    w.begin_list();
+    let mut segs: Vec<(&ProcessDevice, &crate::map::Segment)> = spaces.iter().flat_map(|s| s.map.segments().map(move |g| (*s, g))).collect();
+    segs.sort_by_key(|(s, g)| (s.device, g.start));
+    for (s, g) in segs {
+        write_segment(&mut w, s, g);
+    }
+    w.end();
+    w.str("device_traces");
+    w.begin_list();
+    for d in 0..=max_device {
+        w.begin_list();
+        for e in entries.iter().filter(|e| e.device == d) {
+            w.begin_dict();
+            w.kv_str("action", e.act.name());
+            w.kv_uint("addr", e.addr);
+            w.kv_uint("size", e.size);
+            w.kv_uint("stream", e.stream);
+            w.kv_uint("time_us", e.time_us);
+            if let Some(free) = e.device_free {
+                w.kv_uint("device_free", free);
+            }
+            write_frames(&mut w);
+            w.end();
+        }
+        w.end();
+    }
+    w.end();
+    w.str("allocator_settings");
+    write_settings(&mut w, &rules, expandable);
+    w.end();
+    w.finish()
+}
+
+/// Writes one pickle per process: `path` itself for a single process, else `path` with `-PID`
+/// before its extension for each. Returns the files written.
+pub fn export_all(state: &State, log: Option<&TraceLog>, path: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let pids = match log {
+        Some(l) => l.pids(state),
+        None => {
+            let mut p: Vec<u32> = state.spaces.keys().map(|k| k.0).collect();
+            p.dedup();
+            p
+        }
+    };
+    let mut written = Vec::new();
+    if pids.len() <= 1 {
+        std::fs::write(path, snapshot_pickle(state, log, pids.first().copied()))?;
+        written.push(path.to_path_buf());
+        return Ok(written);
+    }
+    for pid in pids {
+        let p = with_pid(path, pid);
+        std::fs::write(&p, snapshot_pickle(state, log, Some(pid)))?;
+        written.push(p);
+    }
+    Ok(written)
+}
+
+/// `dir/name.pickle` → `dir/name-PID.pickle`.
+pub fn with_pid(path: &Path, pid: u32) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let (stem, ext) = match name.find('.') {
+        Some(i) if i > 0 => (&name[..i], &name[i..]),
+        _ => (name.as_str(), ""),
+    };
+    path.with_file_name(format!("{stem}-{pid}{ext}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn several_processes_get_one_file_each() {
+        assert_eq!(with_pid(Path::new("/x/mem.pickle"), 7), PathBuf::from("/x/mem-7.pickle"));
+        assert_eq!(with_pid(Path::new("mem"), 7), PathBuf::from("mem-7"));
+    }
+
+    #[test]
+    fn blocks_and_segments_become_pytorch_actions() {
+        let mut state = State::default();
+        let mut log = TraceLog::new(100);
+        let mut evs = Vec::new();
+        let mut e = Event::new(EventKind::MemAlloc, 5, 0);
+        e.addr = 1 << 40;
+        e.size = 20 << 20;
+        evs.push(e);
+        let mut b = Event::new(EventKind::BlockAlloc, 5, 0);
+        b.addr = 1 << 40;
+        b.requested = 1000;
+        evs.push(b);
+        let mut f = Event::new(EventKind::BlockFree, 5, -1);
+        f.addr = 1 << 40;
+        evs.push(f);
+        for ev in &evs {
+            state.apply(ev);
+            log.observe(&state, ev);
+        }
+        let acts: Vec<(&str, u64, i16)> = log.entries().map(|e| (e.act.name(), e.size, e.device)).collect();
+        assert_eq!(acts, vec![("segment_alloc", 20 << 20, 0), ("alloc", 1000, 0), ("free_requested", 1000, 0), ("free_completed", 1000, 0)]);
+        let snap = crate::snapshot::from_bytes(&snapshot_pickle(&state, Some(&log), None), Path::new("x.pickle")).expect("our own importer reads it");
+        assert_eq!(snap.segments.len(), 1);
+        assert_eq!(snap.traces[0].entries.len(), 4);
+    }
+}

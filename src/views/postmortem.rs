@@ -1,0 +1,121 @@
+//! The observers `run` (and `attach`) get from the view flags: the post-mortem report written
+//! when an allocation failed, and the memviz export of what was captured.
+//!
+//! Both keep what they need event by event through [`Observer::event`]; a front end that only
+//! ticks them still gets a report (the map at the first tick after the failure, the timeline at
+//! tick resolution) and a memviz file with the final segments but no trace.
+
+use super::history::History;
+use super::memviz::{self, TraceLog};
+use super::report::{self, ReportData};
+use crate::analysis::summary::Summary;
+use crate::event::Event;
+use crate::ingest::State;
+use crate::observe::Observer;
+use std::path::{Path, PathBuf};
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Where the automatic report goes: `explicit`, else `report.html` beside the summary JSON, else
+/// `gpufrag-report-PID.html` in the current directory.
+pub fn report_path(explicit: Option<&Path>, summary_json: Option<&Path>) -> PathBuf {
+    if let Some(p) = explicit {
+        return p.to_path_buf();
+    }
+    if let Some(s) = summary_json {
+        return s.parent().unwrap_or(Path::new("")).join("report.html");
+    }
+    PathBuf::from(format!("gpufrag-report-{}.html", std::process::id()))
+}
+
+/// Writes report.html at the end of a run in which an allocation failed, and prints its path.
+pub struct OomReportWriter {
+    path: PathBuf,
+    source: String,
+    history: History,
+    saw_events: bool,
+    /// The report written, if any.
+    pub written: Option<PathBuf>,
+}
+
+impl OomReportWriter {
+    /// A writer that will write to `path` if an OOM happens.
+    pub fn new(path: PathBuf, source: &str) -> OomReportWriter {
+        OomReportWriter { path, source: source.to_string(), history: History::default(), saw_events: false, written: None }
+    }
+}
+
+impl Observer for OomReportWriter {
+    fn event(&mut self, state: &State, ev: &Event) {
+        self.saw_events = true;
+        self.history.observe(state, ev);
+    }
+
+    fn tick(&mut self, state: &State) {
+        if !self.saw_events {
+            self.history.observe_state(state, now_ns());
+        }
+    }
+
+    fn finish(&mut self, state: &State) {
+        if state.ooms.is_empty() {
+            return;
+        }
+        if !self.saw_events {
+            self.history.observe_state(state, now_ns());
+        }
+        let mut summary = Summary::from_state(state, &self.source);
+        if !self.saw_events {
+            summary.notes.push("the map and the timeline were sampled at the live status interval, not event by event".into());
+        }
+        let data = ReportData { summary, state: Some(state.clone()), history: Some(self.history.clone()), log: None };
+        let oom = report::pick_oom(&data.summary, None);
+        match std::fs::write(&self.path, report::html(&data, oom)) {
+            Ok(()) => {
+                eprintln!("[gpufrag] OOM report: {}", self.path.display());
+                self.written = Some(self.path.clone());
+            }
+            Err(e) => eprintln!("[gpufrag] could not write the OOM report {}: {e}", self.path.display()),
+        }
+    }
+}
+
+/// Writes what was captured as a PyTorch memory snapshot pickle at the end.
+pub struct MemvizWriter {
+    path: PathBuf,
+    log: TraceLog,
+    saw_events: bool,
+}
+
+impl MemvizWriter {
+    /// A writer to `path` keeping at most `entries` trace entries.
+    pub fn new(path: PathBuf, entries: usize) -> MemvizWriter {
+        MemvizWriter { path, log: TraceLog::new(entries), saw_events: false }
+    }
+}
+
+impl Observer for MemvizWriter {
+    fn event(&mut self, state: &State, ev: &Event) {
+        self.saw_events = true;
+        self.log.observe(state, ev);
+    }
+
+    fn tick(&mut self, _state: &State) {}
+
+    fn finish(&mut self, state: &State) {
+        let log = self.saw_events.then_some(&self.log);
+        match memviz::export_all(state, log, &self.path) {
+            Ok(files) => {
+                for f in files {
+                    eprintln!("[gpufrag] memory_viz snapshot: {}", f.display());
+                }
+                if self.log.dropped > 0 {
+                    eprintln!("[gpufrag] memory_viz trace kept the last {} entries ({} older ones dropped; raise --memviz-entries)", self.log.entries().count(), self.log.dropped);
+                }
+            }
+            Err(e) => eprintln!("[gpufrag] could not write {}: {e}", self.path.display()),
+        }
+    }
+}

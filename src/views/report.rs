@@ -1,0 +1,458 @@
+//! The post-mortem report: one self-contained HTML file (inline CSS, SVG and a few lines of
+//! script; nothing fetched when it is opened) with the verdict in plain words, the memory map at
+//! the failure, the figures over the trace, and the tables of `analyze`.
+//!
+//! Inputs: a snapshot pickle or a record file (replayed event by event for the timeline and the
+//! map at each OOM; the tables come from the same [`crate::input`] path as `analyze`, so the
+//! numbers agree with it to the byte), or a summary JSON (`analyze --json`, `run --summary-json`).
+//! A summary carries figures, not the address map: its report has the verdict, the tables and the
+//! same-scale bars of the failed request against the largest free block, stranded and device free
+//! memory, but no per-segment map and no timeline (keep a record file with `run --record` for
+//! those). Every number shown is also on its element as exact bytes in a `data-` attribute under
+//! a stable id (`#verdict`, `#memory-map`, `#timeline-devN`, `#devices-table`, `#stranded-table`,
+//! `#ooms-table`).
+
+use super::history::History;
+use super::map::{self, Bars, MapSpec};
+use super::memviz::TraceLog;
+use super::svg::{esc, put, short_bytes};
+use super::timeline;
+use crate::analysis::summary::{DeviceSummary, OomSummary, Summary};
+use crate::analysis::Verdict;
+use crate::event::Event;
+use crate::ingest::{ProcessDevice, State};
+use crate::input::{self, InputKind, Loaded};
+use crate::rules::AllocatorRules;
+use crate::units::human_bytes;
+use std::path::Path;
+
+/// Most per-process maps drawn when no allocation failed.
+pub const MAX_MAPS: usize = 8;
+
+/// Everything a report is drawn from.
+#[derive(Debug)]
+pub struct ReportData {
+    /// The figures, as `analyze` computes them.
+    pub summary: Summary,
+    /// The replayed final state (absent for a summary input).
+    pub state: Option<State>,
+    /// Figures over time and maps at failures (absent for a summary input).
+    pub history: Option<History>,
+    /// The trace entries, when asked for (memviz export).
+    pub log: Option<TraceLog>,
+}
+
+/// The events that rebuild an input's state from empty, with the allocator rules they follow:
+/// a record file's events; a snapshot's trace ring, preceded (when the ring does not start from an
+/// empty cache) by the events that build the state at its first entry, as [`crate::input`] does.
+pub fn replay_events(loaded: &Loaded, path: &Path) -> anyhow::Result<(AllocatorRules, Vec<Event>)> {
+    match (&loaded.kind, &loaded.snapshot) {
+        (InputKind::Snapshot, Some(snap)) => {
+            let rules = input::rules_from(&snap.settings);
+            let events = snap.events();
+            let mut forward = State::new(rules.clone());
+            forward.apply_all(&events);
+            let same = loaded.state.device_ids().iter().all(|&d| forward.device_figures(d) == loaded.state.device_figures(d))
+                && forward.anomaly_count == loaded.state.anomaly_count;
+            if same {
+                return Ok((rules, events));
+            }
+            // The ring was truncated: undo it from the final segments (as input.rs does).
+            let mut start = State::new(rules.clone());
+            start.apply_all(&snap.seed_events());
+            for d in snap.devices() {
+                start.apply_all(&snap.reverse_events(d));
+            }
+            let mut all: Vec<Event> = start.spaces.values().flat_map(|s| s.map.to_events(s.pid, s.device)).collect();
+            all.extend(events);
+            Ok((rules, all))
+        }
+        _ => {
+            let rec = crate::record::read(path).map_err(|e| crate::cli::UnusableInput(e.to_string()))?;
+            Ok((AllocatorRules::default(), rec.events))
+        }
+    }
+}
+
+/// Whether a file holds a summary JSON (its first non-blank byte is `{`).
+pub fn is_summary_json(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 64];
+    let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).unwrap_or(0);
+    head[..n].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
+}
+
+/// Loads any input `report` accepts. `log_entries`: keep the trace for a memviz export.
+pub fn load(path: &Path, max_points: usize, log_entries: Option<usize>) -> anyhow::Result<ReportData> {
+    if is_summary_json(path) {
+        let text = std::fs::read_to_string(path).map_err(|e| crate::cli::UnusableInput(format!("{}: {e}", path.display())))?;
+        let summary: Summary = serde_json::from_str(&text)
+            .map_err(|e| crate::cli::UnusableInput(format!("{}: not a gpufrag summary JSON: {e}", path.display())))?;
+        return Ok(ReportData { summary, state: None, history: None, log: None });
+    }
+    let loaded = input::load(path)?;
+    let mut summary = Summary::from_state(&loaded.state, &path.display().to_string());
+    summary.exact &= loaded.complete;
+    let mut notes = loaded.notes.clone();
+    notes.append(&mut summary.notes);
+    summary.notes = notes;
+    let (rules, events) = replay_events(&loaded, path)?;
+    let mut state = State::new(rules);
+    let mut history = History::new(max_points);
+    let mut log = log_entries.map(TraceLog::new);
+    for e in &events {
+        state.apply(e);
+        history.observe(&state, e);
+        if let Some(l) = log.as_mut() {
+            l.observe(&state, e);
+        }
+    }
+    Ok(ReportData { summary, state: Some(state), history: Some(history), log })
+}
+
+/// Which OOM the report is about: `wanted` (1-based) or the last one.
+pub fn pick_oom(summary: &Summary, wanted: Option<usize>) -> Option<usize> {
+    let n = summary.ooms.len();
+    match wanted {
+        Some(k) if k >= 1 && k <= n => Some(k - 1),
+        _ if n > 0 => Some(n - 1),
+        _ => None,
+    }
+}
+
+/// The map SVGs of a report: at the chosen OOM, or the final state of each process.
+pub fn map_svgs(data: &ReportData, oom: Option<usize>) -> Vec<String> {
+    let s = &data.summary;
+    if let Some(i) = oom {
+        let o = &s.ooms[i];
+        let requested = Some(o.requested);
+        let device_free = o.device_free_known.then_some(o.device_free);
+        let title = format!("Why {} fits nowhere: pid {} on device {} at OOM {}", short_bytes(o.requested), o.pid, o.device, i + 1);
+        if let Some(cap) = data.history.as_ref().and_then(|h| h.capture(i)) {
+            if let Some(space) = &cap.space {
+                let f = space.map.figures();
+                let subtitle = format!(
+                    "{} segments holding {}: {} live, {} stranded in split segments, {} releasable. The dashed line is the request.",
+                    f.segments,
+                    short_bytes(f.reserved),
+                    short_bytes(f.allocated),
+                    short_bytes(f.stranded),
+                    short_bytes(f.releasable)
+                );
+                return vec![map::svg(&MapSpec { space: Some(space), title, subtitle, bars: Bars::of_space(space, requested, device_free) })];
+            }
+        }
+        let bars = Bars { requested, largest_free_block: o.largest_free_block, device_free, stranded: o.stranded, stranded_pieces: Vec::new(), releasable: o.releasable };
+        let subtitle = "No address map in this input (a summary): the request against the figures at the failure, to scale.".to_string();
+        return vec![map::svg(&MapSpec { space: None, title, subtitle, bars })];
+    }
+    let Some(state) = &data.state else {
+        return s
+            .devices
+            .iter()
+            .take(MAX_MAPS)
+            .map(|d| {
+                let bars = Bars { requested: None, largest_free_block: d.largest_free_block, device_free: d.device_free, stranded: d.stranded, stranded_pieces: Vec::new(), releasable: d.releasable };
+                map::svg(&MapSpec { space: None, title: format!("Device {}: free memory, to scale", d.device), subtitle: "No address map in this input (a summary).".into(), bars })
+            })
+            .collect();
+    };
+    let mut spaces: Vec<&ProcessDevice> = state.spaces.values().filter(|sp| sp.map.figures().segments > 0).collect();
+    spaces.sort_by(|a, b| b.map.figures().reserved.cmp(&a.map.figures().reserved));
+    spaces
+        .into_iter()
+        .take(MAX_MAPS)
+        .map(|space| {
+            let f = space.map.figures();
+            let free = state.devices.get(&space.device).and_then(|d| d.free);
+            let title = format!("Memory map: pid {} on device {} at the end of the trace", space.pid, space.device);
+            let subtitle = format!(
+                "{} segments holding {}: {} live, {} stranded, {} releasable; largest free run {}",
+                f.segments,
+                short_bytes(f.reserved),
+                short_bytes(f.allocated),
+                short_bytes(f.stranded),
+                short_bytes(f.releasable),
+                short_bytes(f.largest_free_block)
+            );
+            map::svg(&MapSpec { space: Some(space), title, subtitle, bars: Bars::of_space(space, None, free) })
+        })
+        .collect()
+}
+
+fn group(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn bytes_td(field: &str, b: u64) -> String {
+    format!("<td class=\"num\" data-field=\"{field}\" data-bytes=\"{b}\" title=\"{} B\">{}</td>", group(b), esc(&human_bytes(b)))
+}
+
+fn headline(o: &OomSummary) -> String {
+    let total = o.device_free + o.stranded + o.releasable;
+    match o.verdict {
+        Verdict::Fragmentation => format!(
+            "Fragmentation OOM: {} was asked for and {} is free in all, but no single free piece is that large.",
+            human_bytes(o.requested),
+            human_bytes(total),
+        ),
+        Verdict::TrueOom => format!("True OOM: {} was asked for, and only {} is free in all, cache included.", human_bytes(o.requested), human_bytes(total)),
+        Verdict::Inconclusive => format!("Inconclusive: by the traced figures {} should have fit; the cause lies outside what was traced.", human_bytes(o.requested)),
+    }
+}
+
+fn verdict_section(out: &mut String, s: &Summary, oom: Option<usize>) {
+    match oom {
+        Some(i) => {
+            let o = &s.ooms[i];
+            let total = o.device_free + o.stranded + o.releasable;
+            put(
+                out,
+                format_args!(
+                    "<section id=\"verdict\" class=\"verdict v-{v}\" data-verdict=\"{v}\" data-oom=\"{}\" data-ooms=\"{}\" data-requested=\"{}\" data-largest-free-block=\"{}\" data-stranded=\"{}\" data-releasable=\"{}\" data-device-free=\"{}\" data-device-free-known=\"{}\" data-free-in-all=\"{total}\" data-pid=\"{}\" data-device=\"{}\">\n",
+                    i + 1,
+                    s.ooms.len(),
+                    o.requested,
+                    o.largest_free_block,
+                    o.stranded,
+                    o.releasable,
+                    o.device_free,
+                    o.device_free_known,
+                    o.pid,
+                    o.device,
+                    v = o.verdict.name()
+                ),
+            );
+            put(out, format_args!("<div class=\"tag\">{}</div>\n<h2>{}</h2>\n", esc(&o.verdict.name().replace('_', " ")), esc(&headline(o))));
+            put(out, format_args!("<p class=\"why\">{}</p>\n", esc(&o.explanation)));
+            put(out, format_args!("<p class=\"fix\"><b>What to do:</b> {}</p>\n", esc(&o.fix)));
+            put(out, format_args!("<div class=\"cards\">\n"));
+            let free = if o.device_free_known { human_bytes(o.device_free) } else { "not measured".into() };
+            for (id, name, val, bytes) in [
+                ("requested", "requested", human_bytes(o.requested), Some(o.requested)),
+                ("largest-free-block", "largest free block", human_bytes(o.largest_free_block), Some(o.largest_free_block)),
+                ("stranded", "stranded in split segments", human_bytes(o.stranded), Some(o.stranded)),
+                ("releasable", "releasable (empty_cache)", human_bytes(o.releasable), Some(o.releasable)),
+                ("device-free", "device free (driver)", free, o.device_free_known.then_some(o.device_free)),
+                ("reserved", "reserved", human_bytes(o.reserved), Some(o.reserved)),
+            ] {
+                let b = bytes.map(|b| format!(" data-bytes=\"{b}\" title=\"{} B\"", group(b))).unwrap_or_default();
+                put(out, format_args!("<div class=\"card\" id=\"card-{id}\"{b}><div class=\"k\">{}</div><div class=\"v\">{}</div></div>\n", esc(name), esc(&val)));
+            }
+            out.push_str("</div>\n");
+            if s.ooms.len() > 1 {
+                put(out, format_args!("<p class=\"more\">This trace has {} failed allocations; this report shows number {} (choose another with <code>--oom N</code>). All are listed in the table below.</p>\n", s.ooms.len(), i + 1));
+            }
+            out.push_str("</section>\n");
+        }
+        None => {
+            out.push_str("<section id=\"verdict\" class=\"verdict v-none\" data-verdict=\"none\" data-ooms=\"0\">\n<div class=\"tag\">no OOM</div>\n");
+            out.push_str("<h2>No allocation failed in this trace.</h2>\n");
+            for d in &s.devices {
+                put(
+                    out,
+                    format_args!(
+                        "<p class=\"why\">Device {}: one request could get at most {} now (largest free block {}, device free {}); {} of the free memory is out of reach of a single request (fragmentation {:.2}).</p>\n",
+                        d.device,
+                        esc(&human_bytes(d.largest_allocatable)),
+                        esc(&human_bytes(d.largest_free_block)),
+                        esc(&d.device_free.map(human_bytes).unwrap_or_else(|| "not measured".into())),
+                        format_args!("{:.0} %", d.fragmentation * 100.0),
+                        d.fragmentation
+                    ),
+                );
+            }
+            out.push_str("</section>\n");
+        }
+    }
+}
+
+fn device_row(out: &mut String, label: &str, d: &DeviceSummary, id_attr: &str) {
+    put(out, format_args!("<tr{id_attr} data-device=\"{}\"><td>{}</td>", d.device, esc(label)));
+    for (f, v) in [("reserved", d.reserved), ("allocated", d.allocated), ("stranded", d.stranded), ("releasable", d.releasable), ("largest_free_block", d.largest_free_block)] {
+        out.push_str(&bytes_td(f, v));
+    }
+    match d.device_free {
+        Some(v) => out.push_str(&bytes_td("device_free", v)),
+        None => out.push_str("<td class=\"num\" data-field=\"device_free\">not measured</td>"),
+    }
+    out.push_str(&bytes_td("largest_allocatable", d.largest_allocatable));
+    put(out, format_args!("<td class=\"num\" data-field=\"fragmentation\" data-value=\"{}\">{:.2}</td><td class=\"num\" data-field=\"segments\" data-value=\"{}\">{}</td><td class=\"num\" data-field=\"blocks\" data-value=\"{}\">{}</td><td>{}</td></tr>\n", d.fragmentation, d.fragmentation, d.segments, d.segments, d.blocks, d.blocks, esc(&d.level)));
+}
+
+fn tables(out: &mut String, s: &Summary) {
+    let head = "<tr><th></th><th>reserved</th><th>allocated</th><th>stranded</th><th>releasable</th><th>largest free block</th><th>device free</th><th>largest allocatable</th><th>frag.</th><th>segments</th><th>blocks</th><th>level</th></tr>\n";
+    out.push_str("<section id=\"tables\">\n<h2>Figures</h2>\n<table id=\"devices-table\">\n");
+    out.push_str(head);
+    for d in &s.devices {
+        device_row(out, &format!("device {}", d.device), d, "");
+    }
+    out.push_str("</table>\n");
+    if s.processes.len() > 1 {
+        out.push_str("<h3>Per process</h3>\n<table id=\"processes-table\">\n");
+        out.push_str(head);
+        for p in &s.processes {
+            device_row(out, &format!("pid {} · device {}", p.pid, p.figures.device), &p.figures, &format!(" data-pid=\"{}\"", p.pid));
+        }
+        out.push_str("</table>\n");
+    }
+    out.push_str("<h3>Segments stranding the most</h3>\n<table id=\"stranded-table\">\n<tr><th>device</th><th>pid</th><th>address</th><th>kind</th><th>size</th><th>stranded</th><th>live blocks</th><th>largest free run</th></tr>\n");
+    let mut any = false;
+    for d in &s.devices {
+        for g in &d.top_stranded_segments {
+            any = true;
+            put(out, format_args!("<tr data-address=\"{}\"><td>{}</td><td>{}</td><td class=\"mono\">{:#x}</td><td>{}</td>", g.address, d.device, g.pid, g.address, esc(&g.kind)));
+            out.push_str(&bytes_td("size", g.size));
+            out.push_str(&bytes_td("stranded", g.stranded));
+            put(out, format_args!("<td class=\"num\">{}</td>", g.live_blocks));
+            out.push_str(&bytes_td("largest_free_run", g.largest_free_run));
+            out.push_str("</tr>\n");
+        }
+    }
+    if !any {
+        out.push_str("<tr><td colspan=\"8\">no segment strands memory</td></tr>\n");
+    }
+    out.push_str("</table>\n<h3>Failed allocations</h3>\n<table id=\"ooms-table\">\n<tr><th>#</th><th>device</th><th>pid</th><th>call</th><th>requested</th><th>largest free block</th><th>stranded</th><th>releasable</th><th>device free</th><th>verdict</th></tr>\n");
+    for (i, o) in s.ooms.iter().enumerate() {
+        put(out, format_args!("<tr data-verdict=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td>", o.verdict.name(), i + 1, o.device, o.pid, esc(&o.op)));
+        out.push_str(&bytes_td("requested", o.requested));
+        out.push_str(&bytes_td("largest_free_block", o.largest_free_block));
+        out.push_str(&bytes_td("stranded", o.stranded));
+        out.push_str(&bytes_td("releasable", o.releasable));
+        if o.device_free_known {
+            out.push_str(&bytes_td("device_free", o.device_free));
+        } else {
+            out.push_str("<td class=\"num\">not measured</td>");
+        }
+        put(out, format_args!("<td>{}</td></tr>\n", esc(o.verdict.name())));
+    }
+    if s.ooms.is_empty() {
+        out.push_str("<tr><td colspan=\"10\">none</td></tr>\n");
+    }
+    out.push_str("</table>\n</section>\n");
+}
+
+const CSS: &str = r#"
+:root{--fg:#1d1f24;--muted:#5b6270;--line:#e3e5ea;--bg:#f7f8fa;--red:#d62728;--orange:#f28e2c;--blue:#3b6ea8}
+*{box-sizing:border-box}
+body{margin:0;background:var(--bg);color:var(--fg);font:14px/1.45 "DejaVu Sans",Helvetica,Arial,sans-serif}
+main{max-width:1260px;margin:0 auto;padding:20px 24px 60px}
+header h1{font-size:22px;margin:0 0 2px}
+header .src{color:var(--muted);margin:0}
+section{background:#fff;border:1px solid var(--line);border-radius:8px;padding:16px 20px;margin:18px 0}
+h2{font-size:18px;margin:4px 0 10px}
+h3{font-size:15px;margin:18px 0 6px}
+.verdict{border-left:6px solid var(--muted)}
+.v-fragmentation{border-left-color:var(--orange)}
+.v-true_oom{border-left-color:var(--red)}
+.tag{display:inline-block;text-transform:uppercase;letter-spacing:.06em;font-size:11px;font-weight:bold;color:#fff;background:var(--muted);border-radius:3px;padding:2px 7px}
+.v-fragmentation .tag{background:var(--orange)}
+.v-true_oom .tag{background:var(--red)}
+.why{margin:6px 0}
+.fix{margin:8px 0;padding:8px 10px;background:#f2f7ee;border-radius:5px}
+.cards{display:grid;grid-template-columns:repeat(6,1fr);gap:10px;margin-top:12px}
+.card{border:1px solid var(--line);border-radius:6px;padding:8px 10px}
+.card .k{color:var(--muted);font-size:12px}
+.card .v{font-size:18px;font-weight:bold}
+#card-requested .v{color:var(--red)}
+#card-largest-free-block .v{color:var(--orange)}
+.figure{overflow-x:auto}
+.figure svg{display:block;max-width:100%;height:auto}
+#map-info{color:var(--muted);min-height:1.4em;font-family:"DejaVu Sans Mono",monospace;font-size:12px}
+table{border-collapse:collapse;width:100%;font-size:13px}
+th,td{border-bottom:1px solid var(--line);padding:4px 8px;text-align:left;white-space:nowrap}
+th{color:var(--muted);font-weight:normal}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+.mono{font-family:"DejaVu Sans Mono",monospace}
+.notes li{color:var(--muted)}
+.more{color:var(--muted)}
+footer{color:var(--muted);font-size:12px}
+"#;
+
+const SCRIPT: &str = r#"
+(function(){
+  var info=document.getElementById('map-info');
+  document.querySelectorAll('svg g.segment').forEach(function(g){
+    g.addEventListener('mouseenter',function(){var t=g.querySelector('title');if(info&&t){info.textContent=t.textContent;}});
+  });
+  var n=0;
+  document.querySelectorAll('[data-bytes]').forEach(function(e){
+    if(!e.title){e.title=Number(e.getAttribute('data-bytes')).toLocaleString('en-US')+' B';}
+    n++;
+  });
+  document.body.setAttribute('data-ready','1');
+  document.body.setAttribute('data-byte-fields',String(n));
+})();
+"#;
+
+/// The whole report.
+pub fn html(data: &ReportData, oom: Option<usize>) -> String {
+    let s = &data.summary;
+    let mut out = String::with_capacity(256 * 1024);
+    let title = match oom {
+        Some(i) => format!("gpufrag: {} at OOM {}", s.ooms[i].verdict.name().replace('_', " "), i + 1),
+        None => "gpufrag report".to_string(),
+    };
+    put(&mut out, format_args!("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">\n<title>{}</title>\n<style>{CSS}</style></head>\n<body data-schema=\"1\" data-events=\"{}\" data-exact=\"{}\">\n<main>\n", esc(&title), s.events, s.exact));
+    put(
+        &mut out,
+        format_args!(
+            "<header><h1>Where the GPU memory is, and why no request fits</h1><p class=\"src\">{} · {} events · {}{}</p></header>\n",
+            esc(&s.source),
+            group(s.events),
+            if s.exact { "exact figures" } else { "figures NOT exact (see notes)" },
+            if s.dropped > 0 { format!(" · {} events dropped", group(s.dropped)) } else { String::new() }
+        ),
+    );
+    verdict_section(&mut out, s, oom);
+    out.push_str("<section id=\"map-section\">\n<h2>Memory map</h2>\n");
+    out.push_str("<p class=\"more\">Each bar is a segment the process holds from the driver, drawn to scale: blue is live blocks, orange is free memory stranded behind them (it merges only inside its own segment), green is a cached segment with nothing live. Under the segments, to the same scale: the failed request, the largest free run, all stranded pieces side by side, and what the driver still has free.</p>\n");
+    for svg in map_svgs(data, oom) {
+        out.push_str("<div class=\"figure\">\n");
+        out.push_str(&svg);
+        out.push_str("</div>\n");
+    }
+    out.push_str("<p id=\"map-info\"></p>\n</section>\n");
+    out.push_str("<section id=\"timeline-section\">\n<h2>Over the trace</h2>\n");
+    match &data.history {
+        Some(h) if !h.series.is_empty() => {
+            for (&d, _) in h.series.iter().take(8) {
+                out.push_str("<div class=\"figure\">\n");
+                out.push_str(&timeline::svg(d, &h.points(d), &h.marks));
+                out.push_str("</div>\n");
+            }
+        }
+        Some(_) => out.push_str("<p class=\"more\" id=\"timeline-empty\">No memory events in this trace.</p>\n"),
+        None => out.push_str("<p class=\"more\" id=\"timeline-empty\">A summary has no history: report from a record file (<code>gpufrag run --record</code>) or a snapshot to see the figures over time.</p>\n"),
+    }
+    out.push_str("</section>\n");
+    tables(&mut out, s);
+    if !s.notes.is_empty() {
+        out.push_str("<section id=\"notes\" class=\"notes\"><h2>Notes</h2><ul>\n");
+        for n in &s.notes {
+            put(&mut out, format_args!("<li>{}</li>\n", esc(n)));
+        }
+        out.push_str("</ul></section>\n");
+    }
+    put(&mut out, format_args!("<footer>gpufrag {} · figures defined in docs/metrics.md · hover a segment for its numbers</footer>\n</main>\n<script>{SCRIPT}</script>\n</body></html>\n", env!("CARGO_PKG_VERSION")));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_are_grouped() {
+        assert_eq!(group(2_684_354_560), "2,684,354,560");
+        assert_eq!(group(12), "12");
+    }
+}

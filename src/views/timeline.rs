@@ -1,0 +1,150 @@
+//! The timeline picture: reserved, allocated, stranded and device-free bytes of one device across
+//! the trace, with every failed allocation marked where it happened. Points come from
+//! [`History`](super::history::History) (each the maximum of its stretch of events); the x axis
+//! is time when the events carry time stamps, else the event index.
+
+use super::history::{OomMark, Point};
+use super::svg::{self as s, esc, put, short_bytes};
+
+const W: f64 = 1200.0;
+const H: f64 = 300.0;
+const X0: f64 = 90.0;
+const X1: f64 = 1170.0;
+const Y0: f64 = 60.0;
+const Y1: f64 = 250.0;
+const FONT: &str = "DejaVu Sans, Helvetica, Arial, sans-serif";
+
+/// The timeline of one device as one SVG document.
+pub fn svg(device: i16, points: &[Point], marks: &[OomMark]) -> String {
+    let mut out = String::with_capacity(32 * 1024);
+    let marks: Vec<&OomMark> = marks.iter().filter(|m| m.device == device).collect();
+    let t_min = points.iter().map(|p| p.t_ns).chain(marks.iter().map(|m| m.t_ns)).filter(|t| *t > 0).min().unwrap_or(0);
+    let t_max = points.iter().map(|p| p.t_ns).chain(marks.iter().map(|m| m.t_ns)).max().unwrap_or(0);
+    let by_time = t_max > t_min;
+    let x_of_t = |t_ns: u64, index: u64| -> f64 {
+        let (v, lo, hi) = if by_time {
+            (t_ns.saturating_sub(t_min) as f64, 0.0, (t_max - t_min) as f64)
+        } else {
+            let hi = points.last().map_or(1, |p| p.index.max(1)) as f64;
+            (index as f64, 0.0, hi)
+        };
+        X0 + (v - lo) / (hi - lo).max(1.0) * (X1 - X0)
+    };
+    let y_max = points
+        .iter()
+        .map(|p| p.reserved.max(p.allocated).max(p.stranded).max(p.device_free.unwrap_or(0)))
+        .chain(marks.iter().map(|m| m.requested))
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let ticks = s::byte_ticks(y_max);
+    let y_top = (*ticks.last().unwrap_or(&y_max)).max(y_max) as f64;
+    let y_of = |b: u64| Y1 - b as f64 / y_top * (Y1 - Y0);
+    let peak = points.iter().map(|p| p.reserved).max().unwrap_or(0);
+    put(
+        &mut out,
+        format_args!(
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"timeline-dev{device}\" class=\"timeline\" viewBox=\"0 0 {W} {H}\" width=\"{W}\" height=\"{H}\" font-family=\"{FONT}\" \
+data-device=\"{device}\" data-points=\"{}\" data-ooms=\"{}\" data-peak-reserved=\"{peak}\" data-axis=\"{}\">\n<rect width=\"{W}\" height=\"{H}\" fill=\"#fff\"/>\n",
+            points.len(),
+            marks.len(),
+            if by_time { "time" } else { "events" }
+        ),
+    );
+    put(&mut out, format_args!("<text x=\"16\" y=\"24\" font-size=\"16\" font-weight=\"bold\" fill=\"#111\">Device {device} over the trace</text>\n"));
+    // Legend.
+    let legend = [("reserved", s::RESERVED, ""), ("allocated", s::LIVE, ""), ("stranded", s::STRANDED, ""), ("device free", s::DEVICE_FREE, " stroke-dasharray=\"5 3\""), ("OOM", s::REQUEST, "")];
+    let mut lx = 16.0;
+    for (name, color, dash) in legend {
+        put(&mut out, format_args!("<line x1=\"{lx}\" y1=\"42\" x2=\"{:.0}\" y2=\"42\" stroke=\"{color}\" stroke-width=\"2.5\"{dash}/><text x=\"{:.0}\" y=\"46\" font-size=\"12\" fill=\"#333\">{name}</text>\n", lx + 22.0, lx + 27.0));
+        lx += 27.0 + name.len() as f64 * 7.0 + 20.0;
+    }
+    put(&mut out, format_args!("<text x=\"{:.0}\" y=\"46\" font-size=\"11\" fill=\"#777\">each point is the maximum over its stretch of events</text>\n", lx + 10.0));
+    // Axes.
+    for t in &ticks {
+        let y = y_of(*t);
+        put(&mut out, format_args!("<line x1=\"{X0}\" y1=\"{y:.1}\" x2=\"{X1}\" y2=\"{y:.1}\" stroke=\"#ececec\"/><text x=\"{:.0}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" fill=\"#555\">{}</text>\n", X0 - 6.0, y + 4.0, esc(&short_bytes(*t))));
+    }
+    if by_time {
+        let span = (t_max - t_min) as f64 / 1e9;
+        let ticks = s::second_ticks(span);
+        let step = ticks.get(1).copied().unwrap_or(1.0);
+        for t in ticks {
+            let x = X0 + t / span.max(1e-12) * (X1 - X0);
+            put(&mut out, format_args!("<line x1=\"{x:.1}\" y1=\"{Y1}\" x2=\"{x:.1}\" y2=\"{:.0}\" stroke=\"#888\"/><text x=\"{x:.1}\" y=\"{:.0}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">{}</text>\n", Y1 + 4.0, Y1 + 17.0, esc(&s::seconds_label(t, step))));
+        }
+        put(&mut out, format_args!("<text x=\"{:.0}\" y=\"{:.0}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">time since the first event</text>\n", (X0 + X1) / 2.0, Y1 + 34.0));
+    } else {
+        put(&mut out, format_args!("<text x=\"{:.0}\" y=\"{:.0}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">events (no time stamps in this trace)</text>\n", (X0 + X1) / 2.0, Y1 + 24.0));
+    }
+    put(&mut out, format_args!("<line x1=\"{X0}\" y1=\"{Y1}\" x2=\"{X1}\" y2=\"{Y1}\" stroke=\"#888\"/><line x1=\"{X0}\" y1=\"{Y0}\" x2=\"{X0}\" y2=\"{Y1}\" stroke=\"#888\"/>\n"));
+    // Series as step lines.
+    let series: [(&str, &str, &str, Box<dyn Fn(&Point) -> Option<u64>>); 4] = [
+        ("reserved", s::RESERVED, "", Box::new(|p: &Point| Some(p.reserved))),
+        ("allocated", s::LIVE, "", Box::new(|p: &Point| Some(p.allocated))),
+        ("stranded", s::STRANDED, "", Box::new(|p: &Point| Some(p.stranded))),
+        ("device-free", s::DEVICE_FREE, " stroke-dasharray=\"5 3\"", Box::new(|p: &Point| p.device_free)),
+    ];
+    for (name, color, dash, get) in series.iter() {
+        let mut d = String::new();
+        let mut prev_y: Option<f64> = None;
+        let mut last = None;
+        for p in points {
+            let Some(v) = get(p) else {
+                prev_y = None;
+                continue;
+            };
+            let x = x_of_t(p.t_ns, p.index);
+            let y = y_of(v);
+            match prev_y {
+                None => put(&mut d, format_args!("M{x:.1} {y:.1}")),
+                Some(py) if (py - y).abs() < 0.05 => put(&mut d, format_args!("H{x:.1}")),
+                Some(_) => put(&mut d, format_args!("H{x:.1}V{y:.1}")),
+            }
+            prev_y = Some(y);
+            last = Some(v);
+        }
+        if d.is_empty() {
+            continue;
+        }
+        if *name == "reserved" {
+            // Reserved as a light area: what the process holds; the lines inside show what is in it.
+            if let (Some(first), Some(lastp)) = (points.first(), points.last()) {
+                let (x0, x1) = (x_of_t(first.t_ns, first.index), x_of_t(lastp.t_ns, lastp.index));
+                put(&mut out, format_args!("<path d=\"{d}V{Y1}H{x0:.1}Z\" fill=\"#dfe4ec\" stroke=\"none\"/>\n"));
+                let _ = x1;
+            }
+        }
+        let n_pts = d.matches('M').count() + d.matches('H').count();
+        put(&mut out, format_args!("<path class=\"series\" id=\"series-{name}-dev{device}\" data-last=\"{}\" d=\"{d}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"{dash}/>\n", last.unwrap_or(0)));
+        if *name == "device-free" && n_pts <= 2 {
+            // Measured once or twice (a snapshot knows it only at its OOM): show the measurements.
+            for p in points.iter().filter(|p| p.device_free.is_some()) {
+                let v = p.device_free.unwrap_or(0);
+                let (x, y) = (x_of_t(p.t_ns, p.index), y_of(v));
+                put(&mut out, format_args!("<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"4\" fill=\"{color}\"/><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" fill=\"{color}\">device free {}</text>\n", x - 7.0, y + 4.0, esc(&short_bytes(v))));
+                break;
+            }
+        }
+    }
+    // OOM marks.
+    for m in &marks {
+        let x = x_of_t(m.t_ns, m.event_index);
+        let (tx, anchor) = if x > X0 + 240.0 { (x - 4.0, "end") } else { (x + 4.0, "start") };
+        put(
+            &mut out,
+            format_args!(
+                "<g class=\"oom-mark\" data-requested=\"{}\" data-index=\"{}\"><line x1=\"{x:.1}\" y1=\"{Y0}\" x2=\"{x:.1}\" y2=\"{Y1}\" stroke=\"{}\" stroke-width=\"2\"/><text x=\"{tx:.1}\" y=\"{:.0}\" font-size=\"11.5\" text-anchor=\"{anchor}\" fill=\"{}\">OOM {}: {} requested</text></g>\n",
+                m.requested,
+                m.index + 1,
+                s::REQUEST,
+                Y0 + 12.0,
+                s::REQUEST,
+                m.index + 1,
+                esc(&short_bytes(m.requested))
+            ),
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}

@@ -1,0 +1,278 @@
+//! Drawing `top`: a title line, the table (one row per device and per process), the selected
+//! row's history as sparklines, the strip map of its segments, and the key help. Reads [`App`]
+//! only.
+
+use super::app::{App, RowKey};
+use crate::units::human_bytes;
+use crate::views::strip::{ProcessStrip, SegmentStrip};
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Sparkline, Table, TableState};
+use ratatui::Frame as TermFrame;
+
+const LIVE: Color = Color::Blue;
+const STRANDED: Color = Color::Yellow;
+const RELEASABLE: Color = Color::Green;
+const RAW: Color = Color::DarkGray;
+const LARGEST: Color = Color::Red;
+
+/// Draws the whole screen.
+pub fn draw(f: &mut TermFrame<'_>, app: &App) {
+    let area = f.area();
+    let rows = app.rows();
+    let table_h = (rows.len() as u16 + 3).clamp(4, (area.height / 2).max(4));
+    let [title, oom, table, hist, strip, help] = Layout::vertical([
+        Constraint::Length(1),
+        Constraint::Length(1),
+        Constraint::Length(table_h),
+        Constraint::Length(5),
+        Constraint::Min(4),
+        Constraint::Length(1),
+    ])
+    .areas(area);
+
+    // Title.
+    let state = match (&app.ended, app.paused) {
+        (_, true) => Span::styled(" PAUSED ", Style::default().fg(Color::Black).bg(Color::Yellow)),
+        (Some(why), _) => Span::styled(format!(" ended: {why} "), Style::default().fg(Color::Black).bg(Color::Gray)),
+        (None, _) if app.frame.is_none() => Span::styled(" waiting for the first frame ", Style::default().fg(Color::Black).bg(Color::Gray)),
+        (None, _) => Span::styled(" live ", Style::default().fg(Color::Black).bg(Color::Green)),
+    };
+    let (events, dropped, exact) = app.frame.as_ref().map_or((0, 0, true), |fr| (fr.summary.events, fr.summary.dropped, fr.summary.exact));
+    f.render_widget(
+        Paragraph::new(Line::from(vec![
+            Span::styled("gpufrag top ", Style::default().add_modifier(Modifier::BOLD)),
+            state,
+            Span::raw(format!(" {} · {} events · dropped {} · {} · sort: {}", app.source, events, dropped, if exact { "exact" } else { "NOT exact" }, app.sort.name())),
+        ])),
+        title,
+    );
+    // The last OOM, in words.
+    if let Some(o) = app.frame.as_ref().and_then(|fr| fr.summary.ooms.last()) {
+        f.render_widget(
+            Paragraph::new(Line::from(vec![Span::styled(
+                format!(
+                    "OOM pid {} gpu {}: {} requested: {} (largest free block {}, stranded {}, device free {})",
+                    o.pid,
+                    o.device,
+                    human_bytes(o.requested),
+                    o.verdict.name(),
+                    human_bytes(o.largest_free_block),
+                    human_bytes(o.stranded),
+                    if o.device_free_known { human_bytes(o.device_free) } else { "not measured".into() }
+                ),
+                Style::default().fg(Color::Red).add_modifier(Modifier::BOLD),
+            )])),
+            oom,
+        );
+    }
+
+    // Table.
+    let header = Row::new(["", "reserved", "allocated", "stranded", "largest free", "frag", "dropped", "coverage"]).style(Style::default().add_modifier(Modifier::BOLD));
+    let body: Vec<Row> = rows
+        .iter()
+        .map(|r| {
+            let d = &r.figures;
+            let cov = format!("{} {}", if exact { "exact" } else { "approx" }, d.level);
+            Row::new(vec![
+                Cell::from(r.label.clone()),
+                Cell::from(human_bytes(d.reserved)),
+                Cell::from(human_bytes(d.allocated)),
+                Cell::from(human_bytes(d.stranded)).style(if d.stranded > 0 { Style::default().fg(STRANDED) } else { Style::default() }),
+                Cell::from(human_bytes(d.largest_free_block)),
+                Cell::from(format!("{:.2}", d.fragmentation)),
+                Cell::from(dropped.to_string()),
+                Cell::from(cov),
+            ])
+        })
+        .collect();
+    let widths = [
+        Constraint::Length(18),
+        Constraint::Length(12),
+        Constraint::Length(12),
+        Constraint::Length(12),
+        Constraint::Length(13),
+        Constraint::Length(6),
+        Constraint::Length(8),
+        Constraint::Min(10),
+    ];
+    let mut ts = TableState::default();
+    if !rows.is_empty() {
+        ts.select(Some(app.selected.min(rows.len() - 1)));
+    }
+    f.render_stateful_widget(
+        Table::new(body, widths)
+            .header(header)
+            .block(Block::default().borders(Borders::ALL).title(" devices and processes "))
+            .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
+            .highlight_symbol("> "),
+        table,
+        &mut ts,
+    );
+
+    // History of the selected row.
+    let sel = app.selected_row();
+    let hist_data = sel.as_ref().and_then(|r| app.history.get(&r.key));
+    let [h_res, h_str] = Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(hist);
+    let width = h_res.width.saturating_sub(2) as usize;
+    let tail = |get: fn(&super::app::Sample) -> u64| -> Vec<u64> {
+        hist_data.map(|h| h.iter().rev().take(width).rev().map(get).collect()).unwrap_or_default()
+    };
+    let reserved = tail(|s| s.reserved);
+    let stranded = tail(|s| s.stranded);
+    let max = reserved.iter().copied().max().unwrap_or(1).max(1);
+    f.render_widget(
+        Sparkline::default()
+            .block(Block::default().borders(Borders::ALL).title(format!(" reserved {} ", reserved.last().map_or("-".into(), |v| human_bytes(*v)))))
+            .data(&reserved)
+            .max(max)
+            .style(Style::default().fg(Color::Cyan)),
+        h_res,
+    );
+    f.render_widget(
+        Sparkline::default()
+            .block(Block::default().borders(Borders::ALL).title(format!(" stranded {} (same scale) ", stranded.last().map_or("-".into(), |v| human_bytes(*v)))))
+            .data(&stranded)
+            .max(max)
+            .style(Style::default().fg(STRANDED)),
+        h_str,
+    );
+
+    // Strip map.
+    let strip_title = match (app.selected_strip(), sel.as_ref().map(|r| r.key)) {
+        (Some(s), _) => format!(
+            " segments of pid {} on gpu {}: {}, largest free run {} (red) ",
+            s.pid,
+            s.device,
+            s.segments.len(),
+            human_bytes(s.largest_free_run)
+        ),
+        (None, Some(RowKey::Device(d))) => format!(" gpu {d}: no segments "),
+        _ => " segments ".to_string(),
+    };
+    let block = Block::default().borders(Borders::ALL).title(strip_title);
+    let inner = block.inner(strip);
+    f.render_widget(block, strip);
+    if let Some(s) = app.selected_strip() {
+        let request = app.frame.as_ref().and_then(|fr| fr.summary.ooms.iter().rev().find(|o| o.pid == s.pid && o.device == s.device)).map(|o| o.requested);
+        let lines = strip_lines(s, inner.width as usize, inner.height.saturating_sub(1) as usize, request);
+        f.render_widget(Paragraph::new(lines), Rect { height: inner.height.saturating_sub(1), ..inner });
+    }
+    let legend = Line::from(vec![
+        Span::styled("█", Style::default().fg(LIVE)),
+        Span::raw(" live  "),
+        Span::styled("░", Style::default().fg(STRANDED)),
+        Span::raw(" stranded  "),
+        Span::styled("·", Style::default().fg(RELEASABLE)),
+        Span::raw(" releasable  "),
+        Span::styled("█", Style::default().fg(RAW)),
+        Span::raw(" not the allocator's  "),
+        Span::styled("░", Style::default().fg(LARGEST)),
+        Span::raw(" largest free run  "),
+        Span::styled("▀", Style::default().fg(LARGEST)),
+        Span::raw(" failed request (same scale)"),
+    ]);
+    if inner.height > 0 {
+        f.render_widget(Paragraph::new(legend), Rect { y: inner.y + inner.height - 1, height: 1, ..inner });
+    }
+
+    // Help or filter input.
+    let help_line = match &app.editing {
+        Some(t) => Line::from(vec![Span::styled("filter: ", Style::default().add_modifier(Modifier::BOLD)), Span::raw(t.clone()), Span::raw("▏  (Enter apply, Esc cancel)")]),
+        None => Line::from(format!(
+            "q quit · s sort · / filter{} · ↑↓ select · p pause",
+            if app.filter.is_empty() { String::new() } else { format!(" [{}]", app.filter) }
+        )),
+    };
+    f.render_widget(Paragraph::new(help_line).style(Style::default().fg(Color::Gray)), help);
+}
+
+/// The cells of one segment, `w` wide.
+fn segment_cells(g: &SegmentStrip, w: usize, run: (u64, u64)) -> Vec<Span<'static>> {
+    let digits: Vec<u32> = g.cells.chars().map(|c| c.to_digit(10).unwrap_or(0)).collect();
+    let nd = digits.len().max(1);
+    let mut out = Vec::with_capacity(w);
+    for j in 0..w {
+        let lo = j * nd / w;
+        let hi = ((j + 1) * nd / w).max(lo + 1).min(nd);
+        let live: f64 = digits.get(lo..hi).map_or(0.0, |d| d.iter().map(|&x| x as f64 / 8.0).sum::<f64>() / (hi - lo) as f64);
+        let b_lo = g.address + (g.size as f64 * j as f64 / w as f64) as u64;
+        let b_hi = g.address + (g.size as f64 * (j + 1) as f64 / w as f64) as u64;
+        let in_largest = run.1 > run.0 && b_lo < run.1 && b_hi > run.0 && live < 1.0;
+        let (ch, color) = if !g.framework {
+            ("█", RAW)
+        } else if in_largest {
+            ("░", LARGEST)
+        } else if live >= 0.75 {
+            ("█", LIVE)
+        } else if live >= 0.25 {
+            ("▒", LIVE)
+        } else if live > 0.0 {
+            ("░", LIVE)
+        } else if g.live_blocks > 0 {
+            ("░", STRANDED)
+        } else {
+            ("·", RELEASABLE)
+        };
+        out.push(Span::styled(ch, Style::default().fg(color)));
+    }
+    out
+}
+
+/// A process's segments as coloured cells. When one line per segment fits, each segment is a
+/// row, all to one scale (the largest segment, or the failed `request` when larger, spans the
+/// width), labelled with its size, and the request gets a red row of its own at the same scale.
+/// Otherwise the segments are packed, each as wide as its share of the bytes (at least one cell),
+/// one space apart, wrapped to `width` × `height`.
+pub fn strip_lines(s: &ProcessStrip, width: usize, height: usize, request: Option<u64>) -> Vec<Line<'static>> {
+    if width == 0 || height == 0 || s.segments.is_empty() {
+        return Vec::new();
+    }
+    let n = s.segments.len();
+    let run = (s.largest_free_run_address, s.largest_free_run_address + s.largest_free_run);
+    const LABEL: usize = 11;
+    let rows_fit = n + usize::from(request.is_some()) <= height && width > LABEL + 20;
+    if rows_fit {
+        // Room after the request's bar for its size.
+        let plot = width - LABEL - if request.is_some() { 10 } else { 0 };
+        let max = s.segments.iter().map(|g| g.size).max().unwrap_or(1).max(request.unwrap_or(0)).max(1);
+        let mut lines: Vec<Line<'static>> = s
+            .segments
+            .iter()
+            .map(|g| {
+                let w = ((g.size as f64 / max as f64) * plot as f64).round().max(1.0) as usize;
+                let mut spans = vec![Span::styled(format!("{:>10} ", human_bytes(g.size)), Style::default().fg(Color::Gray))];
+                spans.extend(segment_cells(g, w, run));
+                Line::from(spans)
+            })
+            .collect();
+        if let Some(r) = request {
+            let w = ((r as f64 / max as f64) * plot as f64).round().max(1.0) as usize;
+            lines.push(Line::from(vec![
+                Span::styled(format!("{:>10} ", "request"), Style::default().fg(LARGEST).add_modifier(Modifier::BOLD)),
+                Span::styled("▀".repeat(w), Style::default().fg(LARGEST)),
+                Span::styled(format!(" {}", human_bytes(r)), Style::default().fg(LARGEST)),
+            ]));
+        }
+        return lines;
+    }
+    let total: u64 = s.segments.iter().map(|g| g.size).sum::<u64>().max(1);
+    let budget = (width * height).saturating_sub(n).max(n);
+    let mut cells: Vec<Span<'static>> = Vec::new();
+    for (i, g) in s.segments.iter().enumerate() {
+        let w = ((g.size as f64 / total as f64) * budget as f64).floor().max(1.0) as usize;
+        cells.extend(segment_cells(g, w, run));
+        if i + 1 < n {
+            cells.push(Span::raw(" "));
+        }
+    }
+    let mut lines: Vec<Line<'static>> = cells.chunks(width).take(height).map(|c| Line::from(c.to_vec())).collect();
+    if cells.len() > width * height {
+        if let Some(last) = lines.last_mut() {
+            last.spans.pop();
+            last.spans.push(Span::styled("…", Style::default().fg(Color::Gray)));
+        }
+    }
+    lines
+}

@@ -1,0 +1,194 @@
+//! `gpufrag report` as a user opens it (issue 7): the HTML file rendered by headless Chromium
+//! (Debian's `chromium`), its DOM read after the scripts ran, and the numbers checked where the
+//! page shows them: the memory map, the timeline and the verdict for the H200 traces.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("gpufrag-views-report-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+fn gpufrag(args: &[&str]) -> std::process::Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpufrag")).args(args).output().expect("run gpufrag");
+    assert!(out.status.success(), "gpufrag {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn chromium() -> Option<PathBuf> {
+    for c in ["chromium", "chromium-browser"] {
+        if let Ok(o) = Command::new("sh").arg("-c").arg(format!("command -v {c}")).output() {
+            if o.status.success() {
+                return Some(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+            }
+        }
+    }
+    None
+}
+
+/// Runs headless Chromium on `page` with `extra` flags; returns stdout.
+fn browse(page: &Path, extra: &[&str]) -> Option<String> {
+    let Some(bin) = chromium() else {
+        assert!(std::env::var_os("CI").is_none(), "chromium is missing in CI (.ci/run installs it)");
+        eprintln!("skipped: no chromium (apt-get install chromium)");
+        return None;
+    };
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let profile = tmp(&format!("profile{}", N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+    let out = Command::new(bin)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(extra)
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .expect("run chromium");
+    let _ = std::fs::remove_dir_all(&profile);
+    assert!(out.status.success(), "chromium failed: {}", String::from_utf8_lossy(&out.stderr));
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The attributes of the first start tag that contains `marker` (e.g. `id="verdict"`).
+fn attrs(dom: &str, marker: &str) -> HashMap<String, String> {
+    let at = dom.find(marker).unwrap_or_else(|| panic!("no element with {marker} in the DOM"));
+    let start = dom[..at].rfind('<').expect("tag start");
+    let end = at + dom[at..].find('>').expect("tag end");
+    let tag = &dom[start..end];
+    let mut out = HashMap::new();
+    let mut rest = tag;
+    while let Some(eq) = rest.find("=\"") {
+        let name = rest[..eq].rsplit(|c: char| c.is_whitespace()).next().unwrap_or("").to_string();
+        let after = &rest[eq + 2..];
+        let close = after.find('"').expect("closing quote");
+        out.insert(name, after[..close].to_string());
+        rest = &after[close + 1..];
+    }
+    out
+}
+
+fn report(input: &Path, dir: &Path, name: &str) -> (PathBuf, f64) {
+    let html = dir.join(format!("{name}.html"));
+    let t = Instant::now();
+    gpufrag(&["report", input.to_str().expect("utf-8"), "-o", html.to_str().expect("utf-8")]);
+    (html, t.elapsed().as_secs_f64())
+}
+
+#[test]
+fn frag_oom_report_shows_the_map_the_timeline_and_the_verdict() {
+    let dir = tmp("frag");
+    let (html, _) = report(&fixture("frag_oom.pickle"), &dir, "frag_oom");
+    let text = std::fs::read_to_string(&html).expect("report written");
+    assert!(!text.contains("http://") || text.matches("http://").all(|_| text.contains("xmlns=\"http://www.w3.org/2000/svg\"")), "no network at view time");
+    assert!(!text.contains("https://") && !text.contains("src=\""), "the report is self-contained");
+    let Some(dom) = browse(&html, &["--dump-dom"]) else { return };
+
+    let body = attrs(&dom, "data-schema=");
+    assert_eq!(body.get("data-ready").map(String::as_str), Some("1"), "the page's script ran");
+
+    let v = attrs(&dom, "id=\"verdict\"");
+    assert_eq!(v["data-verdict"], "fragmentation");
+    assert_eq!(v["data-requested"], "2684354560");
+    assert_eq!(v["data-largest-free-block"], "209715200");
+    assert_eq!(v["data-stranded"], "2097152000");
+    assert_eq!(v["data-device-free"], "2398224384");
+    assert!(dom.contains("expandable_segments:True"), "the fix is named");
+
+    let m = attrs(&dom, "id=\"memory-map\"");
+    assert_eq!(m["data-segments"], "20");
+    assert_eq!(m["data-requested"], "2684354560");
+    assert_eq!(m["data-largest-free-block"], "209715200");
+    assert_eq!(m["data-stranded"], "2097152000");
+    assert_eq!(dom.matches("class=\"segment\"").count(), 20, "20 segments drawn");
+    assert_eq!(attrs(&dom, "id=\"bar-request\"")["data-bytes"], "2684354560");
+    assert_eq!(attrs(&dom, "id=\"bar-largest-free\"")["data-bytes"], "209715200");
+    assert_eq!(attrs(&dom, "id=\"largest-free-run\"")["data-bytes"], "209715200");
+    let stranded = attrs(&dom, "id=\"bar-stranded\"");
+    assert_eq!((stranded["data-bytes"].as_str(), stranded["data-pieces"].as_str()), ("2097152000", "10"));
+
+    let t = attrs(&dom, "id=\"timeline-dev0\"");
+    assert_eq!(t["data-ooms"], "1");
+    assert!(t["data-points"].parse::<usize>().expect("points") >= 10);
+    assert_eq!(t["data-peak-reserved"], "10485760000");
+    assert!(dom.contains("class=\"oom-mark\" data-requested=\"2684354560\""));
+
+    let row = attrs(&dom, "data-field=\"stranded\" data-bytes=");
+    assert_eq!(row["data-bytes"], "2097152000", "the devices table");
+    assert!(dom.contains("id=\"stranded-table\"") && dom.contains("id=\"ooms-table\""));
+    assert_eq!(dom.matches("<tr data-address=").count(), 10, "ten segments strand memory");
+
+    // A screenshot renders (the picture in docs/ is made the same way).
+    let png = dir.join("frag_oom.png");
+    browse(&html, &[&format!("--screenshot={}", png.display()), "--window-size=1280,1800", "--hide-scrollbars"]);
+    let bytes = std::fs::read(&png).expect("screenshot");
+    assert!(bytes.starts_with(b"\x89PNG") && bytes.len() > 20_000, "a real picture");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn gpt2_report_stays_fast_and_light_with_204_segments() {
+    let dir = tmp("gpt2");
+    let (html, secs) = report(&fixture("gpt2_varlen.pickle.gz"), &dir, "gpt2");
+    let size = std::fs::metadata(&html).expect("written").len();
+    eprintln!("gpt2_varlen report: {secs:.3} s, {size} bytes");
+    assert!(size < 1_000_000, "light to open: {size} bytes");
+    let text = std::fs::read_to_string(&html).expect("read");
+    assert!(text.matches("<rect").count() < 5_000, "SVG elements capped");
+    assert!(secs < 10.0, "fast to render: {secs} s");
+    let Some(dom) = browse(&html, &["--dump-dom"]) else { return };
+    assert_eq!(attrs(&dom, "id=\"verdict\"")["data-verdict"], "none");
+    let m = attrs(&dom, "id=\"memory-map\"");
+    assert_eq!(m["data-segments"], "204");
+    assert_eq!(m["data-layout"], "packed");
+    assert_eq!(m["data-largest-free-block"], "2703228928");
+    assert_eq!(m["data-stranded"], "384847360");
+    assert_eq!(dom.matches("class=\"segment\"").count(), 204);
+    let t = attrs(&dom, "id=\"timeline-dev0\"");
+    let points: usize = t["data-points"].parse().expect("points");
+    assert!((100..=1200).contains(&points), "38,927 entries downsampled to {points} points");
+    assert_eq!(t["data-peak-reserved"], "26505904128");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_summary_json_gives_the_verdict_and_the_bars_without_a_map() {
+    let dir = tmp("summary");
+    let out = gpufrag(&["analyze", "--json", fixture("frag_oom.pickle").to_str().expect("utf-8")]);
+    let json = dir.join("summary.json");
+    std::fs::write(&json, &out.stdout).expect("write");
+    let (html, _) = report(&json, &dir, "from-summary");
+    let text = std::fs::read_to_string(&html).expect("read");
+    let v = attrs(&text, "id=\"verdict\"");
+    assert_eq!((v["data-verdict"].as_str(), v["data-requested"].as_str()), ("fragmentation", "2684354560"));
+    assert_eq!(attrs(&text, "id=\"memory-map\"")["data-segments"], "0");
+    assert_eq!(attrs(&text, "id=\"bar-request\"")["data-bytes"], "2684354560");
+    assert!(text.contains("id=\"timeline-empty\""));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn svg_flag_writes_the_map_alone() {
+    let dir = tmp("svg");
+    let svg = dir.join("map.svg");
+    gpufrag(&["report", fixture("frag_oom.pickle").to_str().expect("utf-8"), "--svg", svg.to_str().expect("utf-8")]);
+    let text = std::fs::read_to_string(&svg).expect("svg written");
+    assert!(text.starts_with("<?xml"));
+    assert_eq!(attrs(&text, "id=\"memory-map\"")["data-segments"], "20");
+    assert!(!dir.join("report.html").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_bad_oom_number_is_unusable_input() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpufrag"))
+        .args(["report", fixture("frag_oom.pickle").to_str().expect("utf-8"), "--oom", "5", "-o", "/dev/null"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+}
