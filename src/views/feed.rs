@@ -290,7 +290,7 @@ pub fn live_sockets() -> Vec<PathBuf> {
         .filter(|e| e.path().extension().is_some_and(|x| x == "sock"))
         .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
         .collect();
-    socks.sort_by(|a, b| b.0.cmp(&a.0));
+    socks.sort_by_key(|s| std::cmp::Reverse(s.0));
     socks.into_iter().map(|s| s.1).filter(|p| UnixStream::connect(p).is_ok()).collect()
 }
 
@@ -302,10 +302,10 @@ mod tests {
     #[test]
     fn a_client_gets_frames_and_the_final_one() {
         let dir = std::env::temp_dir().join(format!("gpufrag-feed-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&dir).expect("test setup");
         let sock = dir.join("t.sock");
-        let mut server = FeedServer::bind(&sock, "test").unwrap();
-        let rx = connect(&sock).unwrap();
+        let mut server = FeedServer::bind(&sock, "test").expect("test setup");
+        let rx = connect(&sock).expect("test setup");
         let mut state = State::default();
         let mut e = Event::new(EventKind::MemAlloc, 9, 0);
         e.addr = 1 << 40;
@@ -313,7 +313,7 @@ mod tests {
         state.apply(&e);
         // The accept thread registers the client asynchronously.
         let deadline = Instant::now() + Duration::from_secs(5);
-        while server.clients.lock().unwrap().is_empty() && Instant::now() < deadline {
+        while server.clients.lock().expect("test setup").is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
         server.tick(&state);

@@ -97,6 +97,7 @@ impl Ctx {
     fn px(&self, b: u64) -> f64 {
         b as f64 * self.scale
     }
+    #[allow(clippy::too_many_arguments)]
     fn text(&mut self, x: f64, y: f64, size: f64, anchor: &str, fill: &str, extra: &str, body: &str) {
         put(
             &mut self.out,
@@ -109,6 +110,7 @@ impl Ctx {
 }
 
 /// A bar clipped to the plot, with a break mark when it is longer.
+#[allow(clippy::too_many_arguments)]
 fn bar(c: &mut Ctx, id: &str, y: f64, h: f64, bytes: u64, fill: &str, stroke: Option<&str>, label: &str, note: &str) {
     let full = c.px(bytes);
     let w = full.min(PLOT_W);
@@ -439,12 +441,12 @@ mod tests {
         let base = 0x7f00_0000_0000u64;
         for i in 0..20 {
             let a = base + i * 600 * MIB;
-            m.driver_alloc(a, 500 * MIB, SegmentKind::Driver, true, 0).unwrap();
-            m.block_alloc(a, 500 * MIB, None).unwrap();
+            m.driver_alloc(a, 500 * MIB, SegmentKind::Driver, true, 0).expect("test setup");
+            m.block_alloc(a, 500 * MIB, None).expect("test setup");
         }
         for i in (0..20).step_by(2) {
-            m.block_free(base + i * 600 * MIB).unwrap();
-            m.block_alloc(base + i * 600 * MIB, 300 * MIB, None).unwrap();
+            m.block_free(base + i * 600 * MIB).expect("test setup");
+            m.block_alloc(base + i * 600 * MIB, 300 * MIB, None).expect("test setup");
         }
         ProcessDevice { pid: 0, device: 0, map: m, block_sizes: Default::default(), segment_sizes: Default::default(), allocs: 0, frees: 0 }
     }

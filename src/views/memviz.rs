@@ -287,10 +287,10 @@ fn write_settings(w: &mut Writer, rules: &AllocatorRules, expandable: bool) {
 
 /// The snapshot pickle of one process (`None`: every process, as if one).
 pub fn snapshot_pickle(state: &State, log: Option<&TraceLog>, pid: Option<u32>) -> Vec<u8> {
-    let spaces: Vec<&ProcessDevice> = state.spaces.values().filter(|s| pid.is_none_or(|p| s.pid == p)).collect();
+    let spaces: Vec<&ProcessDevice> = state.spaces.values().filter(|s| pid.map_or(true, |p| s.pid == p)).collect();
     let rules = spaces.first().map(|s| s.map.rules().clone()).unwrap_or_default();
     let expandable = spaces.iter().any(|s| s.map.segments().any(|g| g.kind == SegmentKind::Mapped && g.framework));
-    let entries: Vec<&Entry> = log.map(|l| l.entries().filter(|e| pid.is_none_or(|p| e.pid == p)).collect()).unwrap_or_default();
+    let entries: Vec<&Entry> = log.map(|l| l.entries().filter(|e| pid.map_or(true, |p| e.pid == p)).collect()).unwrap_or_default();
     let max_device = spaces.iter().map(|s| s.device).chain(entries.iter().map(|e| e.device)).max().unwrap_or(0).max(0);
 
     let mut w = Writer::new();

@@ -158,7 +158,7 @@ pub fn map_svgs(data: &ReportData, oom: Option<usize>) -> Vec<String> {
             .collect();
     };
     let mut spaces: Vec<&ProcessDevice> = state.spaces.values().filter(|sp| sp.map.figures().segments > 0).collect();
-    spaces.sort_by(|a, b| b.map.figures().reserved.cmp(&a.map.figures().reserved));
+    spaces.sort_by_key(|s| std::cmp::Reverse(s.map.figures().reserved));
     spaces
         .into_iter()
         .take(MAX_MAPS)
@@ -414,7 +414,7 @@ pub fn html(data: &ReportData, oom: Option<usize>) -> String {
     );
     verdict_section(&mut out, s, oom);
     out.push_str("<section id=\"map-section\">\n<h2>Memory map</h2>\n");
-    out.push_str("<p class=\"more\">Each bar is a segment the process holds from the driver, drawn to scale: blue is live blocks, orange is free memory stranded behind them (it merges only inside its own segment), green is a cached segment with nothing live. Under the segments, to the same scale: the failed request, the largest free run, all stranded pieces side by side, and what the driver still has free.</p>\n");
+    out.push_str("<p class=\"more\">Each bar is a segment the process holds from the driver, drawn to scale: blue is live blocks, orange is free memory stranded behind them (it merges only inside its own segment), green is a cached segment with nothing live; a paler blue pixel is only partly live (blocks smaller than a pixel). Under the segments, to the same scale: the failed request, the largest free run, all stranded pieces side by side, and what the driver still has free.</p>\n");
     for svg in map_svgs(data, oom) {
         out.push_str("<div class=\"figure\">\n");
         out.push_str(&svg);

@@ -42,7 +42,7 @@ pub fn live_fractions(map: &AddressSpace, seg: &Segment, bins: usize) -> Vec<f64
 pub fn largest_free_run(map: &AddressSpace) -> Option<(u64, u64)> {
     let mut best: Option<(u64, u64)> = None;
     for (s, l) in map.free_runs() {
-        if best.is_none_or(|(_, bl)| l > bl) {
+        if best.map_or(true, |(_, bl)| l > bl) {
             best = Some((s, l));
         }
     }
@@ -155,9 +155,9 @@ mod tests {
     #[test]
     fn a_split_segment_shows_its_live_part_and_its_free_tail() {
         let mut m = AddressSpace::default();
-        m.driver_alloc(1 << 40, 500 * MIB, SegmentKind::Driver, true, 0).unwrap();
-        m.block_alloc(1 << 40, 300 * MIB, None).unwrap();
-        let seg = m.segments().next().unwrap().clone();
+        m.driver_alloc(1 << 40, 500 * MIB, SegmentKind::Driver, true, 0).expect("test setup");
+        m.block_alloc(1 << 40, 300 * MIB, None).expect("test setup");
+        let seg = m.segments().next().expect("test setup").clone();
         let f = live_fractions(&m, &seg, 5);
         assert_eq!(f, vec![1.0, 1.0, 1.0, 0.0, 0.0]);
         let f = live_fractions(&m, &seg, 2);

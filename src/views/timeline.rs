@@ -79,7 +79,8 @@ data-device=\"{device}\" data-points=\"{}\" data-ooms=\"{}\" data-peak-reserved=
     }
     put(&mut out, format_args!("<line x1=\"{X0}\" y1=\"{Y1}\" x2=\"{X1}\" y2=\"{Y1}\" stroke=\"#888\"/><line x1=\"{X0}\" y1=\"{Y0}\" x2=\"{X0}\" y2=\"{Y1}\" stroke=\"#888\"/>\n"));
     // Series as step lines.
-    let series: [(&str, &str, &str, Box<dyn Fn(&Point) -> Option<u64>>); 4] = [
+    type Get = Box<dyn Fn(&Point) -> Option<u64>>;
+    let series: [(&str, &str, &str, Get); 4] = [
         ("reserved", s::RESERVED, "", Box::new(|p: &Point| Some(p.reserved))),
         ("allocated", s::LIVE, "", Box::new(|p: &Point| Some(p.allocated))),
         ("stranded", s::STRANDED, "", Box::new(|p: &Point| Some(p.stranded))),
@@ -119,11 +120,10 @@ data-device=\"{device}\" data-points=\"{}\" data-ooms=\"{}\" data-peak-reserved=
         put(&mut out, format_args!("<path class=\"series\" id=\"series-{name}-dev{device}\" data-last=\"{}\" d=\"{d}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"{dash}/>\n", last.unwrap_or(0)));
         if *name == "device-free" && n_pts <= 2 {
             // Measured once or twice (a snapshot knows it only at its OOM): show the measurements.
-            for p in points.iter().filter(|p| p.device_free.is_some()) {
+            if let Some(p) = points.iter().find(|p| p.device_free.is_some()) {
                 let v = p.device_free.unwrap_or(0);
                 let (x, y) = (x_of_t(p.t_ns, p.index), y_of(v));
                 put(&mut out, format_args!("<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"4\" fill=\"{color}\"/><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" fill=\"{color}\">device free {}</text>\n", x - 7.0, y + 4.0, esc(&short_bytes(v))));
-                break;
             }
         }
     }
