@@ -1,0 +1,301 @@
+//! What the shim adds to each intercepted call: `cuMemAlloc_v2` + `cuMemFree_v2` called through
+//! function pointers from `dlopen("libcuda.so.1")` + `dlsym` (so, under the shim, through its
+//! `dlsym` swap and its wrappers), timed call by call, with and without `LD_PRELOAD`, on 1 and 8
+//! threads. The difference of the medians (and of the 99th percentiles) is the cost the shim
+//! adds per call: target ≤ 50 ns median, ≤ 200 ns p99.
+//!
+//! Two drivers: the simcuda stand-in (realistic, but its model sits behind one mutex, so with 8
+//! threads the lock dominates), and a lock-free fake libcuda compiled here with `cc` (the
+//! allocation is a per-thread bump), which isolates the shim's own cost and its scaling.
+//!
+//! `cargo bench -p gpufrag-preload --bench shim_overhead [-- CALLS]` builds the shim and the
+//! stand-ins (`cargo build --release -p gpufrag-preload -p simcuda-workload`), then runs this binary again as a child for each configuration,
+//! alternating bare and shim runs. With the shim, a consumer thread here drains the ring every
+//! millisecond (a consumer does other work between drains; draining each event the moment it
+//! lands would move every ring cache line between cores twice), the ring holds 2^20 events so
+//! that nothing is dropped (a dropped event costs the producer less than a recorded one and would
+//! flatter the figures), and periodic device sampling stays at its 200 ms default
+//! (`GPUFRAG_BENCH_RING`, `GPUFRAG_BENCH_POLL_US` (0: drain as fast as events land) and
+//! `GPUFRAG_BENCH_DRIVERS=simcuda,fake` change these). Not criterion:
+//! the measured code must run in a separate process (LD_PRELOAD applies at exec), and the figure
+//! wanted is a per-call distribution, not a mean per batch.
+
+#[path = "../../tests/preload_common/mod.rs"]
+mod preload_common;
+
+use std::ffi::{c_int, c_uint, c_void, CStr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use preload_common::{Consumer, Mode, TempDir};
+
+type CuInit = unsafe extern "C" fn(c_uint) -> c_int;
+type CuRetain = unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int;
+type CuSetCurrent = unsafe extern "C" fn(*mut c_void) -> c_int;
+type CuAlloc = unsafe extern "C" fn(*mut u64, usize) -> c_int;
+type CuFree = unsafe extern "C" fn(u64) -> c_int;
+
+const SIZE: usize = 2 << 20;
+const REPEATS: usize = 3;
+const RING: &str = "1048576";
+
+/// A lock-free libcuda with just what the child and the shim call.
+const FAKE_CUDA: &str = r#"
+#include <stddef.h>
+#include <stdint.h>
+static __thread uint64_t next;
+int cuInit(unsigned f) { (void) f; return 0; }
+int cuDevicePrimaryCtxRetain(void **c, int d) { (void) d; *c = (void *) 1; return 0; }
+int cuCtxSetCurrent(void *c) { (void) c; return 0; }
+int cuCtxGetDevice(int *d) { *d = 0; return 0; }
+int cuMemGetInfo_v2(size_t *f, size_t *t) { *f = (size_t) 1 << 33; *t = (size_t) 1 << 34; return 0; }
+int cuDeviceGetMemPool(void **p, int d) { (void) d; *p = (void *) 1; return 0; }
+int cuMemAlloc_v2(uint64_t *p, size_t s) { next += s; *p = 0x7f0000000000ull + next; return 0; }
+int cuMemFree_v2(uint64_t p) { (void) p; return 0; }
+"#;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    if std::env::var_os("GPUFRAG_BENCH_CHILD").is_some() {
+        let threads = args.first().and_then(|s| s.parse().ok()).unwrap_or(1);
+        let calls = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(100_000);
+        child(threads, calls);
+        return;
+    }
+    let calls: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(200_000);
+    parent(calls);
+}
+
+fn sym<T>(h: *mut c_void, name: &CStr) -> T {
+    // SAFETY: a live handle and a NUL-terminated name.
+    let p = unsafe { libc::dlsym(h, name.as_ptr()) };
+    assert!(!p.is_null(), "dlsym({name:?})");
+    // SAFETY: the caller names the C type of that driver function.
+    unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) }
+}
+
+/// Per-call nanoseconds of `threads` threads × `calls` alloc/free pairs, then the same pairs
+/// without per-call timers; prints one line.
+fn child(threads: usize, calls: usize) {
+    // SAFETY: dlopen of a NUL-terminated name.
+    let h = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW) };
+    assert!(!h.is_null(), "dlopen libcuda.so.1");
+    let init: CuInit = sym(h, c"cuInit");
+    let retain: CuRetain = sym(h, c"cuDevicePrimaryCtxRetain");
+    let set: CuSetCurrent = sym(h, c"cuCtxSetCurrent");
+    let alloc: CuAlloc = sym(h, c"cuMemAlloc_v2");
+    let free: CuFree = sym(h, c"cuMemFree_v2");
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: the driver's own initialisation with valid out-pointers.
+    unsafe {
+        assert_eq!(init(0), 0);
+        assert_eq!(retain(&mut ctx, 0), 0);
+    }
+    let ctx = ctx as usize;
+    let workers: Vec<_> = (0..threads)
+        .map(|_| {
+            std::thread::spawn(move || {
+                // SAFETY: the primary context retained above.
+                assert_eq!(unsafe { set(ctx as *mut c_void) }, 0);
+                let mut a = Vec::with_capacity(calls);
+                let mut f = Vec::with_capacity(calls);
+                for _ in 0..calls {
+                    let mut p = 0u64;
+                    let t0 = Instant::now();
+                    // SAFETY: a valid out-pointer; the context is current on this thread.
+                    let rc = unsafe { alloc(&mut p, SIZE) };
+                    let t1 = Instant::now();
+                    // SAFETY: freeing what was just allocated.
+                    let rc2 = unsafe { free(p) };
+                    let t2 = Instant::now();
+                    assert_eq!((rc, rc2), (0, 0));
+                    a.push((t1 - t0).as_nanos() as u32);
+                    f.push((t2 - t1).as_nanos() as u32);
+                }
+                (a, f)
+            })
+        })
+        .collect();
+    let (mut a, mut f) = (Vec::new(), Vec::new());
+    for w in workers {
+        let (x, y) = w.join().expect("worker");
+        a.extend(x);
+        f.extend(y);
+    }
+    // The same pairs without per-call timers: CPU time per pair (threads × wall / pairs would
+    // count time-slicing when threads outnumber free cores).
+    let loops: Vec<_> = (0..threads)
+        .map(|_| {
+            std::thread::spawn(move || {
+                // SAFETY: the primary context retained above.
+                assert_eq!(unsafe { set(ctx as *mut c_void) }, 0);
+                let c0 = thread_cpu_ns();
+                for _ in 0..calls {
+                    let mut p = 0u64;
+                    // SAFETY: as above.
+                    let rc = unsafe { alloc(&mut p, SIZE) + free(p) };
+                    assert_eq!(rc, 0);
+                }
+                thread_cpu_ns() - c0
+            })
+        })
+        .collect();
+    let cpu: u64 = loops.into_iter().map(|l| l.join().expect("loop")).sum();
+    let pair_ns = cpu as f64 / (threads * calls) as f64;
+    let q = |v: &mut Vec<u32>, p: f64| {
+        v.sort_unstable();
+        v[((v.len() as f64 - 1.0) * p) as usize]
+    };
+    println!(
+        "alloc_p50={} alloc_p99={} free_p50={} free_p99={} pair_cpu={pair_ns:.1}",
+        q(&mut a, 0.5),
+        q(&mut a, 0.99),
+        q(&mut f, 0.5),
+        q(&mut f, 0.99)
+    );
+}
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: writes the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[derive(Clone, Copy, Default, Debug)]
+struct Figures {
+    alloc_p50: f64,
+    alloc_p99: f64,
+    free_p50: f64,
+    free_p99: f64,
+    /// CPU time per alloc + free pair, without per-call timers.
+    pair_cpu: f64,
+}
+
+fn parse(line: &str) -> Figures {
+    let get = |k: &str| -> f64 {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {k} in {line:?}"))
+    };
+    Figures {
+        alloc_p50: get("alloc_p50"),
+        alloc_p99: get("alloc_p99"),
+        free_p50: get("free_p50"),
+        free_p99: get("free_p99"),
+        pair_cpu: get("pair_cpu"),
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Compiles the fake driver into `dir/libcuda.so.1`; None without a C compiler.
+fn build_fake(dir: &Path) -> Option<PathBuf> {
+    let src = dir.join("fake_cuda.c");
+    std::fs::write(&src, FAKE_CUDA).ok()?;
+    let status = Command::new("cc")
+        .args(["-O2", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o"])
+        .arg(dir.join("libcuda.so.1"))
+        .arg(&src)
+        .status()
+        .ok()?;
+    status.success().then(|| dir.to_path_buf())
+}
+
+fn parent(calls: usize) {
+    let exe = std::env::current_exe().expect("current_exe");
+    // Builds (a no-op when fresh) and finds the shim and the stand-ins next to this binary.
+    let artifacts = preload_common::artifacts();
+    let (shim, simcuda) = (artifacts.shim.clone(), artifacts.libs.clone());
+    // Knobs for exploring: the ring size and the consumer's polling period (0 = drain as fast
+    // as events arrive).
+    let ring = std::env::var("GPUFRAG_BENCH_RING").unwrap_or_else(|_| RING.to_string());
+    let poll_us: u64 = std::env::var("GPUFRAG_BENCH_POLL_US").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let poll = (poll_us > 0).then(|| Duration::from_micros(poll_us));
+    let state = TempDir::new("bench-state");
+    let fake_dir = TempDir::new("bench-fake");
+    let mut drivers = vec![("simcuda", simcuda)];
+    match build_fake(fake_dir.path()) {
+        Some(d) => drivers.push(("fake", d)),
+        None => println!("(no C compiler: the lock-free fake driver is skipped)"),
+    }
+    println!(
+        "shim overhead per call: {SIZE}-byte cuMemAlloc_v2 + cuMemFree_v2 via dlsym, {calls} calls per thread (half with 8 threads), median of {REPEATS} runs; ring {ring} events, drained every {poll_us} us"
+    );
+    println!(
+        "{:>8} {:>7}  {:>5}  {:>9} {:>9} {:>8}  {:>9} {:>9} {:>8}",
+        "driver", "threads", "call", "bare p50", "shim p50", "added", "bare p99", "shim p99", "added"
+    );
+    let only = std::env::var("GPUFRAG_BENCH_DRIVERS").unwrap_or_default();
+    for (driver, libs) in drivers.iter().filter(|(d, _)| only.is_empty() || only.split(',').any(|o| o == *d)) {
+        for threads in [1usize, 8] {
+            let per_thread = if threads == 1 { calls } else { calls / 2 };
+            let mut bare = Vec::new();
+            let mut shimmed = Vec::new();
+            let (mut received, mut dropped) = (0u64, 0u64);
+            for _ in 0..REPEATS {
+                for with_shim in [false, true] {
+                    let mut cmd = Command::new(&exe);
+                    cmd.args([threads.to_string(), per_thread.to_string()])
+                        .env("GPUFRAG_BENCH_CHILD", "1")
+                        .env("LD_LIBRARY_PATH", libs)
+                        .env("SIMCUDA_STATE_DIR", state.path())
+                        .env_remove("LD_PRELOAD")
+                        .env_remove("GPUFRAG_SOCK");
+                    let consumer = with_shim.then(|| {
+                        let n = Arc::new(AtomicU64::new(0));
+                        let c = Arc::clone(&n);
+                        let sink: preload_common::Sink = Box::new(move |_| {
+                            c.fetch_add(1, Ordering::Relaxed);
+                        });
+                        (Consumer::start_polling(Mode::Drain, Some(sink), poll), n)
+                    });
+                    if let Some((c, _)) = &consumer {
+                        cmd.env("LD_PRELOAD", &shim).env("GPUFRAG_SOCK", c.sock()).env("GPUFRAG_RING_CAPACITY", &ring);
+                    }
+                    let out = cmd.output().expect("run the bench child");
+                    assert!(out.status.success(), "{:?}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+                    let f = parse(String::from_utf8_lossy(&out.stdout).trim());
+                    if let Some((c, n)) = consumer {
+                        let traced = c.finish();
+                        assert_eq!(traced.len(), 1, "the child connected");
+                        received += n.load(Ordering::Relaxed);
+                        dropped += traced[0].dropped;
+                        shimmed.push(f);
+                    } else {
+                        bare.push(f);
+                    }
+                }
+            }
+            let m = |v: &[Figures], g: fn(&Figures) -> f64| median(v.iter().map(g).collect());
+            type Get = fn(&Figures) -> f64;
+            let rows: [(&str, Get, Get); 2] = [
+                ("alloc", |f| f.alloc_p50, |f| f.alloc_p99),
+                ("free", |f| f.free_p50, |f| f.free_p99),
+            ];
+            for (call, p50, p99) in rows {
+                let (b50, s50, b99, s99) = (m(&bare, p50), m(&shimmed, p50), m(&bare, p99), m(&shimmed, p99));
+                println!(
+                    "{driver:>8} {threads:>7}  {call:>5}  {b50:>6} ns {s50:>6} ns {:>+5} ns  {b99:>6} ns {s99:>6} ns {:>+5} ns",
+                    s50 - b50,
+                    s99 - b99
+                );
+            }
+            let (bp, sp) = (m(&bare, |f| f.pair_cpu), m(&shimmed, |f| f.pair_cpu));
+            println!(
+                "{driver:>8} {threads:>7}  {:>5}  {bp:>6.0} ns {sp:>6.0} ns {:>+5.0} ns  CPU per alloc+free pair without per-call timers ({:+.0} ns per call)",
+                "pair",
+                sp - bp,
+                (sp - bp) / 2.0
+            );
+            println!("{:>18} events received {received}, dropped {dropped}", "");
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! Wrappers of the driver's memory API, under the real exported names and C signatures: the
+//! program's own calls reach them by direct linking (the preload comes first in the global
+//! scope), and every lookup route hands them out in place of the real functions.
+//!
+//! Each wrapper finds the real function in its ABI's slot, enters the re-entrancy guard, makes
+//! the real call with the caller's arguments unchanged, records it, and returns the real result.
+//! What each call records (see `hook` for devices and samples):
+//!
+//! | call | event |
+//! |---|---|
+//! | `cuMemAlloc_v2` | `MemAlloc{addr, size}` |
+//! | `cuMemAllocPitch_v2` | `MemAllocPitch{addr, size = pitch × height, requested = width × height}` |
+//! | `cuMemAllocManaged` | `MemAllocManaged{addr, size}` |
+//! | `cuMemFree_v2` | `MemFree{addr}` (not for 0) |
+//! | `cuMemAddressReserve` / `cuMemAddressFree` | `AddressReserve{addr, size}` / `AddressFree{addr, size}` |
+//! | `cuMemCreate` / `cuMemRelease` | `PhysCreate{handle, size}` (device from the properties) / `PhysRelease{handle}` |
+//! | `cuMemMap` / `cuMemUnmap` | `Map{addr, size, handle, requested = offset}` / `Unmap{addr, size}` |
+//! | `cuMemAllocAsync[_ptsz]` | `PoolAlloc{addr, size, handle = the device's current pool, stream}` |
+//! | `cuMemAllocFromPoolAsync[_ptsz]` | `PoolAlloc{addr, size, handle = pool, stream}` |
+//! | `cuMemFreeAsync[_ptsz]` | `PoolFree{addr, stream}` |
+//! | `cuMemPoolTrimTo` | `PoolTrim{handle = pool, size = minBytesToKeep}` |
+//! | `cuMemGetInfo_v2` | `DeviceInfo{size = total, device_free = free}` |
+//!
+//! A failed allocation becomes `AllocFailed{requested, rc, op}` (see `hook::alloc`).
+
+#![allow(non_snake_case)]
+
+use std::ffi::{c_uint, c_ulonglong};
+
+use gpufrag_wire::event::EventKind;
+
+use crate::cuda::*;
+use crate::hook::{self, out, Call, Pool};
+use crate::table::{real_fn, Sym};
+
+/// Looks up the real function of `$sym` as `$ty`, or returns `CUDA_ERROR_NOT_FOUND`.
+macro_rules! real {
+    ($sym:ident, $ty:ty) => {
+        // SAFETY: `$ty` is the C type of the function named by `Sym::$sym`.
+        match unsafe { real_fn::<$ty>(Sym::$sym) } {
+            Some(f) => f,
+            None => return CUDA_ERROR_NOT_FOUND,
+        }
+    };
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    let real = real!(CuMemAllocV2, CuMemAllocFn);
+    let guard = hook::enter();
+    // SAFETY: the caller's arguments, unchanged, to the function the caller meant to call.
+    let rc = unsafe { real(dptr, bytesize) };
+    if let Some(g) = guard {
+        g.record(|| {
+            // SAFETY: on success the driver wrote the address through the caller's pointer.
+            let addr = if rc == 0 { unsafe { out(dptr) } } else { 0 };
+            let size = bytesize as u64;
+            hook::alloc(Call { addr, size, requested: size, ..Call::new(EventKind::MemAlloc, rc) }, None, Pool::Given);
+        });
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    pPitch: *mut usize,
+    WidthInBytes: usize,
+    Height: usize,
+    ElementSizeBytes: c_uint,
+) -> CUresult {
+    let real = real!(CuMemAllocPitchV2, CuMemAllocPitchFn);
+    let guard = hook::enter();
+    // SAFETY: the caller's arguments, unchanged.
+    let rc = unsafe { real(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes) };
+    if let Some(g) = guard {
+        g.record(|| {
+            // SAFETY: on success the driver wrote both out-parameters.
+            let (addr, pitch) = if rc == 0 { unsafe { (out(dptr), out(pPitch)) } } else { (0, 0) };
+            let requested = (WidthInBytes as u64).saturating_mul(Height as u64);
+            let size = (pitch as u64).saturating_mul(Height as u64);
+            hook::alloc(Call { addr, size, requested, ..Call::new(EventKind::MemAllocPitch, rc) }, None, Pool::Given);
+        });
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult {
+    let real = real!(CuMemAllocManaged, CuMemAllocManagedFn);
+    let guard = hook::enter();
+    // SAFETY: the caller's arguments, unchanged.
+    let rc = unsafe { real(dptr, bytesize, flags) };
+    if let Some(g) = guard {
+        g.record(|| {
+            // SAFETY: on success the driver wrote the address.
+            let addr = if rc == 0 { unsafe { out(dptr) } } else { 0 };
+            let size = bytesize as u64;
+            hook::alloc(Call { addr, size, requested: size, ..Call::new(EventKind::MemAllocManaged, rc) }, None, Pool::Given);
+        });
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    let real = real!(CuMemFreeV2, CuMemFreeFn);
+    let guard = hook::enter();
+    // SAFETY: the caller's arguments, unchanged.
+    let rc = unsafe { real(dptr) };
+    if let Some(g) = guard {
+        if dptr != 0 {
+            g.record(|| hook::release(Call { addr: dptr, ..Call::new(EventKind::MemFree, rc) }));
+        }
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    let real = real!(CuMemGetInfoV2, CuMemGetInfoFn);
+    let guard = hook::enter();
+    // SAFETY: the caller's arguments, unchanged.
+    let rc = unsafe { real(free, total) };
+    if let Some(g) = guard {
+        if rc == 0 && !free.is_null() && !total.is_null() {
+            // SAFETY: on success the driver wrote both.
+            g.record(|| unsafe { hook::device_info(free.read() as u64, total.read() as u64) });
+        }
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAddressReserve(
+    ptr: *mut CUdeviceptr,
+    size: usize,
+    alignment: usize,
+    addr: CUdeviceptr,
+    flags: c_ulonglong,
+) -> CUresult {
+    let real = real!(CuMemAddressReserve, CuMemAddressReserveFn);
+    let guard = hook::enter();
+    // SAFETY: the caller's arguments, unchanged.
+    let rc = unsafe { real(ptr, size, alignment, addr, flags) };
+    if let Some(g) = guard {
+        g.record(|| {
+            // SAFETY: on success the driver wrote the range's start.
+            let start = if rc == 0 { unsafe { out(ptr) } } else { 0 };
+            let size = size as u64;
+            hook::alloc(Call { addr: start, size, requested: size, ..Call::new(EventKind::AddressReserve, rc) }, None, Pool::Given);
+        });
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult {
+    let real = real!(CuMemAddressFree, CuMemAddressFreeFn);
+    let guard = hook::enter();
+    // SAFETY: the caller's arguments, unchanged.
+    let rc = unsafe { real(ptr, size) };
+    if let Some(g) = guard {
+        g.record(|| hook::release(Call { addr: ptr, size: size as u64, ..Call::new(EventKind::AddressFree, rc) }));
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const CUmemAllocationPropHead,
+    flags: c_ulonglong,
+) -> CUresult {
+    let real = real!(CuMemCreate, CuMemCreateFn);
+    let guard = hook::enter();
+    // SAFETY: the caller's arguments, unchanged.
+    let rc = unsafe { real(handle, size, prop, flags) };
+    if let Some(g) = guard {
+        g.record(|| {
+            // SAFETY: on success the driver wrote the handle.
+            let h = if rc == 0 { unsafe { out(handle) } } else { 0 };
+            // SAFETY: prop is null or the caller's CUmemAllocationProp, which starts with this head.
+            let device = unsafe { prop.as_ref() }
+                .filter(|p| p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE)
+                .and_then(|p| i16::try_from(p.location.id).ok());
+            let size = size as u64;
+            hook::alloc(Call { handle: h, size, requested: size, ..Call::new(EventKind::PhysCreate, rc) }, device, Pool::Given);
+        });
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
+    let real = real!(CuMemRelease, CuMemReleaseFn);
+    let guard = hook::enter();
+    // SAFETY: the caller's arguments, unchanged.
+    let rc = unsafe { real(handle) };
+    if let Some(g) = guard {
+        g.record(|| hook::release(Call { handle, ..Call::new(EventKind::PhysRelease, rc) }));
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemMap(
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: CUmemGenericAllocationHandle,
+    flags: c_ulonglong,
+) -> CUresult {
+    let real = real!(CuMemMap, CuMemMapFn);
+    let guard = hook::enter();
+    // SAFETY: the caller's arguments, unchanged.
+    let rc = unsafe { real(ptr, size, offset, handle, flags) };
+    if let Some(g) = guard {
+        g.record(|| {
+            hook::other(Call {
+                addr: ptr,
+                size: size as u64,
+                requested: offset as u64,
+                handle,
+                ..Call::new(EventKind::Map, rc)
+            })
+        });
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    let real = real!(CuMemUnmap, CuMemUnmapFn);
+    let guard = hook::enter();
+    // SAFETY: the caller's arguments, unchanged.
+    let rc = unsafe { real(ptr, size) };
+    if let Some(g) = guard {
+        g.record(|| hook::release(Call { addr: ptr, size: size as u64, ..Call::new(EventKind::Unmap, rc) }));
+    }
+    rc
+}
+
+/// `cuMemAllocAsync` and its `_ptsz` form: same recording, different real function.
+///
+/// # Safety
+/// As the C function.
+#[inline(always)]
+unsafe fn alloc_async(real: CuMemAllocAsyncFn, dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult {
+    let guard = hook::enter();
+    // SAFETY: the caller's arguments, unchanged.
+    let rc = unsafe { real(dptr, bytesize, stream) };
+    if let Some(g) = guard {
+        g.record(|| {
+            // SAFETY: on success the driver wrote the address.
+            let addr = if rc == 0 { unsafe { out(dptr) } } else { 0 };
+            let size = bytesize as u64;
+            let c = Call { addr, size, requested: size, stream: stream as u64, ..Call::new(EventKind::PoolAlloc, rc) };
+            hook::alloc(c, None, Pool::CurrentOfDevice);
+        });
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) -> CUresult {
+    let real = real!(CuMemAllocAsync, CuMemAllocAsyncFn);
+    // SAFETY: forwarding the C contract.
+    unsafe { alloc_async(real, dptr, bytesize, hStream) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) -> CUresult {
+    let real = real!(CuMemAllocAsyncPtsz, CuMemAllocAsyncFn);
+    // SAFETY: forwarding the C contract.
+    unsafe { alloc_async(real, dptr, bytesize, hStream) }
+}
+
+/// `cuMemAllocFromPoolAsync` and its `_ptsz` form.
+///
+/// # Safety
+/// As the C function.
+#[inline(always)]
+unsafe fn alloc_from_pool(
+    real: CuMemAllocFromPoolAsyncFn,
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CUresult {
+    let guard = hook::enter();
+    // SAFETY: the caller's arguments, unchanged.
+    let rc = unsafe { real(dptr, bytesize, pool, stream) };
+    if let Some(g) = guard {
+        g.record(|| {
+            // SAFETY: on success the driver wrote the address.
+            let addr = if rc == 0 { unsafe { out(dptr) } } else { 0 };
+            let size = bytesize as u64;
+            let c = Call {
+                addr,
+                size,
+                requested: size,
+                handle: pool as u64,
+                stream: stream as u64,
+                ..Call::new(EventKind::PoolAlloc, rc)
+            };
+            hook::alloc(c, None, Pool::Given);
+        });
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: CUmemoryPool,
+    hStream: CUstream,
+) -> CUresult {
+    let real = real!(CuMemAllocFromPoolAsync, CuMemAllocFromPoolAsyncFn);
+    // SAFETY: forwarding the C contract.
+    unsafe { alloc_from_pool(real, dptr, bytesize, pool, hStream) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: CUmemoryPool,
+    hStream: CUstream,
+) -> CUresult {
+    let real = real!(CuMemAllocFromPoolAsyncPtsz, CuMemAllocFromPoolAsyncFn);
+    // SAFETY: forwarding the C contract.
+    unsafe { alloc_from_pool(real, dptr, bytesize, pool, hStream) }
+}
+
+/// `cuMemFreeAsync` and its `_ptsz` form.
+///
+/// # Safety
+/// As the C function.
+#[inline(always)]
+unsafe fn free_async(real: CuMemFreeAsyncFn, dptr: CUdeviceptr, stream: CUstream) -> CUresult {
+    let guard = hook::enter();
+    // SAFETY: the caller's arguments, unchanged.
+    let rc = unsafe { real(dptr, stream) };
+    if let Some(g) = guard {
+        if dptr != 0 {
+            g.record(|| hook::release(Call { addr: dptr, stream: stream as u64, ..Call::new(EventKind::PoolFree, rc) }));
+        }
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
+    let real = real!(CuMemFreeAsync, CuMemFreeAsyncFn);
+    // SAFETY: forwarding the C contract.
+    unsafe { free_async(real, dptr, hStream) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
+    let real = real!(CuMemFreeAsyncPtsz, CuMemFreeAsyncFn);
+    // SAFETY: forwarding the C contract.
+    unsafe { free_async(real, dptr, hStream) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usize) -> CUresult {
+    let real = real!(CuMemPoolTrimTo, CuMemPoolTrimToFn);
+    let guard = hook::enter();
+    // SAFETY: the caller's arguments, unchanged.
+    let rc = unsafe { real(pool, minBytesToKeep) };
+    if let Some(g) = guard {
+        g.record(|| {
+            hook::other(Call { handle: pool as u64, size: minBytesToKeep as u64, ..Call::new(EventKind::PoolTrim, rc) })
+        });
+    }
+    rc
+}

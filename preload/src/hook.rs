@@ -1,0 +1,373 @@
+//! What every wrapper does around the real call: the per-thread re-entrancy guard, the event it
+//! builds and pushes, the device it names, and the device-totals samples.
+//!
+//! Hot-path rules, kept here once for every wrapper: no allocation, no lock, no syscall per event
+//! in the common case (the clock is the vDSO's `clock_gettime`, the thread id is cached in a
+//! const-initialised thread-local, the device comes from the real `cuCtxGetDevice`), no panic
+//! across the C boundary (`Guard::record` catches it and turns tracing off), and a push that
+//! drops and counts when the ring is full rather than wait.
+//!
+//! Re-entrancy: a runtime call (`cudaMalloc`) that reaches the driver (`cuMemAlloc_v2`) through
+//! one of our driver wrappers is recorded once: while a thread is inside a wrapper, nested
+//! tracked calls pass straight through (bytehound's `StrongThreadHandle` habit).
+//!
+//! Devices: an allocation names the current context's device (`cuCtxGetDevice`, or the device
+//! in `cuMemCreate`'s allocation properties); a free names -1 and the consumer finds the device
+//! from the address. Device totals (`DeviceInfo`, from the real `cuMemGetInfo_v2`) are sampled
+//! at the first successful allocation on each device, at every failed allocation, and at most
+//! every `GPUFRAG_SAMPLE_MS` (200 ms by default) from inside allocation wrappers.
+
+use std::cell::Cell;
+use std::ffi::CStr;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use gpufrag_wire::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_FAILED, F_SRC_SHIM};
+
+use crate::cuda::{CUdevice, CUmemoryPool, CuCtxGetDeviceFn, CuDeviceGetMemPoolFn, CuMemGetInfoFn};
+use crate::state;
+use crate::table::{self, Sym};
+
+thread_local! {
+    /// Set while this thread is inside one of our wrappers.
+    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+    /// This thread's id, 0 until first needed.
+    static TID: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Held while a wrapper runs the real call and records it; dropping it re-arms the thread.
+pub struct Guard {
+    _thread_bound: PhantomData<*const ()>,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = IN_HOOK.try_with(|c| c.set(false));
+    }
+}
+
+/// Enters a wrapper: `Some` when this call should be recorded (tracing on, not nested).
+#[inline]
+pub fn enter() -> Option<Guard> {
+    let first = IN_HOOK.try_with(|c| !c.replace(true)).unwrap_or(false);
+    if !first {
+        return None;
+    }
+    let guard = Guard { _thread_bound: PhantomData };
+    state::active().then_some(guard)
+}
+
+impl Guard {
+    /// Runs the recording part of a wrapper; a panic in it turns tracing off for good and is
+    /// never propagated to the C caller.
+    #[inline]
+    pub fn record(&self, f: impl FnOnce()) {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+            state::disable_after_panic();
+        }
+    }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds (glibc serves it from the vDSO: no syscall).
+#[inline]
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
+}
+
+fn gettid() -> u32 {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+/// The calling thread's id, from the per-thread cache.
+#[inline]
+fn tid() -> u32 {
+    TID.try_with(|c| match c.get() {
+        0 => {
+            let t = gettid();
+            c.set(t);
+            t
+        }
+        t => t,
+    })
+    .unwrap_or_else(|_| gettid())
+}
+
+/// A driver function the shim calls itself (never a tracked one), found once.
+struct Helper {
+    name: &'static CStr,
+    slot: AtomicUsize,
+    /// When a failed lookup may be retried (the driver may be loaded later).
+    retry_at: AtomicU64,
+}
+
+impl Helper {
+    const fn new(name: &'static CStr) -> Helper {
+        Helper { name, slot: AtomicUsize::new(0), retry_at: AtomicU64::new(0) }
+    }
+
+    fn get(&self) -> usize {
+        let p = self.slot.load(Ordering::Relaxed);
+        if p != 0 {
+            return p;
+        }
+        let now = now_ns();
+        if now < self.retry_at.load(Ordering::Relaxed) {
+            return 0;
+        }
+        let p = table::find_real(self.name);
+        if p != 0 {
+            self.slot.store(p, Ordering::Relaxed);
+        } else {
+            self.retry_at.store(now + RETRY_NS, Ordering::Relaxed);
+        }
+        p
+    }
+}
+
+const RETRY_NS: u64 = 200_000_000;
+static CTX_GET_DEVICE: Helper = Helper::new(c"cuCtxGetDevice");
+static DEVICE_GET_MEM_POOL: Helper = Helper::new(c"cuDeviceGetMemPool");
+
+/// The current context's device; -1 when there is none or the driver cannot say.
+pub fn current_device() -> i16 {
+    let p = CTX_GET_DEVICE.get();
+    if p == 0 {
+        return -1;
+    }
+    // SAFETY: p is the driver's cuCtxGetDevice, whose C type this is.
+    let f = unsafe { std::mem::transmute::<usize, CuCtxGetDeviceFn>(p) };
+    let mut d: CUdevice = -1;
+    // SAFETY: cuCtxGetDevice writes one CUdevice.
+    let rc = unsafe { f(&mut d) };
+    if rc == 0 {
+        i16::try_from(d).unwrap_or(-1)
+    } else {
+        -1
+    }
+}
+
+/// The current memory pool of `device` (what `cuMemAllocAsync` allocates from); 0 when unknown.
+fn current_pool(device: i16) -> u64 {
+    let p = DEVICE_GET_MEM_POOL.get();
+    if p == 0 || device < 0 {
+        return 0;
+    }
+    // SAFETY: p is the driver's cuDeviceGetMemPool, whose C type this is.
+    let f = unsafe { std::mem::transmute::<usize, CuDeviceGetMemPoolFn>(p) };
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: cuDeviceGetMemPool writes one CUmemoryPool.
+    if unsafe { f(&mut pool, CUdevice::from(device)) } == 0 {
+        pool as u64
+    } else {
+        0
+    }
+}
+
+static SAMPLE_INTERVAL_NS: AtomicU64 = AtomicU64::new(200_000_000);
+static LAST_SAMPLE_NS: AtomicU64 = AtomicU64::new(0);
+/// Devices 0..64 that have had their first-allocation sample.
+static SAMPLED_DEVICES: AtomicU64 = AtomicU64::new(0);
+
+/// Sets the periodic sampling interval (0: only first allocation and failures).
+pub fn set_sample_interval_ms(ms: u64) {
+    SAMPLE_INTERVAL_NS.store(ms.saturating_mul(1_000_000), Ordering::Relaxed);
+}
+
+/// The fork child starts its own sampling and its thread-id cache afresh.
+pub fn after_fork_in_child() {
+    let _ = TID.try_with(|c| c.set(0));
+    LAST_SAMPLE_NS.store(0, Ordering::Relaxed);
+    SAMPLED_DEVICES.store(0, Ordering::Relaxed);
+}
+
+/// Free and total bytes of the current device, from the real `cuMemGetInfo_v2`.
+fn measure() -> Option<(u64, u64)> {
+    // SAFETY: CuMemGetInfoFn is cuMemGetInfo_v2's C type.
+    let f = unsafe { table::real_fn::<CuMemGetInfoFn>(Sym::CuMemGetInfoV2) }?;
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: the real function writes two size_t.
+    (unsafe { f(&mut free, &mut total) } == 0).then_some((free as u64, total as u64))
+}
+
+/// An event of `kind` stamped now, by this thread.
+#[inline]
+fn event(ts_ns: u64, kind: EventKind, device: i16, rc: i32) -> Event {
+    Event {
+        ts_ns,
+        pid: state::pid(),
+        tid: tid(),
+        kind: kind as u16,
+        device,
+        rc,
+        flags: F_SRC_SHIM | if rc != 0 { F_FAILED } else { 0 },
+        ..Event::default()
+    }
+}
+
+#[inline]
+fn push(ev: &Event) {
+    if let Some(ring) = state::ring() {
+        ring.push(ev);
+    }
+}
+
+fn push_device_info(ts_ns: u64, device: i16, free: u64, total: u64) {
+    let mut ev = event(ts_ns, EventKind::DeviceInfo, device, 0);
+    ev.size = total;
+    ev.device_free = free;
+    ev.flags |= F_DEVICE_FREE_KNOWN;
+    push(&ev);
+}
+
+/// Samples device totals after a successful allocation when the device is new or the period
+/// has passed (one relaxed load each in the common case).
+#[inline]
+fn maybe_sample(ts_ns: u64, device: i16) {
+    let bit = if (0..64).contains(&device) { 1u64 << device } else { 0 };
+    let first = bit != 0
+        && SAMPLED_DEVICES.load(Ordering::Relaxed) & bit == 0
+        && SAMPLED_DEVICES.fetch_or(bit, Ordering::Relaxed) & bit == 0;
+    let interval = SAMPLE_INTERVAL_NS.load(Ordering::Relaxed);
+    let last = LAST_SAMPLE_NS.load(Ordering::Relaxed);
+    let due = interval != 0
+        && ts_ns.saturating_sub(last) >= interval
+        && LAST_SAMPLE_NS.compare_exchange(last, ts_ns, Ordering::Relaxed, Ordering::Relaxed).is_ok();
+    if first || due {
+        if let Some((free, total)) = measure() {
+            LAST_SAMPLE_NS.fetch_max(ts_ns, Ordering::Relaxed);
+            push_device_info(now_ns(), device, free, total);
+        }
+    }
+}
+
+/// One call's fields, as a wrapper knows them.
+#[derive(Clone, Copy, Debug)]
+pub struct Call {
+    pub kind: EventKind,
+    pub rc: i32,
+    pub addr: u64,
+    pub size: u64,
+    pub requested: u64,
+    pub handle: u64,
+    pub stream: u64,
+}
+
+impl Call {
+    /// A call of `kind` that returned `rc`, other fields 0.
+    #[inline]
+    pub fn new(kind: EventKind, rc: i32) -> Call {
+        Call { kind, rc, addr: 0, size: 0, requested: 0, handle: 0, stream: 0 }
+    }
+
+    fn fill(&self, ev: &mut Event) {
+        ev.addr = self.addr;
+        ev.size = self.size;
+        ev.requested = self.requested;
+        ev.handle = self.handle;
+        ev.stream = self.stream;
+    }
+}
+
+/// Where an allocation's pool handle comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pool {
+    /// Not a pool allocation, or the caller named the pool (in `Call::handle`).
+    Given,
+    /// `cuMemAllocAsync`: the device's current pool, looked up after the call (0 if unknown).
+    CurrentOfDevice,
+}
+
+/// Records an allocation-like call (memory, reservation, physical handle, pool allocation):
+/// on success the event and perhaps a device sample; on failure `AllocFailed` with the device
+/// free bytes measured right then, followed by the `DeviceInfo` of that measurement.
+pub fn alloc(mut c: Call, device: Option<i16>, pool: Pool) {
+    let device = device.unwrap_or_else(current_device);
+    let ts = now_ns();
+    if pool == Pool::CurrentOfDevice {
+        c.handle = current_pool(device);
+    }
+    if c.rc == 0 {
+        let mut ev = event(ts, c.kind, device, 0);
+        c.fill(&mut ev);
+        push(&ev);
+        maybe_sample(ts, device);
+        return;
+    }
+    let mut ev = event(ts, EventKind::AllocFailed, device, c.rc);
+    ev.op = c.kind as u16;
+    ev.requested = c.requested;
+    ev.handle = c.handle;
+    ev.stream = c.stream;
+    let measured = measure();
+    if let Some((free, _)) = measured {
+        ev.device_free = free;
+        ev.flags |= F_DEVICE_FREE_KNOWN;
+    }
+    push(&ev);
+    if let Some((free, total)) = measured {
+        LAST_SAMPLE_NS.fetch_max(ts, Ordering::Relaxed);
+        push_device_info(now_ns(), device, free, total);
+    }
+}
+
+/// Records a release-like call (frees, unmaps, releases): device -1, the consumer resolves it
+/// from the address or handle. A failed release is recorded with its `rc` (and `F_FAILED`) so
+/// the consumer can tell it changed nothing.
+pub fn release(c: Call) {
+    let mut ev = event(now_ns(), c.kind, -1, c.rc);
+    c.fill(&mut ev);
+    push(&ev);
+}
+
+/// Records any other call (`cuMemMap`, `cuMemPoolTrimTo`) on the current device.
+pub fn other(c: Call) {
+    let mut ev = event(now_ns(), c.kind, current_device(), c.rc);
+    c.fill(&mut ev);
+    push(&ev);
+}
+
+/// Records a framework annotation (`annotate`) on `device`, with extra `flags`, the device free
+/// bytes the framework measured, and for a failure the kind of request that failed.
+pub fn annotation(c: Call, device: i16, flags: u32, device_free: u64, failed_op: Option<EventKind>) {
+    let mut ev = event(now_ns(), c.kind, device, c.rc);
+    c.fill(&mut ev);
+    ev.flags |= flags;
+    ev.device_free = device_free;
+    if let Some(op) = failed_op {
+        ev.op = op as u16;
+    }
+    push(&ev);
+}
+
+/// Records device totals the program itself asked for (`cuMemGetInfo`, `cudaMemGetInfo`).
+pub fn device_info(free: u64, total: u64) {
+    let ts = now_ns();
+    LAST_SAMPLE_NS.fetch_max(ts, Ordering::Relaxed);
+    push_device_info(ts, current_device(), free, total);
+}
+
+/// Pushes `ProcessExit` when the process image ends normally (from the shim's destructor); an
+/// EOF without it means `exec`, `_exit` or a crash.
+pub fn process_exit() {
+    if state::ring().is_some() && state::active() {
+        push(&event(now_ns(), EventKind::ProcessExit, -1, 0));
+    }
+}
+
+/// Reads a wrapper's out-parameter: 0 for a null pointer.
+///
+/// # Safety
+/// `p` must be null or valid for a read of `T` (the real call succeeded and wrote it).
+#[inline]
+pub unsafe fn out<T: Copy + Default>(p: *const T) -> T {
+    if p.is_null() {
+        T::default()
+    } else {
+        // SAFETY: non-null and valid per the caller's contract.
+        unsafe { p.read() }
+    }
+}

@@ -1,0 +1,52 @@
+//! End to end through the real consumer: `gpufrag run --record FILE -- simcuda-workload frag-oom`
+//! preloads the shim, receives its events, and the record replays (`gpufrag analyze`) to the same
+//! verdict: a fragmentation OOM, with the blocks the workload's caching allocator announced
+//! through the annotation API, the failed 2.5 GiB request and the device free bytes at that moment.
+
+mod preload_common;
+
+use std::process::Command;
+
+use preload_common::*;
+
+#[test]
+fn gpufrag_run_records_a_fragmentation_oom() {
+    let a = artifacts();
+    let dir = TempDir::new("run");
+    let record = dir.path().join("frag.rec");
+    let summary = dir.path().join("summary.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_gpufrag"))
+        .args(["run", "--quiet", "--no-python-hook", "--no-feed", "--no-report", "--record"])
+        .arg(&record)
+        .arg("--summary-json")
+        .arg(&summary)
+        .arg("--preload")
+        .arg(&a.shim)
+        .arg("--")
+        .arg(&a.workload)
+        .arg("frag-oom")
+        .env("LD_LIBRARY_PATH", &a.libs)
+        .env("SIMCUDA_STATE_DIR", dir.path())
+        .output()
+        .expect("gpufrag run");
+    assert!(out.status.success(), "gpufrag run: {:?}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let oom = lines_with(&stdout, "RESULT").into_iter().find(|l| field(l, "step") == "oom").expect("the workload's OOM line");
+    let device_free: u64 = field(&oom, "device_free").parse().expect("device_free");
+
+    let live = std::fs::read_to_string(&summary).expect("summary JSON");
+    let replay = Command::new(env!("CARGO_BIN_EXE_gpufrag")).arg("analyze").arg(&record).arg("--json").output().expect("analyze");
+    assert!(replay.status.success(), "{}", String::from_utf8_lossy(&replay.stderr));
+    let replayed = String::from_utf8_lossy(&replay.stdout);
+    for json in [live.as_str(), &replayed] {
+        let v: serde_json::Value = serde_json::from_str(json).expect("JSON");
+        let ooms = v["ooms"].as_array().expect("ooms");
+        assert!(!ooms.is_empty(), "{json}");
+        for oom in ooms {
+            assert_eq!(oom["verdict"], "fragmentation", "{oom}");
+            assert_eq!(oom["requested"], 2684354560u64, "{oom}");
+            assert_eq!(oom["device_free"], device_free, "the device free bytes measured at the failure: {oom}");
+        }
+        assert_eq!(v["exact"], true, "nothing dropped, nothing inconsistent: {json}");
+    }
+}
