@@ -127,6 +127,13 @@ impl State {
         }
     }
 
+    /// Drops every map of `pid` (all devices): its process is gone and its pid may be reused
+    /// (the eBPF path keys processes by pid and start time and calls this when one ends). The
+    /// process's OOM records, anomalies and exit time stay.
+    pub fn forget(&mut self, pid: u32) {
+        self.spaces.retain(|&(p, _), _| p != pid);
+    }
+
     /// The map of (pid, device), created on first use.
     pub fn space(&mut self, pid: u32, device: i16) -> &mut ProcessDevice {
         let rules = &self.rules;
@@ -290,5 +297,25 @@ impl State {
         d.sort_unstable();
         d.dedup();
         d
+    }
+}
+
+#[cfg(test)]
+mod forget_tests {
+    use super::*;
+
+    #[test]
+    fn forget_drops_one_pid_on_every_device_and_keeps_the_rest() {
+        let mut s = State::default();
+        for (pid, dev, addr) in [(1u32, 0i16, 0x1000u64), (1, 1, 0x2000), (2, 0, 0x3000)] {
+            s.apply(&Event { addr, size: 4096, ..Event::new(EventKind::MemAlloc, pid, dev) });
+        }
+        s.forget(1);
+        assert_eq!(s.spaces.keys().copied().collect::<Vec<_>>(), vec![(2, 0)]);
+        assert_eq!(s.device_figures(0).reserved, 4096);
+        assert_eq!(s.device_figures(1).reserved, 0);
+        // A new holder of pid 1 starts empty.
+        s.apply(&Event { addr: 0x1000, ..Event::new(EventKind::MemFree, 1, -1) });
+        assert_eq!(s.anomaly_count, 1);
     }
 }

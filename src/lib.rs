@@ -8,6 +8,7 @@
 pub mod analysis;
 pub mod cli;
 pub mod consumer;
+pub mod ebpf;
 pub mod export;
 pub use gpufrag_wire::{event, hello, ring};
 pub mod ingest;

@@ -1,0 +1,654 @@
+// SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
+/* gpufrag.bpf.c: the eBPF half of gpufrag's kernel-side capture.
+ *
+ * Owns: the uprobes/uretprobes on libcuda's exported memory functions, the USDT (and .symtab
+ * uprobe fallback) programs for PyTorch's caching allocator, the per-thread device tracking that
+ * attributes allocations to a CUDA ordinal, and the raw tracepoints that follow forks and notice
+ * exits. Everything it learns leaves as `struct gpufrag_event` (include/gpufrag_event.h, the one
+ * wire format) through one ring buffer; what cannot be reserved there is counted per CPU in
+ * `lost` and reported by user space as a Dropped event.
+ *
+ * Types. No vmlinux.h: uprobes need no kernel type but `struct pt_regs`, taken in its UAPI layout
+ * from <asm/ptrace.h> (linux-libc-dev), which is what bpf_tracing.h's PT_REGS_* macros expect when
+ * neither __KERNEL__ nor __VMLINUX_H__ is defined. The two raw tracepoints read task_struct
+ * fields through CO-RE with the minimal `___gpufrag` flavours below, relocated against the
+ * running kernel's BTF at load time. So the build needs no bpftool and no kernel headers beyond
+ * the UAPI ones, and one object runs on any BTF kernel of the same architecture.
+ *
+ * Filtering. A uprobe on a file fires in every process that maps it. `traced` holds the thread
+ * group ids to report; in agent mode (`trace_all`) every process is reported and enters `traced`
+ * on its first event, so that its exit is reported too. With `follow_children`, a fork of a
+ * traced process is traced from its first instruction.
+ */
+#include <stdbool.h>
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <asm/ptrace.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/usdt.bpf.h>
+
+#include "gpufrag_event.h"
+
+_Static_assert(sizeof(struct gpufrag_event) == 80, "gpufrag_event must stay 80 bytes");
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Set by user space before load. */
+const volatile bool trace_all = false;
+const volatile bool follow_children = false;
+/* Wake the reader when this many bytes wait in the ring (user space sets an eighth of it). */
+const volatile __u64 wakeup_bytes = 1 << 19;
+
+/* The functions probed; an entry program saves its arguments under (thread, fn). */
+enum gpufrag_fn {
+	FN_MEM_ALLOC = 1,
+	FN_MEM_ALLOC_PITCH,
+	FN_MEM_ALLOC_MANAGED,
+	FN_MEM_FREE,
+	FN_ADDRESS_RESERVE,
+	FN_ADDRESS_FREE,
+	FN_MEM_CREATE,
+	FN_MEM_RELEASE,
+	FN_MEM_MAP,
+	FN_MEM_UNMAP,
+	FN_ALLOC_ASYNC,
+	FN_ALLOC_FROM_POOL_ASYNC,
+	FN_FREE_ASYNC,
+	FN_POOL_TRIM_TO,
+	FN_MEM_GET_INFO,
+	/* device tracking */
+	FN_PRIMARY_CTX_RETAIN,
+	FN_CTX_SET_CURRENT,
+	FN_CTX_CREATE,
+	FN_CTX_PUSH_CURRENT,
+	FN_CTX_POP_CURRENT,
+	FN_CTX_GET_DEVICE,
+	FN_POOL_CREATE,
+	FN_DEFAULT_MEM_POOL,
+	/* PyTorch caching allocator, .symtab fallback */
+	FN_TORCH_MALLOC,
+};
+
+struct call {
+	__u64 arg[5];
+	__u64 entry_ns; /* when the call began: a free's event carries it (see finish_call) */
+	__u64 valid;
+};
+
+#define FN_COUNT (FN_TORCH_MALLOC + 1)
+
+/* Per thread, in task-local storage (freed with the thread; no hashing, no lock on the hot
+ * path): one saved call per probed function, so that a probed function called from inside
+ * another never overwrites its caller's arguments, and the thread's current device. */
+struct thread_state {
+	struct call slot[FN_COUNT];
+	__s16 device; /* valid when device_known */
+	__u16 device_known;
+	__u32 pad;
+};
+
+/* (process, CUcontext or CUmemoryPool) -> device */
+struct obj_key {
+	__u64 obj;
+	__u32 tgid;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 22); /* 4 MiB, about 52,000 events; user space may resize */
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} lost SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u8);
+} traced SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct thread_state);
+} threads SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct obj_key);
+	__type(value, __s16);
+} object_device SEC(".maps");
+
+/* (process, device) -> its current memory pool, for cuMemAllocAsync (which names none) */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct obj_key);
+	__type(value, __u64);
+} device_pool SEC(".maps");
+
+static __always_inline bool is_traced(__u32 tgid)
+{
+	if (trace_all)
+		return true;
+	return bpf_map_lookup_elem(&traced, &tgid) != NULL;
+}
+
+static __always_inline void count_lost(void)
+{
+	__u32 zero = 0;
+	__u64 *n = bpf_map_lookup_elem(&lost, &zero);
+	if (n)
+		*n += 1;
+}
+
+static __always_inline struct gpufrag_event *reserve_event(__u64 pid_tgid, __u16 kind, __s16 device, __u32 flags)
+{
+	struct gpufrag_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_lost();
+		return NULL;
+	}
+	e->ts_ns = bpf_ktime_get_ns(); /* CLOCK_MONOTONIC, the shim's clock */
+	e->addr = 0;
+	e->size = 0;
+	e->requested = 0;
+	e->handle = 0;
+	e->stream = 0;
+	e->device_free = 0;
+	e->pid = pid_tgid >> 32;
+	e->tid = (__u32)pid_tgid;
+	e->kind = kind;
+	e->device = device;
+	e->rc = 0;
+	e->flags = flags;
+	e->op = 0;
+	e->_pad = 0;
+	return e;
+}
+
+/* Wake the reader only once the ring is an eighth full: a wakeup per record (the default) costs
+ * the traced thread an irq_work and the reader a context switch per call, several times the
+ * probe itself. User space polls with a timeout and drains on every round anyway. */
+static __always_inline void submit_event(struct gpufrag_event *e)
+{
+	__u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+	bpf_ringbuf_submit(e, avail >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+}
+
+static __always_inline bool is_free_fn(__u32 fn)
+{
+	return fn == FN_MEM_FREE || fn == FN_ADDRESS_FREE || fn == FN_MEM_RELEASE || fn == FN_MEM_UNMAP || fn == FN_FREE_ASYNC;
+}
+
+static __always_inline int save_call(struct pt_regs *ctx, __u32 fn)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (fn >= FN_COUNT || !is_traced(id >> 32))
+		return 0;
+	struct thread_state *t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!t)
+		return 0;
+	struct call *c = &t->slot[fn];
+	c->arg[0] = PT_REGS_PARM1(ctx);
+	c->arg[1] = PT_REGS_PARM2(ctx);
+	c->arg[2] = PT_REGS_PARM3(ctx);
+	c->arg[3] = PT_REGS_PARM4(ctx);
+	c->arg[4] = PT_REGS_PARM5(ctx);
+	c->entry_ns = is_free_fn(fn) ? bpf_ktime_get_ns() : 0;
+	c->valid = 1;
+	return 0;
+}
+
+static __always_inline __u64 read_user_u64(__u64 ptr)
+{
+	__u64 v = 0;
+	if (ptr)
+		bpf_probe_read_user(&v, sizeof(v), (const void *)ptr);
+	return v;
+}
+
+static __always_inline __s32 read_user_s32(__u64 ptr)
+{
+	__s32 v = 0;
+	if (ptr)
+		bpf_probe_read_user(&v, sizeof(v), (const void *)ptr);
+	return v;
+}
+
+static __always_inline __s16 device_of_object(__u32 tgid, __u64 obj)
+{
+	struct obj_key k = { .obj = obj, .tgid = tgid };
+	__s16 *d = bpf_map_lookup_elem(&object_device, &k);
+	return d ? *d : -1;
+}
+
+static __always_inline void set_object_device(__u32 tgid, __u64 obj, __s16 dev)
+{
+	struct obj_key k = { .obj = obj, .tgid = tgid };
+	bpf_map_update_elem(&object_device, &k, &dev, BPF_ANY);
+}
+
+static __always_inline void set_thread_device(struct thread_state *t, __s16 dev)
+{
+	t->device = dev;
+	t->device_known = dev >= 0;
+}
+
+/* In agent mode a process enters `traced` with its first event, so that its exit is seen. */
+static __always_inline void note_traced(__u32 tgid)
+{
+	if (trace_all && !bpf_map_lookup_elem(&traced, &tgid)) {
+		__u8 one = 1;
+		bpf_map_update_elem(&traced, &tgid, &one, BPF_NOEXIST);
+	}
+}
+
+/* CUmemAllocationProp and CUmemPoolProps both start {int type; int handleTypes; {int type; int id} location}. */
+#define LOCATION_ID_OFFSET 12
+
+static __always_inline int finish_call(struct pt_regs *ctx, __u32 fn)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (fn >= FN_COUNT)
+		return 0;
+	struct thread_state *t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0, 0);
+	if (!t || !t->slot[fn].valid)
+		return 0;
+	struct call c = t->slot[fn];
+	t->slot[fn].valid = 0;
+	__s32 rc = (__s32)PT_REGS_RC(ctx);
+
+	/* Device tracking: no event. */
+	switch (fn) {
+	case FN_PRIMARY_CTX_RETAIN: /* (CUcontext *pctx, CUdevice dev) */
+		if (rc == 0)
+			set_object_device(tgid, read_user_u64(c.arg[0]), (__s16)c.arg[1]);
+		return 0;
+	case FN_CTX_CREATE: /* (CUcontext *pctx, unsigned flags, CUdevice dev): the new context is current */
+		if (rc == 0) {
+			set_object_device(tgid, read_user_u64(c.arg[0]), (__s16)c.arg[2]);
+			set_thread_device(t, (__s16)c.arg[2]);
+		}
+		return 0;
+	case FN_CTX_SET_CURRENT: /* (CUcontext ctx) */
+	case FN_CTX_PUSH_CURRENT:
+		if (rc == 0)
+			set_thread_device(t, c.arg[0] ? device_of_object(tgid, c.arg[0]) : -1);
+		return 0;
+	case FN_CTX_POP_CURRENT: /* the context below is not known here: forget */
+		if (rc == 0)
+			set_thread_device(t, -1);
+		return 0;
+	case FN_CTX_GET_DEVICE: /* (CUdevice *dev) */
+		if (rc == 0)
+			set_thread_device(t, (__s16)read_user_s32(c.arg[0]));
+		return 0;
+	case FN_POOL_CREATE: /* (CUmemoryPool *pool, const CUmemPoolProps *props) */
+		if (rc == 0)
+			set_object_device(tgid, read_user_u64(c.arg[0]), (__s16)read_user_s32(c.arg[1] + LOCATION_ID_OFFSET));
+		return 0;
+	case FN_DEFAULT_MEM_POOL: /* (CUmemoryPool *pool, CUdevice dev) */
+		if (rc == 0) {
+			__u64 pool = read_user_u64(c.arg[0]);
+			struct obj_key dk = { .obj = c.arg[1], .tgid = tgid };
+			set_object_device(tgid, pool, (__s16)c.arg[1]);
+			bpf_map_update_elem(&device_pool, &dk, &pool, BPF_ANY);
+		}
+		return 0;
+	default:
+		break;
+	}
+
+	__u16 kind = 0;
+	__s16 device = t->device_known ? t->device : -1;
+	__u64 addr = 0, size = 0, requested = 0, handle = 0, stream = 0, device_free = 0;
+	__u32 flags = GPUFRAG_F_SRC_EBPF;
+	__u64 ts = 0;
+	bool alloc = true;
+
+	switch (fn) {
+	case FN_MEM_ALLOC: /* (CUdeviceptr *dptr, size_t bytesize) */
+		kind = GPUFRAG_EV_MEM_ALLOC;
+		size = requested = c.arg[1];
+		if (rc == 0)
+			addr = read_user_u64(c.arg[0]);
+		break;
+	case FN_MEM_ALLOC_MANAGED: /* (CUdeviceptr *dptr, size_t bytesize, unsigned flags) */
+		kind = GPUFRAG_EV_MEM_ALLOC_MANAGED;
+		size = requested = c.arg[1];
+		if (rc == 0)
+			addr = read_user_u64(c.arg[0]);
+		break;
+	case FN_MEM_ALLOC_PITCH: /* (CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned elem) */
+		kind = GPUFRAG_EV_MEM_ALLOC_PITCH;
+		requested = c.arg[2] * c.arg[3];
+		size = requested;
+		if (rc == 0) {
+			addr = read_user_u64(c.arg[0]);
+			size = read_user_u64(c.arg[1]) * c.arg[3];
+		}
+		break;
+	case FN_ADDRESS_RESERVE: /* (CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr, u64 flags) */
+		kind = GPUFRAG_EV_ADDRESS_RESERVE;
+		size = requested = c.arg[1];
+		if (rc == 0)
+			addr = read_user_u64(c.arg[0]);
+		break;
+	case FN_MEM_CREATE: /* (CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop, u64 flags) */
+		kind = GPUFRAG_EV_PHYS_CREATE;
+		size = requested = c.arg[1];
+		device = (__s16)read_user_s32(c.arg[2] + LOCATION_ID_OFFSET);
+		if (rc == 0)
+			handle = read_user_u64(c.arg[0]);
+		break;
+	case FN_MEM_MAP: /* (CUdeviceptr ptr, size_t size, size_t offset, handle, u64 flags) */
+		/* Mapping allocates nothing (cuMemCreate did): a failure is a refused argument, not an OOM. */
+		alloc = false;
+		kind = GPUFRAG_EV_MAP;
+		addr = c.arg[0];
+		size = c.arg[1];
+		requested = c.arg[2];
+		handle = c.arg[3];
+		break;
+	case FN_ALLOC_ASYNC: { /* (CUdeviceptr *dptr, size_t bytesize, CUstream s): the device's current pool */
+		kind = GPUFRAG_EV_POOL_ALLOC;
+		size = requested = c.arg[1];
+		stream = c.arg[2];
+		/* The pool, when the process asked for it (cuDeviceGetDefaultMemPool/cuDeviceGetMemPool); else 0. */
+		struct obj_key dk = { .obj = (__u64)(__s64)device, .tgid = tgid };
+		__u64 *pool = device >= 0 ? bpf_map_lookup_elem(&device_pool, &dk) : NULL;
+		if (pool)
+			handle = *pool;
+		if (rc == 0)
+			addr = read_user_u64(c.arg[0]);
+		break;
+	}
+	case FN_ALLOC_FROM_POOL_ASYNC: { /* (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s) */
+		kind = GPUFRAG_EV_POOL_ALLOC;
+		size = requested = c.arg[1];
+		handle = c.arg[2];
+		stream = c.arg[3];
+		__s16 pd = device_of_object(tgid, handle);
+		if (pd >= 0)
+			device = pd;
+		if (rc == 0)
+			addr = read_user_u64(c.arg[0]);
+		break;
+	}
+	/* Frees are stamped with the time their call began: the driver may hand the address to
+	 * another thread, whose allocation returns (and is reported) before this uretprobe runs.
+	 * Entry time < the other allocation's return time always, so user space, which applies
+	 * events in timestamp order (a short reorder window), sees the free first. */
+	case FN_MEM_FREE: /* (CUdeviceptr) */
+		alloc = false;
+		kind = GPUFRAG_EV_MEM_FREE;
+		addr = c.arg[0];
+		device = -1; /* the consumer resolves a free by address */
+		ts = c.entry_ns;
+		break;
+	case FN_ADDRESS_FREE: /* (CUdeviceptr ptr, size_t size) */
+		alloc = false;
+		kind = GPUFRAG_EV_ADDRESS_FREE;
+		addr = c.arg[0];
+		size = c.arg[1];
+		device = -1;
+		ts = c.entry_ns;
+		break;
+	case FN_MEM_RELEASE: /* (handle) */
+		alloc = false;
+		kind = GPUFRAG_EV_PHYS_RELEASE;
+		handle = c.arg[0];
+		device = -1;
+		ts = c.entry_ns;
+		break;
+	case FN_MEM_UNMAP: /* (CUdeviceptr ptr, size_t size) */
+		alloc = false;
+		kind = GPUFRAG_EV_UNMAP;
+		addr = c.arg[0];
+		size = c.arg[1];
+		device = -1;
+		ts = c.entry_ns;
+		break;
+	case FN_FREE_ASYNC: /* (CUdeviceptr, CUstream) */
+		alloc = false;
+		kind = GPUFRAG_EV_POOL_FREE;
+		addr = c.arg[0];
+		stream = c.arg[1];
+		device = -1;
+		ts = c.entry_ns;
+		break;
+	case FN_POOL_TRIM_TO: { /* (CUmemoryPool pool, size_t minBytesToKeep) */
+		alloc = false;
+		kind = GPUFRAG_EV_POOL_TRIM;
+		handle = c.arg[0];
+		size = c.arg[1];
+		__s16 pd = device_of_object(tgid, handle);
+		if (pd >= 0)
+			device = pd;
+		break;
+	}
+	case FN_MEM_GET_INFO: /* (size_t *free, size_t *total) */
+		if (rc != 0)
+			return 0;
+		alloc = false;
+		kind = GPUFRAG_EV_DEVICE_INFO;
+		device_free = read_user_u64(c.arg[0]);
+		size = read_user_u64(c.arg[1]);
+		flags |= GPUFRAG_F_DEVICE_FREE_KNOWN;
+		break;
+	case FN_TORCH_MALLOC: /* NativeCachingAllocator::malloc(this, void **devPtr, int8 device, size_t size, CUstream) */
+		if (rc == 0) { /* void: the register holds garbage; the out-pointer says whether it worked */
+		}
+		addr = read_user_u64(c.arg[1]);
+		if (!addr)
+			return 0;
+		note_traced(tgid);
+		struct gpufrag_event *b = reserve_event(id, GPUFRAG_EV_BLOCK_ALLOC, (__s8)c.arg[2], GPUFRAG_F_SRC_EBPF);
+		if (!b)
+			return 0;
+		b->addr = addr;
+		b->requested = c.arg[3];
+		b->stream = c.arg[4];
+		submit_event(b);
+		return 0;
+	default:
+		return 0;
+	}
+
+	note_traced(tgid);
+	bool failed = rc != 0;
+	struct gpufrag_event *e = reserve_event(id, failed && alloc ? GPUFRAG_EV_ALLOC_FAILED : kind, device,
+						flags | (failed ? GPUFRAG_F_FAILED : 0));
+	if (!e)
+		return 0;
+	if (ts)
+		e->ts_ns = ts;
+	e->addr = addr;
+	e->size = size;
+	e->requested = requested;
+	e->handle = handle;
+	e->stream = stream;
+	e->device_free = device_free;
+	e->rc = rc;
+	if (failed && alloc)
+		e->op = kind;
+	submit_event(e);
+	return 0;
+}
+
+#define PROBE_PAIR(name, fn)                                   \
+	SEC("uprobe") int name##_entry(struct pt_regs *ctx)    \
+	{                                                      \
+		return save_call(ctx, fn);                     \
+	}                                                      \
+	SEC("uretprobe") int name##_return(struct pt_regs *ctx) \
+	{                                                      \
+		return finish_call(ctx, fn);                   \
+	}
+
+PROBE_PAIR(mem_alloc, FN_MEM_ALLOC)
+PROBE_PAIR(mem_alloc_pitch, FN_MEM_ALLOC_PITCH)
+PROBE_PAIR(mem_alloc_managed, FN_MEM_ALLOC_MANAGED)
+PROBE_PAIR(mem_free, FN_MEM_FREE)
+PROBE_PAIR(address_free, FN_ADDRESS_FREE)
+PROBE_PAIR(mem_release, FN_MEM_RELEASE)
+PROBE_PAIR(mem_unmap, FN_MEM_UNMAP)
+PROBE_PAIR(free_async, FN_FREE_ASYNC)
+PROBE_PAIR(address_reserve, FN_ADDRESS_RESERVE)
+PROBE_PAIR(mem_create, FN_MEM_CREATE)
+PROBE_PAIR(mem_map, FN_MEM_MAP)
+PROBE_PAIR(alloc_async, FN_ALLOC_ASYNC)
+PROBE_PAIR(alloc_from_pool_async, FN_ALLOC_FROM_POOL_ASYNC)
+PROBE_PAIR(pool_trim_to, FN_POOL_TRIM_TO)
+PROBE_PAIR(mem_get_info, FN_MEM_GET_INFO)
+PROBE_PAIR(primary_ctx_retain, FN_PRIMARY_CTX_RETAIN)
+PROBE_PAIR(ctx_set_current, FN_CTX_SET_CURRENT)
+PROBE_PAIR(ctx_create, FN_CTX_CREATE)
+PROBE_PAIR(ctx_push_current, FN_CTX_PUSH_CURRENT)
+PROBE_PAIR(ctx_pop_current, FN_CTX_POP_CURRENT)
+PROBE_PAIR(ctx_get_device, FN_CTX_GET_DEVICE)
+PROBE_PAIR(pool_create, FN_POOL_CREATE)
+PROBE_PAIR(default_mem_pool, FN_DEFAULT_MEM_POOL)
+PROBE_PAIR(torch_malloc, FN_TORCH_MALLOC)
+
+/* Native::local_raw_delete(void *ptr): a block returns to the cache. */
+SEC("uprobe") int torch_free_entry(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u64 ptr = PT_REGS_PARM1(ctx);
+	if (!ptr || !is_traced(id >> 32))
+		return 0;
+	note_traced(id >> 32);
+	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_BLOCK_FREE, -1, GPUFRAG_F_SRC_EBPF);
+	if (!e)
+		return 0;
+	e->addr = ptr;
+	submit_event(e);
+	return 0;
+}
+
+/* USDT pytorch:malloc(ptr, device, size, stream), fired after the block is chosen. */
+SEC("usdt") int BPF_USDT(usdt_malloc, void *ptr, long device, long size, void *stream)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!ptr || !is_traced(id >> 32))
+		return 0;
+	note_traced(id >> 32);
+	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_BLOCK_ALLOC, (__s8)device, GPUFRAG_F_SRC_USDT);
+	if (!e)
+		return 0;
+	e->addr = (__u64)ptr;
+	e->requested = (__u64)size;
+	e->stream = (__u64)stream;
+	submit_event(e);
+	return 0;
+}
+
+/* USDT pytorch:free(ptr). */
+SEC("usdt") int BPF_USDT(usdt_free, void *ptr)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!ptr || !is_traced(id >> 32))
+		return 0;
+	note_traced(id >> 32);
+	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_BLOCK_FREE, -1, GPUFRAG_F_SRC_USDT);
+	if (!e)
+		return 0;
+	e->addr = (__u64)ptr;
+	submit_event(e);
+	return 0;
+}
+
+/* Kernel types, as CO-RE flavours: only the fields read, relocated against the kernel's BTF. */
+struct signal_struct___gpufrag {
+	struct {
+		int counter;
+	} live;
+} __attribute__((preserve_access_index));
+
+struct task_struct___gpufrag {
+	int pid;
+	int tgid;
+	struct signal_struct___gpufrag *signal;
+} __attribute__((preserve_access_index));
+
+/* sched_process_fork(parent, child): a child of a traced process is traced from its start. */
+SEC("raw_tp/sched_process_fork")
+int on_fork(struct bpf_raw_tracepoint_args *ctx)
+{
+	if (!follow_children || trace_all)
+		return 0;
+	struct task_struct___gpufrag *parent = (void *)ctx->args[0];
+	struct task_struct___gpufrag *child = (void *)ctx->args[1];
+	__u32 ptgid = BPF_CORE_READ(parent, tgid);
+	__u32 ctgid = BPF_CORE_READ(child, tgid);
+	if (ptgid == ctgid || !bpf_map_lookup_elem(&traced, &ptgid))
+		return 0;
+	__u8 one = 1;
+	bpf_map_update_elem(&traced, &ctgid, &one, BPF_ANY);
+	struct gpufrag_event *e = reserve_event(((__u64)ctgid << 32) | ctgid, GPUFRAG_EV_PROCESS_EXEC, -1, GPUFRAG_F_SRC_EBPF);
+	if (!e)
+		return 0;
+	e->handle = ptgid; /* the parent, for user space */
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+/* sched_process_exec: a traced process replaced its image; its CUDA state is gone. */
+SEC("raw_tp/sched_process_exec")
+int on_exec(struct bpf_raw_tracepoint_args *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (!bpf_map_lookup_elem(&traced, &tgid))
+		return 0;
+	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_PROCESS_EXEC, -1, GPUFRAG_F_SRC_EBPF);
+	if (!e)
+		return 0;
+	e->rc = 1; /* 1: an exec of a process already traced (user space drops its old image's state) */
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+/* sched_process_exit: runs for every exiting thread; the last one (signal->live == 0) ends the process. */
+SEC("raw_tp/sched_process_exit")
+int on_exit(struct bpf_raw_tracepoint_args *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	if (!bpf_map_lookup_elem(&traced, &tgid))
+		return 0;
+	struct task_struct___gpufrag *task = (void *)bpf_get_current_task();
+	int live = BPF_CORE_READ(task, signal, live.counter);
+	if (live != 0)
+		return 0;
+	bpf_map_delete_elem(&traced, &tgid);
+	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_PROCESS_EXIT, -1, GPUFRAG_F_SRC_EBPF);
+	if (!e)
+		return 0;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+/* The benchmark's baseline: an empty uprobe and uretprobe pair. */
+SEC("uprobe") int empty_entry(struct pt_regs *ctx)
+{
+	return 0;
+}
+
+SEC("uretprobe") int empty_return(struct pt_regs *ctx)
+{
+	return 0;
+}

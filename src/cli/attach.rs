@@ -1,0 +1,169 @@
+//! `gpufrag attach PID`: traces a process that is already running through eBPF (uprobes on the
+//! CUDA driver, USDT probes on PyTorch's allocator), with the same live status line, OOM verdicts,
+//! record file and summary as `run`, until the process (and, with `--follow`, its children)
+//! ends or the user interrupts. What the process allocated before attaching is not in the trace:
+//! the summary says so (`exact: false`, per-process `unattributed` bytes from NVML).
+//!
+//! The loop itself ([`trace`]) is shared with `gpufrag agent`.
+
+use crate::analysis::render::render;
+use crate::cli::run::Live;
+use crate::ebpf::session::{Session, SessionOptions, Target};
+use crate::ebpf::ProbeError;
+use anyhow::Context;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Arguments of `attach`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The process to trace.
+    pub pid: u32,
+    /// Trace its children too (those alive now and those it starts).
+    #[arg(long)]
+    pub follow: bool,
+    /// Write the summary as JSON (the schema of `analyze --json`, plus `coverage`).
+    #[arg(long, value_name = "PATH")]
+    pub summary_json: Option<PathBuf>,
+    /// Write every event to a record file that `gpufrag analyze` replays to the same figures.
+    #[arg(long, value_name = "PATH")]
+    pub record: Option<PathBuf>,
+    /// No live status line and no summary on stderr (files are still written).
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Also probe this library up front, before the process maps it: a libcuda.so* or a
+    /// libc10_cuda.so* (PyTorch's blocks), by file name. Repeatable.
+    #[arg(long = "lib", alias = "libcuda", value_name = "PATH")]
+    pub libs: Vec<PathBuf>,
+    /// Ring buffer bytes between the probes and gpufrag (a power of two, at least 4096); when
+    /// full, events are dropped and counted.
+    #[arg(long, value_name = "BYTES")]
+    pub ring_bytes: Option<u32>,
+    /// Milliseconds between scans of /proc for new processes and libraries.
+    #[arg(long, default_value_t = 250, value_name = "MS")]
+    pub scan_interval_ms: u64,
+    /// Testing: milliseconds to sleep between ring drains (forces overflow with a small ring).
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub drain_delay_ms: u64,
+    /// Metrics export.
+    #[command(flatten)]
+    pub export: crate::export::ExportArgs,
+    /// Reports and live views.
+    #[command(flatten)]
+    pub views: crate::views::ViewArgs,
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_sig: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+/// Turns a probe error into the user's message (privileges name the capabilities).
+pub fn probe_error(e: ProbeError) -> anyhow::Error {
+    match e {
+        ProbeError::Privileges(m) => anyhow::anyhow!("{m}"),
+        other => anyhow::Error::new(other),
+    }
+}
+
+/// What the shared loop needs besides the session.
+pub struct LoopOptions<'a> {
+    /// Where the summary JSON goes.
+    pub summary_json: Option<&'a std::path::Path>,
+    /// Quiet.
+    pub quiet: bool,
+    /// The summary's `source`.
+    pub source: String,
+    /// Stop after this long (agent `--duration`).
+    pub duration: Option<Duration>,
+}
+
+/// Runs a session until its target ends (attach), the duration passes, or SIGINT/SIGTERM.
+pub fn trace(mut session: Session, mut live: Live, opts: LoopOptions<'_>) -> anyhow::Result<ExitCode> {
+    // SAFETY: installs plain handlers that only store to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    session.begin(&mut live);
+    let tty = std::io::stderr().is_terminal() && !opts.quiet;
+    let started = Instant::now();
+    let mut last_status = Instant::now();
+    loop {
+        session.step(&mut live, Duration::from_millis(100));
+        if last_status.elapsed() >= Duration::from_millis(500) {
+            last_status = Instant::now();
+            live.tick();
+            if tty {
+                let mut e = std::io::stderr().lock();
+                let _ = write!(e, "\r\x1b[K{}", live.status_line());
+                let _ = e.flush();
+            }
+        }
+        if INTERRUPTED.load(Ordering::Relaxed) || opts.duration.is_some_and(|d| started.elapsed() >= d) || !session.target_alive() {
+            break;
+        }
+    }
+    session.finish(&mut live);
+    live.finish();
+    let mut summary = live.summary(&opts.source)?;
+    let coverage = session.coverage(&live);
+    if !session.all_exact() {
+        summary.exact = false;
+    }
+    summary.notes.retain(|n| !n.contains("LD_PRELOAD shim"));
+    summary.notes.extend(session.notes.iter().cloned());
+    summary.notes.extend(session.coverage_notes(&live));
+    if tty {
+        eprint!("\r\x1b[K");
+    }
+    if !opts.quiet {
+        eprint!("\n[gpufrag] summary\n{}", render(&summary));
+    }
+    if let Some(p) = opts.summary_json {
+        let mut v = serde_json::to_value(&summary)?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("capture".into(), serde_json::json!("ebpf"));
+            o.insert("coverage".into(), serde_json::to_value(&coverage)?);
+        }
+        let f = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
+        serde_json::to_writer_pretty(f, &v)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `attach`.
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    if let Some(n) = args.ring_bytes {
+        if !n.is_power_of_two() || n < 4096 {
+            anyhow::bail!("--ring-bytes must be a power of two of at least 4096, not {n}");
+        }
+    }
+    let opts = SessionOptions {
+        target: Target::Pid { pid: args.pid, follow: args.follow },
+        libs: args.libs.clone(),
+        scan_interval: Duration::from_millis(args.scan_interval_ms.max(10)),
+        ring_bytes: args.ring_bytes,
+        forget_on_exit: false,
+        drain_delay: Duration::from_millis(args.drain_delay_ms),
+    };
+    let session = Session::start(opts, "gpufrag attach").map_err(probe_error)?;
+    let mut live = Live::new(args.record.as_deref(), args.quiet)?;
+    live.observers.extend(crate::export::observers(&args.export)?);
+    live.observers.extend(crate::views::observers(&args.views, args.summary_json.as_deref())?);
+    if !args.quiet {
+        eprintln!("[gpufrag] attached to pid {} ({} probes)", args.pid, session.link_count());
+        if !session.driver_probed() {
+            eprintln!(
+                "[gpufrag] pid {} maps no libcuda yet and none was found where it would load one: waiting for it (scanning /proc every {} ms; --lib PATH probes a library up front)",
+                args.pid, args.scan_interval_ms
+            );
+        }
+    }
+    let source = format!("pid {} ({})", args.pid, crate::ebpf::procfs::exe_name(args.pid));
+    trace(session, live, LoopOptions { summary_json: args.summary_json.as_deref(), quiet: args.quiet, source, duration: None })
+}

@@ -1,0 +1,398 @@
+//! eBPF capture: uprobes on the CUDA driver's exported memory functions, USDT probes (or symbol
+//! uprobes) on PyTorch's caching allocator, and the tracepoints that follow forks, execs and
+//! exits, for processes that are already running (`gpufrag attach`) or every GPU process of the
+//! node (`gpufrag agent`), without LD_PRELOAD and without restarting anything.
+//!
+//! The BPF programs (`bpf/gpufrag.bpf.c`, compiled by build.rs into a libbpf-rs skeleton) emit
+//! the one wire event (`include/gpufrag_event.h`) into a ring buffer; [`Probes`] loads them,
+//! attaches them once per distinct library file (device + inode), and drains the ring;
+//! [`session::Session`] finds the processes and files, keys processes by pid and start time
+//! ([`processes`]), measures coverage against NVML ([`nvml`]), and feeds the same `Live` state
+//! that `gpufrag run` uses.
+
+pub mod nvml;
+pub mod processes;
+pub mod procfs;
+pub mod session;
+mod skel;
+pub mod symbols;
+
+use crate::event::{Event, EVENT_SIZE};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, UprobeOpts};
+use procfs::{FileId, LibKind};
+use skel::{GpufragSkel, GpufragSkelBuilder};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::mem::MaybeUninit;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+use symbols::TorchProbes;
+
+/// The driver functions probed, with the skeleton's program pair for each. Several names share
+/// a pair (`_ptsz` variants); a name the library does not export is skipped.
+const DRIVER_FUNCTIONS: &[(&str, &str)] = &[
+    ("cuMemAlloc_v2", "mem_alloc"),
+    ("cuMemAllocPitch_v2", "mem_alloc_pitch"),
+    ("cuMemAllocManaged", "mem_alloc_managed"),
+    ("cuMemFree_v2", "mem_free"),
+    ("cuMemAddressReserve", "address_reserve"),
+    ("cuMemAddressFree", "address_free"),
+    ("cuMemCreate", "mem_create"),
+    ("cuMemRelease", "mem_release"),
+    ("cuMemMap", "mem_map"),
+    ("cuMemUnmap", "mem_unmap"),
+    ("cuMemAllocAsync", "alloc_async"),
+    ("cuMemAllocAsync_ptsz", "alloc_async"),
+    ("cuMemAllocFromPoolAsync", "alloc_from_pool_async"),
+    ("cuMemAllocFromPoolAsync_ptsz", "alloc_from_pool_async"),
+    ("cuMemFreeAsync", "free_async"),
+    ("cuMemFreeAsync_ptsz", "free_async"),
+    ("cuMemPoolTrimTo", "pool_trim_to"),
+    ("cuMemGetInfo_v2", "mem_get_info"),
+    // device attribution
+    ("cuDevicePrimaryCtxRetain", "primary_ctx_retain"),
+    ("cuCtxSetCurrent", "ctx_set_current"),
+    ("cuCtxCreate_v2", "ctx_create"),
+    ("cuCtxPushCurrent_v2", "ctx_push_current"),
+    ("cuCtxPopCurrent_v2", "ctx_pop_current"),
+    ("cuCtxGetDevice", "ctx_get_device"),
+    ("cuMemPoolCreate", "pool_create"),
+    ("cuDeviceGetDefaultMemPool", "default_mem_pool"),
+    ("cuDeviceGetMemPool", "default_mem_pool"),
+];
+
+/// The ring buffer's default size (the BPF source's `events` map).
+const DEFAULT_RING_BYTES: u32 = 1 << 22;
+
+/// Linux capability numbers.
+const CAP_DAC_READ_SEARCH: u32 = 2;
+const CAP_SYS_PTRACE: u32 = 19;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Why the probes cannot run here.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// Missing privileges (checked before loading, or the kernel said EPERM).
+    #[error("{0}")]
+    Privileges(String),
+    /// The kernel cannot run these programs (no BPF, no uprobes, no BTF).
+    #[error("the kernel refused the eBPF programs: {0}")]
+    Unsupported(String),
+    /// Anything else.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// What to say when privileges are missing.
+pub fn privilege_message(what: &str) -> String {
+    format!(
+        "{what} needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN, or root) to load eBPF programs and attach uprobes, \
+         plus CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH to read other users' /proc/PID/maps and /proc/PID/root; \
+         `gpufrag run -- CMD` works without any of them (it traces CMD through LD_PRELOAD)"
+    )
+}
+
+/// The effective capability set of this process.
+fn effective_caps() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("CapEff:").map(|v| u64::from_str_radix(v.trim(), 16).unwrap_or(0))))
+        .unwrap_or(0)
+}
+
+/// Checks the capabilities before anything is loaded; `what` names the command for the message.
+pub fn check_privileges(what: &str) -> Result<(), ProbeError> {
+    let caps = effective_caps();
+    let has = |c: u32| caps & (1u64 << c) != 0;
+    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+        if !(has(CAP_SYS_PTRACE) && has(CAP_DAC_READ_SEARCH)) {
+            eprintln!("gpufrag: warning: without CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH only processes of this user can be found");
+        }
+        return Ok(());
+    }
+    Err(ProbeError::Privileges(privilege_message(what)))
+}
+
+fn classify(e: &libbpf_rs::Error, what: &str) -> ProbeError {
+    let text = format!("{e:#}");
+    match e.kind() {
+        libbpf_rs::ErrorKind::PermissionDenied => ProbeError::Privileges(format!("{}: {text}", privilege_message(what))),
+        libbpf_rs::ErrorKind::Unsupported => ProbeError::Unsupported(text),
+        _ if text.contains("Operation not permitted") || text.contains("EPERM") => {
+            ProbeError::Privileges(format!("{}: {text}", privilege_message(what)))
+        }
+        _ if text.contains("Function not implemented") || text.contains("ENOSYS") || text.contains("not supported") => {
+            ProbeError::Unsupported(text)
+        }
+        _ => ProbeError::Other(text),
+    }
+}
+
+/// How the probes are set up before loading.
+#[derive(Clone, Debug, Default)]
+pub struct ProbeOptions {
+    /// Report every process that hits a probe (the agent), not only the traced set.
+    pub trace_all: bool,
+    /// A fork of a traced process is traced from its start.
+    pub follow_children: bool,
+    /// Ring buffer bytes (a power of two, at least a page); the default is 4 MiB.
+    pub ring_bytes: Option<u32>,
+}
+
+/// How a library file is probed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Attached {
+    /// libcuda: this many functions.
+    Driver {
+        /// Functions probed.
+        functions: usize,
+    },
+    /// libc10_cuda: USDT, symbols, or nothing (with why).
+    Torch(TorchProbes),
+}
+
+/// The loaded programs and their attachments.
+pub struct Probes {
+    skel: GpufragSkel<'static>,
+    links: Vec<Link>,
+    files: HashMap<FileId, (PathBuf, Attached)>,
+    ring: libbpf_rs::RingBuffer<'static>,
+    inbox: Rc<RefCell<Vec<Event>>>,
+}
+
+impl Probes {
+    /// Opens, configures and loads the programs (nothing is attached yet but the tracepoints).
+    pub fn load(opts: &ProbeOptions, what: &str) -> Result<Probes, ProbeError> {
+        // The skeleton borrows its open object for its whole life; a session loads once, so the
+        // object is leaked rather than made self-referential.
+        let open_object: &'static mut MaybeUninit<libbpf_rs::OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
+        let builder = GpufragSkelBuilder::default();
+        let mut open = builder.open(open_object).map_err(|e| classify(&e, what))?;
+        if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+            ro.trace_all = opts.trace_all;
+            ro.follow_children = opts.follow_children;
+            ro.wakeup_bytes = u64::from(opts.ring_bytes.unwrap_or(DEFAULT_RING_BYTES)) / 8;
+        }
+        if let Some(n) = opts.ring_bytes {
+            open.maps.events.set_max_entries(n).map_err(|e| ProbeError::Other(format!("ring buffer size {n}: {e}")))?;
+        }
+        let skel = open.load().map_err(|e| classify(&e, what))?;
+        let mut links = Vec::new();
+        for (prog, tp) in [(&skel.progs.on_fork, "sched_process_fork"), (&skel.progs.on_exec, "sched_process_exec"), (&skel.progs.on_exit, "sched_process_exit")] {
+            links.push(prog.attach_raw_tracepoint(tp).map_err(|e| classify(&e, what))?);
+        }
+        let inbox: Rc<RefCell<Vec<Event>>> = Rc::new(RefCell::new(Vec::new()));
+        let sink = Rc::clone(&inbox);
+        let mut rb = libbpf_rs::RingBufferBuilder::new();
+        rb.add(&skel.maps.events, move |data: &[u8]| {
+            if let Some(b) = data.get(..EVENT_SIZE).and_then(|b| <&[u8; EVENT_SIZE]>::try_from(b).ok()) {
+                sink.borrow_mut().push(Event::from_bytes(b));
+            }
+            0
+        })
+        .map_err(|e| ProbeError::Other(format!("ring buffer: {e}")))?;
+        let ring = rb.build().map_err(|e| ProbeError::Other(format!("ring buffer: {e}")))?;
+        Ok(Probes { skel, links, files: HashMap::new(), ring, inbox })
+    }
+
+    /// The files probed so far, with how.
+    pub fn files(&self) -> impl Iterator<Item = (&FileId, &(PathBuf, Attached))> {
+        self.files.iter()
+    }
+
+    /// Whether this file is already probed.
+    pub fn has_file(&self, id: &FileId) -> bool {
+        self.files.contains_key(id)
+    }
+
+    fn program(&self, name: &str) -> Option<&libbpf_rs::ProgramMut<'static>> {
+        let p = &self.skel.progs;
+        Some(match name {
+            "mem_alloc_entry" => &p.mem_alloc_entry,
+            "mem_alloc_return" => &p.mem_alloc_return,
+            "mem_alloc_pitch_entry" => &p.mem_alloc_pitch_entry,
+            "mem_alloc_pitch_return" => &p.mem_alloc_pitch_return,
+            "mem_alloc_managed_entry" => &p.mem_alloc_managed_entry,
+            "mem_alloc_managed_return" => &p.mem_alloc_managed_return,
+            "mem_free_entry" => &p.mem_free_entry,
+            "mem_free_return" => &p.mem_free_return,
+            "address_free_return" => &p.address_free_return,
+            "mem_release_return" => &p.mem_release_return,
+            "mem_unmap_return" => &p.mem_unmap_return,
+            "free_async_return" => &p.free_async_return,
+            "address_reserve_entry" => &p.address_reserve_entry,
+            "address_reserve_return" => &p.address_reserve_return,
+            "address_free_entry" => &p.address_free_entry,
+            "mem_create_entry" => &p.mem_create_entry,
+            "mem_create_return" => &p.mem_create_return,
+            "mem_release_entry" => &p.mem_release_entry,
+            "mem_map_entry" => &p.mem_map_entry,
+            "mem_map_return" => &p.mem_map_return,
+            "mem_unmap_entry" => &p.mem_unmap_entry,
+            "alloc_async_entry" => &p.alloc_async_entry,
+            "alloc_async_return" => &p.alloc_async_return,
+            "alloc_from_pool_async_entry" => &p.alloc_from_pool_async_entry,
+            "alloc_from_pool_async_return" => &p.alloc_from_pool_async_return,
+            "free_async_entry" => &p.free_async_entry,
+            "pool_trim_to_entry" => &p.pool_trim_to_entry,
+            "pool_trim_to_return" => &p.pool_trim_to_return,
+            "mem_get_info_entry" => &p.mem_get_info_entry,
+            "mem_get_info_return" => &p.mem_get_info_return,
+            "primary_ctx_retain_entry" => &p.primary_ctx_retain_entry,
+            "primary_ctx_retain_return" => &p.primary_ctx_retain_return,
+            "ctx_set_current_entry" => &p.ctx_set_current_entry,
+            "ctx_set_current_return" => &p.ctx_set_current_return,
+            "ctx_create_entry" => &p.ctx_create_entry,
+            "ctx_create_return" => &p.ctx_create_return,
+            "ctx_push_current_entry" => &p.ctx_push_current_entry,
+            "ctx_push_current_return" => &p.ctx_push_current_return,
+            "ctx_pop_current_entry" => &p.ctx_pop_current_entry,
+            "ctx_pop_current_return" => &p.ctx_pop_current_return,
+            "ctx_get_device_entry" => &p.ctx_get_device_entry,
+            "ctx_get_device_return" => &p.ctx_get_device_return,
+            "pool_create_entry" => &p.pool_create_entry,
+            "pool_create_return" => &p.pool_create_return,
+            "default_mem_pool_entry" => &p.default_mem_pool_entry,
+            "default_mem_pool_return" => &p.default_mem_pool_return,
+            "torch_malloc_entry" => &p.torch_malloc_entry,
+            "torch_malloc_return" => &p.torch_malloc_return,
+            "torch_free_entry" => &p.torch_free_entry,
+            "empty_entry" => &p.empty_entry,
+            "empty_return" => &p.empty_return,
+            _ => return None,
+        })
+    }
+
+    /// Attaches `pair`'s entry and return programs at file offset `offset` of `path` (`func` names
+    /// it in errors). Offsets are resolved once per file by [`symbols::function_offsets`].
+    fn attach_pair(&mut self, path: &Path, func: &str, offset: u64, pair: &str) -> Result<(), ProbeError> {
+        for (suffix, retprobe) in [("entry", false), ("return", true)] {
+            let name = format!("{pair}_{suffix}");
+            let prog = self.program(&name).ok_or_else(|| ProbeError::Other(format!("no program {name}")))?;
+            let opts = UprobeOpts { retprobe, ..UprobeOpts::default() };
+            let link = prog
+                .attach_uprobe_with_opts(-1, path, offset as usize, opts)
+                .map_err(|e| classify(&e, &format!("attaching a uprobe to {func} in {}", path.display())))?;
+            self.links.push(link);
+        }
+        Ok(())
+    }
+
+    fn offsets(path: &Path) -> Result<HashMap<String, u64>, ProbeError> {
+        let names: Vec<&str> = DRIVER_FUNCTIONS.iter().map(|(f, _)| *f).collect();
+        symbols::function_offsets(path, &names).map_err(|e| ProbeError::Other(format!("{}: {e}", path.display())))
+    }
+
+    /// Probes the driver functions of the libcuda file at `path` (once per file identity).
+    pub fn attach_driver(&mut self, path: &Path) -> Result<&Attached, ProbeError> {
+        let id = procfs::file_id(path).map_err(|e| ProbeError::Other(format!("{}: {e}", path.display())))?;
+        if !self.files.contains_key(&id) {
+            let offsets = Self::offsets(path)?;
+            let mut functions = 0;
+            for (func, pair) in DRIVER_FUNCTIONS {
+                let Some(&off) = offsets.get(*func) else { continue };
+                self.attach_pair(path, func, off, pair)?;
+                functions += 1;
+            }
+            if functions == 0 {
+                return Err(ProbeError::Other(format!("{} exports none of the CUDA memory functions", path.display())));
+            }
+            self.files.insert(id, (path.to_path_buf(), Attached::Driver { functions }));
+        }
+        Ok(&self.files[&id].1)
+    }
+
+    /// Probes PyTorch's allocator in the libc10_cuda file at `path`: USDT where present, else
+    /// the `.symtab` functions.
+    pub fn attach_torch(&mut self, path: &Path) -> Result<&Attached, ProbeError> {
+        let id = procfs::file_id(path).map_err(|e| ProbeError::Other(format!("{}: {e}", path.display())))?;
+        if !self.files.contains_key(&id) {
+            let how = symbols::torch_probes(path);
+            match &how {
+                TorchProbes::Usdt => {
+                    for (prog, name) in [(&self.skel.progs.usdt_malloc, "malloc"), (&self.skel.progs.usdt_free, "free")] {
+                        let link = prog.attach_usdt(-1, path, "pytorch", name).map_err(|e| classify(&e, "attaching USDT probes"))?;
+                        self.links.push(link);
+                    }
+                }
+                TorchProbes::Symbols { malloc, free } => {
+                    for (prog, offset, retprobe) in [
+                        (&self.skel.progs.torch_malloc_entry, *malloc, false),
+                        (&self.skel.progs.torch_malloc_return, *malloc, true),
+                        (&self.skel.progs.torch_free_entry, *free, false),
+                    ] {
+                        let link = prog.attach_uprobe(retprobe, -1, path, offset as usize).map_err(|e| classify(&e, "attaching uprobes"))?;
+                        self.links.push(link);
+                    }
+                }
+                TorchProbes::None(_) => {}
+            }
+            self.files.insert(id, (path.to_path_buf(), Attached::Torch(how)));
+        }
+        Ok(&self.files[&id].1)
+    }
+
+    /// Probes a library of either kind.
+    pub fn attach(&mut self, kind: LibKind, path: &Path) -> Result<&Attached, ProbeError> {
+        match kind {
+            LibKind::Cuda => self.attach_driver(path),
+            LibKind::C10Cuda => self.attach_torch(path),
+        }
+    }
+
+    /// Attaches only the empty baseline pair to `func` in `path` (for the benchmark).
+    pub fn attach_empty(&mut self, path: &Path, func: &str) -> Result<(), ProbeError> {
+        let off = *Self::offsets(path)?.get(func).ok_or_else(|| ProbeError::Other(format!("{} has no {func}", path.display())))?;
+        self.attach_pair(path, func, off, "empty")
+    }
+
+    /// Attaches one driver function's real pair only (for the benchmark).
+    pub fn attach_function(&mut self, path: &Path, func: &str) -> Result<(), ProbeError> {
+        let pair = DRIVER_FUNCTIONS.iter().find(|(f, _)| *f == func).map(|(_, p)| *p).ok_or_else(|| ProbeError::Other(format!("{func} is not probed")))?;
+        let off = *Self::offsets(path)?.get(func).ok_or_else(|| ProbeError::Other(format!("{} has no {func}", path.display())))?;
+        self.attach_pair(path, func, off, pair)
+    }
+
+    /// Reports `tgid`'s events from now on.
+    pub fn trace(&self, tgid: u32) -> Result<(), ProbeError> {
+        self.skel.maps.traced.update(&tgid.to_ne_bytes(), &[1u8], MapFlags::ANY).map_err(|e| ProbeError::Other(format!("tracing {tgid}: {e}")))
+    }
+
+    /// Stops reporting `tgid`.
+    pub fn untrace(&self, tgid: u32) {
+        let _ = self.skel.maps.traced.delete(&tgid.to_ne_bytes());
+    }
+
+    /// Events lost so far (ring buffer full), summed over CPUs.
+    pub fn lost(&self) -> u64 {
+        let key = 0u32.to_ne_bytes();
+        match self.skel.maps.lost.lookup_percpu(&key, MapFlags::ANY) {
+            Ok(Some(per_cpu)) => per_cpu.iter().filter_map(|v| v.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok())).map(u64::from_ne_bytes).sum(),
+            _ => 0,
+        }
+    }
+
+    /// Waits up to `timeout` for events and returns what arrived. The probes wake this reader
+    /// only when the ring fills up (see `submit_event` in the BPF source), so the ring is
+    /// drained after every wait whether or not it woke us.
+    pub fn poll(&mut self, timeout: Duration) -> Vec<Event> {
+        let _ = self.ring.poll(timeout);
+        let _ = self.ring.consume();
+        std::mem::take(&mut *self.inbox.borrow_mut())
+    }
+
+    /// Empties the ring without waiting.
+    pub fn drain(&mut self) -> Vec<Event> {
+        let _ = self.ring.consume();
+        std::mem::take(&mut *self.inbox.borrow_mut())
+    }
+
+    /// Number of attachments (links) held.
+    pub fn link_count(&self) -> usize {
+        self.links.len()
+    }
+}

@@ -1,0 +1,412 @@
+//! One tracing session: which processes to report (one pid and maybe its children, or all),
+//! finding the CUDA libraries they map and probing each file once, noticing new processes and
+//! files within a scan interval, ending processes that exit, turning lost ring-buffer records
+//! into `Dropped` events, and measuring coverage against NVML. It feeds the same
+//! [`Live`](crate::cli::run::Live) that `gpufrag run` uses, so the status line, OOM verdicts,
+//! record file, summary and observers are the same.
+
+use super::nvml::DeviceMonitor;
+use super::processes::{coverage, Action, Coverage, ProcFs, ProcessTable};
+use super::procfs::{self, FileId, LibKind};
+use super::{Attached, ProbeError, ProbeOptions, Probes};
+use crate::cli::run::Live;
+use crate::consumer::{now_ns, Msg};
+use crate::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_SRC_EBPF};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Whom to trace.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// One process, and with `follow` its descendants.
+    Pid {
+        /// The process.
+        pid: u32,
+        /// Its children too (forked after attaching, and those alive at attach time).
+        follow: bool,
+    },
+    /// Every process that uses a probed library (the agent).
+    All,
+}
+
+/// Session settings.
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    /// Whom.
+    pub target: Target,
+    /// Libraries to probe up front (libcuda or libc10_cuda, by file name), beyond what
+    /// processes map and the libcuda they would load.
+    pub libs: Vec<PathBuf>,
+    /// How often `/proc` is scanned for new processes and libraries.
+    pub scan_interval: Duration,
+    /// Ring buffer bytes.
+    pub ring_bytes: Option<u32>,
+    /// Keep exited processes' final maps (attach: the summary) or forget them (agent).
+    pub forget_on_exit: bool,
+    /// Test hook: wait this long between ring drains (forces overflow with a small ring).
+    pub drain_delay: Duration,
+}
+
+/// A running session.
+pub struct Session {
+    opts: SessionOptions,
+    probes: Probes,
+    /// Processes and their incarnations.
+    pub table: ProcessTable,
+    /// (pid, start time) of processes that mapped a library before it was probed.
+    preexisting: HashSet<(u32, u64)>,
+    lost_seen: u64,
+    last_scan: Instant,
+    last_nvml: Instant,
+    nvml: Option<DeviceMonitor>,
+    /// (pid, device) → (NVML used bytes, traced bytes at that sample).
+    nvml_used: BTreeMap<(u32, i16), (u64, u64)>,
+    /// Notes for the summary (how each library is probed, what could not be).
+    pub notes: Vec<String>,
+    attached_notes: BTreeSet<FileId>,
+    /// Probe events waiting out the reorder window, by (timestamp, arrival).
+    reorder: BTreeMap<(u64, u64), Event>,
+    seq: u64,
+}
+
+/// How long probe events wait before they are applied, so that a free (stamped when its call
+/// began) is applied before an allocation of the same address by another thread that returned
+/// before the free's uretprobe ran.
+const REORDER_WINDOW_NS: u64 = 50_000_000;
+
+impl Session {
+    /// Loads the probes, attaches what can be found now, and marks who is traced.
+    pub fn start(opts: SessionOptions, what: &str) -> Result<Session, ProbeError> {
+        super::check_privileges(what)?;
+        let (trace_all, follow) = match opts.target {
+            Target::All => (true, false),
+            Target::Pid { follow, .. } => (false, follow),
+        };
+        let probes = Probes::load(&ProbeOptions { trace_all, follow_children: follow, ring_bytes: opts.ring_bytes }, what)?;
+        let nvml = DeviceMonitor::open();
+        let mut notes = Vec::new();
+        let nvml = match nvml {
+            Ok(n) => Some(n),
+            Err(e) => {
+                notes.push(format!("{e}: no coverage figures (NVML per-process used bytes)"));
+                None
+            }
+        };
+        let mut s = Session {
+            table: ProcessTable::new(opts.forget_on_exit),
+            opts,
+            probes,
+            preexisting: HashSet::new(),
+            lost_seen: 0,
+            last_scan: Instant::now(),
+            last_nvml: Instant::now() - Duration::from_secs(10),
+            nvml,
+            nvml_used: BTreeMap::new(),
+            notes,
+            attached_notes: BTreeSet::new(),
+            reorder: BTreeMap::new(),
+            seq: 0,
+        };
+        if let Target::Pid { pid, follow } = s.opts.target {
+            if !procfs::alive(pid) {
+                return Err(ProbeError::Other(format!("no process {pid}")));
+            }
+            s.probes.trace(pid)?;
+            if follow {
+                for c in procfs::descendants(pid) {
+                    s.probes.trace(c)?;
+                }
+            }
+            // Probe the library the process would load before it does, so that a process caught
+            // before its first CUDA call is traced exactly.
+            s.attach_up_front(procfs::libcuda_candidates(pid))?;
+        } else {
+            s.attach_up_front(procfs::libcuda_candidates(std::process::id()))?;
+        }
+        s.scan()?;
+        Ok(s)
+    }
+
+    /// Registers the target process (and its children) in `live` before any event: a process
+    /// that maps no probed library yet is traced from before its first CUDA call (exact).
+    pub fn begin(&mut self, live: &mut Live) {
+        if let Target::Pid { pid, follow } = self.opts.target {
+            let mut pids = vec![pid];
+            if follow {
+                pids.extend(procfs::descendants(pid));
+            }
+            for p in pids {
+                let Some(st) = procfs::stat(p) else { continue };
+                let exact = !self.preexisting.contains(&(p, st.start_time));
+                let acts = self.table.register(p, st.start_time, procfs::exe_name(p), exact, now_ns());
+                self.apply(live, acts);
+            }
+        }
+    }
+
+    /// Probes the libraries named by the user (an error if one cannot be) and the libcuda
+    /// candidates found (a note if one cannot be).
+    fn attach_up_front(&mut self, candidates: Vec<PathBuf>) -> Result<(), ProbeError> {
+        for p in self.opts.libs.clone() {
+            let kind = p.file_name().and_then(|n| LibKind::of(&n.to_string_lossy())).unwrap_or(LibKind::Cuda);
+            self.attach_file(kind, &p).map_err(|e| match e {
+                ProbeError::Other(m) => ProbeError::Other(format!("--lib {}: {m}", p.display())),
+                other => other,
+            })?;
+        }
+        for p in candidates {
+            if let Err(e) = self.attach_file(LibKind::Cuda, &p) {
+                if matches!(e, ProbeError::Privileges(_) | ProbeError::Unsupported(_)) {
+                    return Err(e);
+                }
+                self.notes.push(format!("could not probe {}: {e}", p.display()));
+            }
+        }
+        Ok(())
+    }
+
+    fn attach_file(&mut self, kind: LibKind, path: &std::path::Path) -> Result<(), ProbeError> {
+        let id = procfs::file_id(path).map_err(|e| ProbeError::Other(format!("{}: {e}", path.display())))?;
+        if self.probes.has_file(&id) {
+            return Ok(());
+        }
+        let how = self.probes.attach(kind, path)?.clone();
+        if self.attached_notes.insert(id) {
+            let note = match how {
+                Attached::Driver { functions } => format!("driver level: uprobes on {functions} functions of {}", path.display()),
+                Attached::Torch(super::symbols::TorchProbes::Usdt) => format!("PyTorch blocks: USDT probes pytorch:malloc/free in {}", path.display()),
+                Attached::Torch(super::symbols::TorchProbes::Symbols { .. }) => {
+                    format!("PyTorch blocks: no USDT probes in {}; uprobes on NativeCachingAllocator::malloc and Native::local_raw_delete from .symtab", path.display())
+                }
+                Attached::Torch(super::symbols::TorchProbes::None(why)) => format!("PyTorch blocks not traced: {why}"),
+            };
+            self.notes.push(note);
+        }
+        // Whoever maps the file now may have called it before the probes were in.
+        for pid in procfs::pids() {
+            if procfs::cuda_libs(pid).iter().any(|l| l.id == id) {
+                if let Some(st) = procfs::stat(pid) {
+                    self.preexisting.insert((pid, st.start_time));
+                    if self.table.get(pid).is_some_and(|p| p.start_time == st.start_time) {
+                        self.table.mark_inexact(pid);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn wanted(&self, pid: u32) -> bool {
+        match self.opts.target {
+            Target::All => true,
+            Target::Pid { pid: p, .. } => p == pid || self.table.knows_live(pid),
+        }
+    }
+
+    /// Scans `/proc`: new libraries mapped by wanted processes are probed.
+    fn scan(&mut self) -> Result<(), ProbeError> {
+        let pids: Vec<u32> = match self.opts.target {
+            Target::All => procfs::pids(),
+            Target::Pid { pid, .. } => std::iter::once(pid).chain(self.table.all().filter(|p| !p.exited).map(|p| p.pid)).collect(),
+        };
+        for pid in pids {
+            if !self.wanted(pid) {
+                continue;
+            }
+            for lib in procfs::cuda_libs(pid) {
+                if !self.probes.has_file(&lib.id) {
+                    if let Err(e) = self.attach_file(lib.kind, &lib.path) {
+                        self.notes.push(format!("could not probe {} of pid {pid}: {e}", lib.path.display()));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the target (attach mode) is still running, counting followed children.
+    pub fn target_alive(&self) -> bool {
+        match self.opts.target {
+            Target::All => true,
+            Target::Pid { pid, .. } => procfs::alive(pid) || self.table.all().any(|p| !p.exited && procfs::alive(p.pid)),
+        }
+    }
+
+    fn apply(&mut self, live: &mut Live, actions: Vec<Action>) {
+        for a in actions {
+            match a {
+                Action::Apply(mut e) => {
+                    if e.kind() == Some(EventKind::ProcessExec) && !live.processes.iter().any(|(p, _)| *p == e.pid) {
+                        let name = self.table.get(e.pid).map(|p| p.name.clone()).unwrap_or_default();
+                        live.processes.push((e.pid, name));
+                    }
+                    if e.kind() == Some(EventKind::AllocFailed) && e.device_free().is_none() {
+                        // The uprobe cannot ask the device; NVML now is the closest measure.
+                        if let Some((_, free)) = self.nvml.as_ref().and_then(|n| n.device_memory(e.device)) {
+                            e.device_free = free;
+                            e.flags |= F_DEVICE_FREE_KNOWN;
+                        }
+                    }
+                    live.handle(Msg::Event(e));
+                }
+                Action::Forget(pid) => live.state.forget(pid),
+            }
+        }
+    }
+
+    /// One round: drain the ring, apply, and (at the scan interval) look for new processes,
+    /// libraries and exits, and refresh NVML. Returns the number of probe events handled.
+    pub fn step(&mut self, live: &mut Live, wait: Duration) -> usize {
+        if !self.opts.drain_delay.is_zero() {
+            std::thread::sleep(self.opts.drain_delay);
+        }
+        let events = self.probes.poll(wait);
+        let n = events.len();
+        self.buffer(events);
+        let ready = self.release(Some(now_ns().saturating_sub(REORDER_WINDOW_NS)));
+        self.handle_events(live, ready);
+        let lookup = ProcFs;
+        let lost = self.probes.lost();
+        if lost > self.lost_seen {
+            let e = Event { ts_ns: now_ns(), size: lost - self.lost_seen, flags: F_SRC_EBPF, ..Event::new(EventKind::Dropped, 0, -1) };
+            self.lost_seen = lost;
+            live.handle(Msg::Event(e));
+        }
+        if self.last_scan.elapsed() >= self.opts.scan_interval {
+            self.last_scan = Instant::now();
+            let _ = self.scan();
+            let stale = self.table.stale(&lookup);
+            if !stale.is_empty() {
+                // A process that is gone has all its events in the buffer already.
+                let all = self.release(None);
+                self.handle_events(live, all);
+            }
+            for pid in stale {
+                let acts = self.table.exited(pid, now_ns());
+                self.probes.untrace(pid);
+                self.apply(live, acts);
+            }
+        }
+        if self.last_nvml.elapsed() >= Duration::from_secs(1) {
+            self.last_nvml = Instant::now();
+            self.refresh_nvml(live);
+        }
+        n
+    }
+
+    fn buffer(&mut self, events: Vec<Event>) {
+        for e in events {
+            self.seq += 1;
+            self.reorder.insert((e.ts_ns, self.seq), e);
+        }
+    }
+
+    /// Takes the buffered events stamped at or before `upto` (all with `None`), in time order.
+    fn release(&mut self, upto: Option<u64>) -> Vec<Event> {
+        let keep = match upto {
+            Some(t) => self.reorder.split_off(&(t.saturating_add(1), 0)),
+            None => BTreeMap::new(),
+        };
+        std::mem::replace(&mut self.reorder, keep).into_values().collect()
+    }
+
+    fn handle_events(&mut self, live: &mut Live, events: Vec<Event>) {
+        let lookup = ProcFs;
+        for ev in events {
+            let pre = &self.preexisting;
+            let exact_if_new = |pid: u32, start: u64| !pre.contains(&(pid, start));
+            let acts = self.table.on_event(ev, &lookup, &exact_if_new);
+            self.apply(live, acts);
+        }
+    }
+
+    fn refresh_nvml(&mut self, live: &mut Live) {
+        if self.nvml.is_none() {
+            return;
+        }
+        // Bring the trace up to now first, so that the sample and the traced bytes match.
+        let events = self.probes.drain();
+        self.buffer(events);
+        let all = self.release(None);
+        self.handle_events(live, all);
+        let Some(n) = &self.nvml else { return };
+        // Exited processes keep the last figure NVML gave for them (coverage at the end).
+        let now = n.process_used();
+        for (&(pid, _), _) in now.iter() {
+            self.nvml_used.retain(|&(p, _), _| p != pid);
+        }
+        for ((pid, d), used) in now {
+            let traced = super::processes::traced_bytes(&live.state, pid, d);
+            self.nvml_used.insert((pid, d), (used, traced));
+        }
+        self.table.nvml_devices.clear();
+        for &(pid, d) in self.nvml_used.keys() {
+            self.table.nvml_devices.entry(pid).or_default().push(d);
+        }
+        for d in 0..n.device_count() {
+            if let Some((total, free)) = n.device_memory(d as i16) {
+                let e = Event { ts_ns: now_ns(), size: total, device_free: free, flags: F_DEVICE_FREE_KNOWN | F_SRC_EBPF, ..Event::new(EventKind::DeviceInfo, 0, d as i16) };
+                live.handle(Msg::Event(e));
+            }
+        }
+    }
+
+    /// Drains what is left in the ring (after the traced processes ended).
+    pub fn finish(&mut self, live: &mut Live) {
+        for _ in 0..3 {
+            if self.step(live, Duration::from_millis(50)) == 0 {
+                break;
+            }
+        }
+        let events = self.probes.drain();
+        self.buffer(events);
+        let all = self.release(None);
+        self.handle_events(live, all);
+        self.refresh_nvml(live);
+    }
+
+    /// Coverage of every process now.
+    pub fn coverage(&self, live: &Live) -> Vec<Coverage> {
+        coverage(&self.table, &live.state, &self.nvml_used)
+    }
+
+    /// Whether every process was traced from its start and nothing was lost.
+    pub fn all_exact(&self) -> bool {
+        self.table.all().all(|p| p.exact) && self.lost_seen == 0
+    }
+
+    /// Whether any libcuda file is probed yet.
+    pub fn driver_probed(&self) -> bool {
+        self.probes.files().any(|(_, (_, how))| matches!(how, Attached::Driver { .. }))
+    }
+
+    /// How many probe attachments are live.
+    pub fn link_count(&self) -> usize {
+        self.probes.link_count()
+    }
+
+    /// Notes on coverage and device attribution for the summary.
+    pub fn coverage_notes(&self, live: &Live) -> Vec<String> {
+        let mut notes = Vec::new();
+        for c in self.coverage(live) {
+            if !c.exact {
+                let un = c.unattributed.map_or_else(|| "unknown (no NVML)".to_string(), crate::units::human_bytes);
+                notes.push(format!(
+                    "pid {} ({}) on device {}: attached mid-run, so what it allocated before is missing: traced {}, unattributed {un}",
+                    c.pid,
+                    c.name,
+                    c.device,
+                    crate::units::human_bytes(c.traced)
+                ));
+            }
+        }
+        for (pid, n) in &self.table.assumed {
+            notes.push(format!("pid {pid}: {n} allocation(s) attributed to device 0 (no CUDA context seen since attaching and NVML did not tell)"));
+        }
+        if self.table.reused > 0 {
+            notes.push(format!("{} pid(s) were reused by new processes; their earlier holders' state was dropped", self.table.reused));
+        }
+        notes
+    }
+}

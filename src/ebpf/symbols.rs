@@ -1,0 +1,129 @@
+//! How PyTorch's caching allocator is found inside `libc10_cuda.so`: its USDT probes
+//! (`pytorch:malloc`, `pytorch:free` in `.note.stapsdt`), or, where the build has none, the local
+//! C++ functions in `.symtab`, found by demangling every function symbol and matching the
+//! signature, and turned into the file offsets that a uprobe takes.
+
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
+use std::path::Path;
+
+/// The demangled tail of the block allocation function (a member: `this` is its first argument).
+pub const TORCH_MALLOC: &str = "NativeCachingAllocator::malloc(void**, signed char, unsigned long, CUstream_st*)";
+/// The demangled tail of the block free function.
+pub const TORCH_FREE: &str = "Native::local_raw_delete(void*)";
+
+/// How a `libc10_cuda.so` can be probed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TorchProbes {
+    /// USDT `pytorch:malloc` and `pytorch:free` are present.
+    Usdt,
+    /// No USDT; uprobes at these file offsets: `malloc` (entry and return) and `free` (entry).
+    Symbols {
+        /// File offset of `NativeCachingAllocator::malloc`.
+        malloc: u64,
+        /// File offset of `Native::local_raw_delete`.
+        free: u64,
+    },
+    /// Neither: no block-level events from this file.
+    None(String),
+}
+
+/// Whether a `.note.stapsdt` section body names `provider:name`.
+pub fn has_usdt(notes: &[u8], provider: &str, name: &str) -> bool {
+    let needle: Vec<u8> = [provider.as_bytes(), b"\0", name.as_bytes(), b"\0"].concat();
+    notes.windows(needle.len()).any(|w| w == needle.as_slice())
+}
+
+/// The file offset of the code at virtual address `addr`, through the loadable segments.
+fn file_offset(file: &object::File<'_>, addr: u64) -> Option<u64> {
+    file.segments().find_map(|s| {
+        let (off, len) = s.file_range();
+        (addr >= s.address() && addr < s.address() + len).then(|| addr - s.address() + off)
+    })
+}
+
+/// Finds the function whose demangled name ends with `tail` (a `.symtab` or `.dynsym` symbol),
+/// as a file offset.
+pub fn find_demangled(file: &object::File<'_>, tail: &str) -> Option<u64> {
+    let opts = cpp_demangle::DemangleOptions::default();
+    for sym in file.symbols().chain(file.dynamic_symbols()) {
+        if sym.kind() != SymbolKind::Text || sym.address() == 0 {
+            continue;
+        }
+        let Ok(raw) = sym.name() else { continue };
+        if !raw.starts_with("_Z") || !raw.contains("NativeCachingAllocator") && !raw.contains("local_raw_delete") {
+            continue;
+        }
+        let Ok(s) = cpp_demangle::Symbol::new(raw) else { continue };
+        let Ok(d) = s.demangle(&opts) else { continue };
+        if d.ends_with(tail) {
+            return file_offset(file, sym.address());
+        }
+    }
+    None
+}
+
+/// How the `libc10_cuda.so` at `path` can be probed.
+pub fn torch_probes(path: &Path) -> TorchProbes {
+    let data = match std::fs::read(path) {
+        Ok(d) => d,
+        Err(e) => return TorchProbes::None(format!("cannot read {}: {e}", path.display())),
+    };
+    let file = match object::File::parse(&*data) {
+        Ok(f) => f,
+        Err(e) => return TorchProbes::None(format!("{} is not an ELF file: {e}", path.display())),
+    };
+    if let Some(notes) = file.section_by_name(".note.stapsdt").and_then(|s| s.data().ok()) {
+        if has_usdt(notes, "pytorch", "malloc") && has_usdt(notes, "pytorch", "free") {
+            return TorchProbes::Usdt;
+        }
+    }
+    match (find_demangled(&file, TORCH_MALLOC), find_demangled(&file, TORCH_FREE)) {
+        (Some(malloc), Some(free)) => TorchProbes::Symbols { malloc, free },
+        _ => TorchProbes::None(format!("{} has neither the pytorch USDT probes nor the allocator's symbols in .symtab", path.display())),
+    }
+}
+
+/// The file offsets of the functions among `names` that the ELF file at `path` defines
+/// (exported or in `.symtab`), parsing the file once.
+pub fn function_offsets(path: &Path, names: &[&str]) -> std::io::Result<std::collections::HashMap<String, u64>> {
+    let data = std::fs::read(path)?;
+    let file = object::File::parse(&*data).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+    let mut out = std::collections::HashMap::new();
+    for s in file.dynamic_symbols().chain(file.symbols()) {
+        if s.kind() != SymbolKind::Text || s.address() == 0 {
+            continue;
+        }
+        let Ok(name) = s.name() else { continue };
+        if names.contains(&name) && !out.contains_key(name) {
+            if let Some(off) = file_offset(&file, s.address()) {
+                out.insert(name.to_string(), off);
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usdt_note_names_match_whole_strings() {
+        let mut note = vec![0u8; 24];
+        note.extend_from_slice(b"pytorch\0malloc\0-8@%rax -1@%dl\0");
+        assert!(has_usdt(&note, "pytorch", "malloc"));
+        assert!(!has_usdt(&note, "pytorch", "free"));
+        assert!(!has_usdt(&note, "torch", "mallo"));
+    }
+
+    #[test]
+    fn the_allocator_signature_demangles_as_expected() {
+        // The mangled names as in PyTorch 2.x's libc10_cuda.so.
+        let m = "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator6mallocEPPvamP11CUstream_st";
+        let d = cpp_demangle::Symbol::new(m).expect("mangled").demangle(&Default::default()).expect("demangles");
+        assert!(d.ends_with(TORCH_MALLOC), "{d}");
+        let f = "_ZN3c104cuda20CUDACachingAllocator6Native16local_raw_deleteEPv";
+        let d = cpp_demangle::Symbol::new(f).expect("mangled").demangle(&Default::default()).expect("demangles");
+        assert!(d.ends_with(TORCH_FREE), "{d}");
+    }
+}

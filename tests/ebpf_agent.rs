@@ -1,0 +1,120 @@
+//! `gpufrag agent` against the simcuda stand-in: every process that uses a probed libcuda is
+//! traced without being named, two processes at once stay apart, a process that exits has its
+//! maps dropped (unless `--keep-exited`), and the agent stops cleanly on SIGINT with a summary.
+//! Other tests' processes run at the same time; assertions look only at this test's pids.
+
+#[path = "ebpf_fixtures/support.rs"]
+mod support;
+
+use serde_json::Value;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use support::*;
+
+struct Agent {
+    child: Child,
+    err: Lines,
+    summary: std::path::PathBuf,
+}
+
+fn start_agent(m: &Machine, extra: &[&str]) -> Agent {
+    let summary = unique("agent.json");
+    let mut cmd = Command::new(gpufrag());
+    cmd.args(["agent", "--summary-json"]).arg(&summary).args(extra).stderr(Stdio::piped()).stdout(Stdio::null());
+    m.env(&mut cmd);
+    let mut child = cmd.spawn().expect("agent");
+    let mut err = Lines::new(child.stderr.take().expect("stderr"));
+    assert!(err.wait_for("agent: tracing", Duration::from_secs(120)), "{}", err.rest());
+    Agent { child, err, summary }
+}
+
+fn stop_agent(mut a: Agent) -> Value {
+    // SAFETY: kill(2) on our own child's pid.
+    let rc = unsafe { libc::kill(a.child.id() as i32, libc::SIGINT) };
+    assert_eq!(rc, 0);
+    let st = wait_timeout(&mut a.child, Duration::from_secs(60));
+    let log = a.err.rest();
+    assert!(st.success(), "agent: {st}\n{log}");
+    serde_json::from_str(&std::fs::read_to_string(&a.summary).unwrap_or_else(|e| panic!("{e}\n{log}"))).expect("json")
+}
+
+/// Runs a fixture to its end; returns its pid and output.
+fn run_prog(m: &Machine, args: &[&str]) -> (u32, String) {
+    let mut cmd = Command::new(&fixtures().prog);
+    cmd.args(args).stdout(Stdio::piped());
+    m.env(&mut cmd);
+    let child = cmd.spawn().expect("cuda_prog");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("cuda_prog");
+    assert!(out.status.success());
+    (pid, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn process<'a>(s: &'a Value, pid: u32) -> Option<&'a Value> {
+    s["processes"].as_array()?.iter().find(|p| p["pid"].as_u64() == Some(u64::from(pid)))
+}
+
+/// Starts `cuda_prog wait GO` and waits for its READY (24 MiB allocated).
+fn start_holder(m: &Machine) -> (Child, std::path::PathBuf) {
+    let go = unique("go");
+    let mut cmd = Command::new(&fixtures().prog);
+    cmd.arg("wait").arg(&go).stdout(Stdio::piped());
+    m.env(&mut cmd);
+    let mut c = cmd.spawn().expect("holder");
+    let mut out = Lines::new(c.stdout.take().expect("stdout"));
+    assert!(out.wait_for("READY", Duration::from_secs(60)));
+    (c, go)
+}
+
+#[test]
+fn two_processes_at_once_stay_apart() {
+    require_ebpf!();
+    let m = Machine::new(2);
+    let agent = start_agent(&m, &["--keep-exited"]);
+    // A holds 24 MiB on device 0 while B allocates on devices 0 and 1 and exits.
+    let (mut a, go) = start_holder(&m);
+    let mut cmd = Command::new(&fixtures().prog);
+    cmd.arg("devices").stdout(Stdio::null());
+    m.env(&mut cmd);
+    let mut b = cmd.spawn().expect("b");
+    let b_pid = b.id();
+    assert!(wait_timeout(&mut b, Duration::from_secs(60)).success());
+    std::fs::write(&go, b"go").expect("go");
+    assert!(wait_timeout(&mut a, Duration::from_secs(60)).success());
+    std::thread::sleep(Duration::from_millis(500));
+    let s = stop_agent(agent);
+    let pa = process(&s, a.id()).unwrap_or_else(|| panic!("no process {} in {s:#}", a.id()));
+    assert_eq!((pa["device"].as_i64(), u(pa, "reserved")), (Some(0), 28 * MIB), "{pa:#}");
+    let b_devs: Vec<(i64, u64)> = s["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .filter(|p| p["pid"].as_u64() == Some(u64::from(b_pid)))
+        .map(|p| (p["device"].as_i64().unwrap_or(-9), u(p, "reserved")))
+        .collect();
+    assert_eq!(b_devs, vec![(0, 10 * MIB), (1, 20 * MIB)], "{s:#}");
+    // Both started after the agent: traced from their start.
+    let cov = s["coverage"].as_array().expect("coverage");
+    for pid in [a.id(), b_pid] {
+        assert!(cov.iter().filter(|c| c["pid"].as_u64() == Some(u64::from(pid))).all(|c| c["exact"] == Value::Bool(true)), "{cov:#?}");
+    }
+}
+
+#[test]
+fn an_exited_process_is_dropped_and_a_live_one_kept() {
+    require_ebpf!();
+    let m = Machine::new(1);
+    let agent = start_agent(&m, &[]);
+    let (gone, out) = run_prog(&m, &["basic"]);
+    assert!(out.contains("FIGURES"));
+    let (mut holder, go) = start_holder(&m);
+    // Let the agent notice the first one's exit.
+    std::thread::sleep(Duration::from_millis(800));
+    let s = stop_agent(agent);
+    std::fs::write(&go, b"go").expect("go");
+    assert!(wait_timeout(&mut holder, Duration::from_secs(60)).success());
+    let h = process(&s, holder.id()).unwrap_or_else(|| panic!("the live holder is missing: {s:#}"));
+    assert_eq!(u(h, "reserved"), 24 * MIB);
+    // The exited one's maps are gone.
+    assert!(process(&s, gone).is_none(), "the exited process still has maps in the agent's state: {s:#}");
+}

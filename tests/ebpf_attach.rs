@@ -1,0 +1,197 @@
+//! `gpufrag attach` against the simcuda stand-in driver, through real uprobes and USDT probes:
+//! traced from the start, the trace must give the figures the program itself computed; attached
+//! mid-run, the summary must say it is partial; children, OOMs, lost events and missing
+//! privileges are each checked the way a user would meet them. Tests skip (printing why) only
+//! where the kernel refuses eBPF.
+
+#[path = "ebpf_fixtures/support.rs"]
+mod support;
+
+use serde_json::Value;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use support::*;
+
+/// Every device the program printed figures for has those figures in the summary and in the
+/// replay of the record file; the trace is exact.
+fn assert_matches_printed(t: &Traced) {
+    let printed = printed_figures(&t.stdout);
+    assert!(!printed.is_empty(), "the program printed no FIGURES:\n{}", t.stdout);
+    let replay = analyze(&t.record);
+    for (dev, want) in &printed {
+        for (name, s) in [("summary", &t.summary), ("replayed record", &replay)] {
+            let got = device(s, *dev);
+            assert_eq!(u(got, "reserved"), want["reserved"], "device {dev} reserved in the {name}\n{}", t.stderr);
+            if let Some(&segs) = want.get("segments") {
+                assert_eq!(u(got, "segments"), segs, "device {dev} segments in the {name}\n{}", t.stderr);
+            }
+        }
+    }
+    assert_eq!(t.summary["exact"], Value::Bool(true), "{}", t.stderr);
+    assert_eq!(u(&t.summary, "anomalies"), 0, "{}", t.stderr);
+    assert_eq!(u(&t.summary, "dropped"), 0, "{}", t.stderr);
+    let cov = t.summary["coverage"].as_array().expect("coverage");
+    assert!(cov.iter().all(|c| c["exact"] == Value::Bool(true)), "{cov:?}");
+}
+
+#[test]
+fn traced_from_the_start_plain_allocations_match_the_programs_figures() {
+    require_ebpf!();
+    let t = attach_from_start(&["basic"], 1, &[]);
+    assert_matches_printed(&t);
+    let dev = device(&t.summary, 0);
+    assert_eq!(dev["alloc_sizes"]["count"].as_u64(), Some(8), "{dev:#}");
+}
+
+#[test]
+fn traced_from_the_start_vmm_mappings_match() {
+    require_ebpf!();
+    assert_matches_printed(&attach_from_start(&["vmm"], 1, &[]));
+}
+
+#[test]
+fn traced_from_the_start_stream_ordered_pool_matches_and_trims() {
+    require_ebpf!();
+    let t = attach_from_start(&["async"], 1, &[]);
+    assert_matches_printed(&t);
+    assert_eq!(u(device(&t.summary, 0), "pool_cached"), 0, "cuMemPoolTrimTo(pool, 0) empties the default pool");
+}
+
+#[test]
+fn allocations_land_on_the_device_of_the_threads_context() {
+    require_ebpf!();
+    // Thread A makes device 0's context current, thread B device 1's (cuCtxSetCurrent).
+    assert_matches_printed(&attach_from_start(&["devices"], 2, &[]));
+}
+
+#[test]
+fn threads_reusing_addresses_leave_no_anomaly() {
+    require_ebpf!();
+    // 4 threads x 300 alloc/free pairs of 1 MiB: the driver hands a freed address straight to
+    // another thread, so a free reported after its return would land after the reuse.
+    let t = attach_from_start(&["threads", "300"], 1, &[]);
+    assert_matches_printed(&t);
+    let p = &t.summary["processes"][0];
+    assert_eq!((u(p, "allocs"), u(p, "frees")), (1200, 1200), "{p:#}");
+}
+
+#[test]
+fn pytorch_blocks_through_usdt() {
+    require_ebpf!();
+    let lib = fixtures().usdt_lib.display().to_string();
+    let t = attach_from_start(&["torch", &lib], 1, &["--lib", &lib]);
+    assert_matches_printed(&t);
+    let d = device(&t.summary, 0);
+    // 4 MiB + 2 MiB (freed) + (1 MiB + 1 rounded to 512): two live blocks.
+    assert_eq!((u(d, "blocks"), u(d, "allocated")), (2, 4 * MIB + MIB + 512), "{d:#}");
+    let notes = t.summary["notes"].to_string();
+    assert!(notes.contains("USDT probes pytorch:malloc/free"), "{notes}");
+}
+
+#[test]
+fn pytorch_blocks_through_symtab_uprobes_without_usdt() {
+    require_ebpf!();
+    let lib = fixtures().symbols_lib.display().to_string();
+    let t = attach_from_start(&["torch", &lib], 1, &["--lib", &lib]);
+    assert_matches_printed(&t);
+    let d = device(&t.summary, 0);
+    assert_eq!((u(d, "blocks"), u(d, "allocated")), (2, 4 * MIB + MIB + 512), "{d:#}");
+    let notes = t.summary["notes"].to_string();
+    assert!(notes.contains("no USDT probes") && notes.contains(".symtab"), "{notes}");
+}
+
+#[test]
+fn a_failed_allocation_is_an_oom_with_its_request() {
+    require_ebpf!();
+    let t = attach_from_start(&["oom"], 1, &[]);
+    assert_matches_printed(&t);
+    let o = &t.summary["ooms"][0];
+    assert_eq!(u(o, "requested"), 1 << 50, "{o:#}");
+    assert_eq!(o["rc"].as_i64(), Some(2), "CUDA_ERROR_OUT_OF_MEMORY");
+    assert_eq!(o["op"].as_str(), Some("mem_alloc"));
+    assert!(t.stderr.contains("OOM in pid"), "the verdict is printed live:\n{}", t.stderr);
+}
+
+#[test]
+fn follow_traces_a_forked_child_as_its_own_process() {
+    require_ebpf!();
+    let t = attach_from_start(&["fork"], 1, &["--follow"]);
+    let child: u32 = t.stdout.lines().find_map(|l| l.strip_prefix("CHILD pid=")).and_then(|p| p.trim().parse().ok()).expect("child pid");
+    let procs = t.summary["processes"].as_array().expect("processes");
+    let reserved = |pid: u32| procs.iter().find(|p| p["pid"].as_u64() == Some(u64::from(pid))).map(|p| u(p, "reserved"));
+    assert_eq!(reserved(t.pid), Some(2 * MIB), "{procs:#?}");
+    assert_eq!(reserved(child), Some(4 * MIB), "{procs:#?}");
+}
+
+#[test]
+fn attaching_mid_run_declares_partial_coverage() {
+    require_ebpf!();
+    // The program allocates 3 x 8 MiB, says READY, waits; gpufrag attaches; 2 x 2 MiB follow.
+    let machine = Machine::new(1);
+    let go = unique("go");
+    let mut cmd = Command::new(&fixtures().prog);
+    cmd.arg("wait").arg(&go).stdout(Stdio::piped());
+    machine.env(&mut cmd);
+    let mut prog = cmd.spawn().expect("start");
+    let mut out = Lines::new(prog.stdout.take().expect("stdout"));
+    assert!(out.wait_for("READY", Duration::from_secs(60)), "{}", out.rest());
+    let summary = unique("mid.json");
+    let mut cmd = Command::new(gpufrag());
+    cmd.args(["attach", &prog.id().to_string(), "--summary-json"]).arg(&summary).stderr(Stdio::piped());
+    machine.env(&mut cmd);
+    let mut gf = cmd.spawn().expect("attach");
+    let mut err = Lines::new(gf.stderr.take().expect("stderr"));
+    assert!(err.wait_for("attached to pid", Duration::from_secs(120)), "{}", err.rest());
+    // Let one NVML sample see the 24 MiB allocated before attaching.
+    std::thread::sleep(Duration::from_millis(1500));
+    std::fs::write(&go, b"go").expect("gate");
+    assert!(wait_timeout(&mut prog, Duration::from_secs(60)).success());
+    assert!(wait_timeout(&mut gf, Duration::from_secs(60)).success(), "{}", err.rest());
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).expect("json");
+    assert_eq!(s["exact"], Value::Bool(false), "attached mid-run: not exact");
+    let c = &s["coverage"][0];
+    assert_eq!(c["exact"], Value::Bool(false), "{c:#}");
+    assert_eq!(u(c, "traced"), 4 * MIB, "only what came after attaching: {c:#}");
+    assert_eq!(u(c, "nvml_used"), 24 * MIB, "NVML saw the process's memory before the new allocations: {c:#}");
+    assert_eq!(u(c, "unattributed"), 24 * MIB, "{c:#}");
+    assert!(s["notes"].to_string().contains("attached mid-run"), "{:#}", s["notes"]);
+}
+
+#[test]
+fn lost_events_are_counted_when_the_ring_overflows() {
+    require_ebpf!();
+    // One page of ring (46 records) drained every 300 ms against 4 threads x 400 pairs.
+    let t = attach_from_start(&["threads", "400"], 1, &["--ring-bytes", "4096", "--drain-delay-ms", "300"]);
+    let dropped = u(&t.summary, "dropped");
+    assert!(dropped > 0, "nothing was lost with a one-page ring:\n{}", t.stderr);
+    assert_eq!(t.summary["exact"], Value::Bool(false));
+    let events = u(&t.summary, "events");
+    eprintln!("lost {dropped} of {} probe events", 3200 + 4);
+    assert!(events < 3200, "{events}");
+}
+
+#[test]
+fn attach_without_privileges_names_the_capabilities_and_run() {
+    // As nobody, with no capabilities: refused before anything is loaded.
+    if !std::path::Path::new("/usr/bin/setpriv").exists() || unsafe_euid() != 0 {
+        eprintln!("SKIPPED: needs root and setpriv to drop privileges");
+        return;
+    }
+    let out = Command::new("/usr/bin/setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
+        .arg(gpufrag())
+        .args(["attach", "1"])
+        .output()
+        .expect("setpriv");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("CAP_BPF") && err.contains("CAP_PERFMON"), "{err}");
+    assert!(err.contains("gpufrag run"), "{err}");
+}
+
+fn unsafe_euid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:").and_then(|v| v.split_whitespace().nth(1)?.parse().ok())))
+        .unwrap_or(u32::MAX)
+}

@@ -1,0 +1,55 @@
+// fake_c10_symbols.cpp: a stand-in libc10_cuda.so without USDT probes, whose allocator functions
+// are hidden (local in .symtab only), named as in PyTorch:
+// c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::malloc(void**, signed char,
+// unsigned long, CUstream_st*) and c10::cuda::CUDACachingAllocator::Native::local_raw_delete(void*).
+struct CUstream_st;
+
+namespace c10 {
+namespace cuda {
+namespace CUDACachingAllocator {
+namespace Native {
+
+static unsigned long long next_block;
+
+class NativeCachingAllocator {
+public:
+	void malloc(void **devPtr, signed char device, unsigned long size, CUstream_st *stream);
+};
+
+__attribute__((noinline)) void NativeCachingAllocator::malloc(void **devPtr, signed char device, unsigned long size, CUstream_st *stream)
+{
+	*devPtr = (void *)next_block;
+	next_block += (size + 511) & ~511ul;
+	asm volatile("" : : "r"(device), "r"(stream) : "memory");
+}
+
+__attribute__((noinline)) void local_raw_delete(void *ptr)
+{
+	asm volatile("" : : "r"(ptr) : "memory");
+}
+
+static NativeCachingAllocator allocator;
+
+} // namespace Native
+} // namespace CUDACachingAllocator
+} // namespace cuda
+} // namespace c10
+
+using namespace c10::cuda::CUDACachingAllocator::Native;
+
+extern "C" __attribute__((visibility("default"))) void fake_set_base(unsigned long long base)
+{
+	next_block = base;
+}
+
+extern "C" __attribute__((visibility("default"))) void *fake_malloc(unsigned long size, signed char device)
+{
+	void *p = 0;
+	allocator.malloc(&p, device, size, 0);
+	return p;
+}
+
+extern "C" __attribute__((visibility("default"))) void fake_free(void *p)
+{
+	local_raw_delete(p);
+}
