@@ -42,7 +42,7 @@ enum gpufrag_event_kind {
 	GPUFRAG_EV_PROCESS_EXIT = 19,      /* a traced process ended: pid */
 	GPUFRAG_EV_DROPPED = 20,           /* the source dropped `size` events before this one */
 	GPUFRAG_EV_POOL_RESERVED = 21,     /* a stream-ordered pool's reserved bytes as the driver reports them: handle = pool, size */
-	GPUFRAG_EV_ADOPT = 22,             /* a caching allocator claims the segment holding addr */
+	GPUFRAG_EV_ADOPT = 22,             /* a caching allocator claims the segment holding addr (addr 0: manages the process's memory) */
 	GPUFRAG_EV_KIND_COUNT = 23,
 };
 

@@ -2,10 +2,14 @@
 
 `gpufrag run` writes this file into its private directory and puts that directory first on
 PYTHONPATH, so every Python process it traces imports it at start-up. The hook does nothing until
-the program itself has imported torch and initialised CUDA; then it connects to the consumer's
-socket (GPUFRAG_SOCK) and sends `torch.cuda.memory._snapshot()` (the caching allocator's segments
-and blocks) every GPUFRAG_PY_INTERVAL seconds (default 1), when PyTorch's out-of-memory observer
-fires (with the request and device free PyTorch measured), and at exit. It never turns on history
+the program itself has imported torch and initialised CUDA: an import hook wraps
+`torch.cuda._lazy_init` (which PyTorch's C++ side calls on the first CUDA use), so the moment CUDA
+is up the hook connects to the consumer's socket (GPUFRAG_SOCK), says that a caching allocator
+manages this process's memory, and attaches PyTorch's out-of-memory observer. It then sends
+`torch.cuda.memory._snapshot()` (the caching allocator's segments and blocks) every
+GPUFRAG_PY_INTERVAL seconds (default 1), when the out-of-memory observer fires (with the request
+and the device free PyTorch measured), and at exit. With `backend:cudaMallocAsync` there are no
+blocks to send (the driver's pools hold them) and the hook stays quiet. It never turns on history
 recording, never imports torch itself, and swallows its own errors: the traced program comes first.
 Set GPUFRAG_PYTHON_HOOK=0 to switch it off. A sitecustomize the program had is imported after it.
 """
@@ -81,20 +85,76 @@ def _gpufrag_hook():
         except Exception:
             pass
 
+    def native_backend():
+        try:
+            return sys.modules["torch"].cuda.get_allocator_backend() == "native"
+        except Exception:
+            return False
+
     def arm():
         if st["armed"] or not cuda_ready():
             return
         st["armed"] = True
+        if not native_backend():
+            st["dead"] = True
+            return
+        torch = sys.modules["torch"]
         try:
-            sys.modules["torch"]._C._cuda_attach_out_of_memory_observer(on_oom)
+            send(3, struct.pack("<q", int(torch.cuda.current_device())))
+            torch._C._cuda_attach_out_of_memory_observer(on_oom)
         except Exception:
             pass
+
+    def wrap_lazy_init(cuda):
+        orig = getattr(cuda, "_lazy_init", None)
+        if orig is None or getattr(orig, "_gpufrag", False):
+            return
+
+        def _lazy_init(*a, **k):
+            r = orig(*a, **k)
+            try:
+                arm()
+            except Exception:
+                pass
+            return r
+
+        _lazy_init._gpufrag = True
+        cuda._lazy_init = _lazy_init
+
+    class _TorchCudaFinder:
+        """Wraps torch.cuda._lazy_init as soon as torch.cuda is imported."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name != "torch.cuda":
+                return None
+            import importlib.machinery
+
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return None
+            real_exec = spec.loader.exec_module
+
+            def exec_module(module):
+                real_exec(module)
+                try:
+                    wrap_lazy_init(module)
+                except Exception:
+                    pass
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    if "torch.cuda" in sys.modules:
+        wrap_lazy_init(sys.modules["torch.cuda"])
+    else:
+        sys.meta_path.insert(0, _TorchCudaFinder())
 
     def watcher():
         while not st["dead"]:
             if cuda_ready():
                 arm()
-                snapshot()
+                if st["armed"] and not st["dead"]:
+                    snapshot()
             time.sleep(interval)
 
     def in_child():
@@ -107,7 +167,7 @@ def _gpufrag_hook():
     except AttributeError:
         pass
     threading.Thread(target=watcher, name="gpufrag-hook", daemon=True).start()
-    atexit.register(lambda: (arm(), snapshot()))
+    atexit.register(lambda: (arm(), None if st["dead"] else snapshot()))
 
 
 def _gpufrag_chain():

@@ -62,6 +62,15 @@ pub struct OomRecord {
     pub figures: Figures,
 }
 
+impl OomRecord {
+    /// A driver-level failure inside a caching allocator's address space: the allocator retries
+    /// (PyTorch releases its cache and calls cudaMalloc again) and reports its own OOM if the
+    /// request fails for good, so this one is evidence, not the verdict.
+    pub fn is_framework_retry(&self) -> bool {
+        self.op != Some(EventKind::BlockAlloc) && self.figures.framework_seen
+    }
+}
+
 /// Device-wide totals as last measured.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceTotals {
@@ -226,6 +235,10 @@ impl State {
                             s.allocs += 1;
                             s.block_sizes.record(size);
                         })
+                    }
+                    EventKind::Adopt if ev.addr == 0 => {
+                        m.note_framework();
+                        Ok(())
                     }
                     EventKind::Adopt => m.adopt_at(ev.addr),
                     EventKind::BlockFree => {

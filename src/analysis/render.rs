@@ -102,6 +102,9 @@ pub fn render(s: &Summary) -> String {
     for (i, o) in s.ooms.iter().enumerate() {
         let _ = writeln!(out, "\nOOM {} on device {} (pid {}): {} requested", i + 1, o.device, o.pid, h(o.requested));
         let _ = writeln!(out, "  verdict: {}", o.verdict.name());
+        if o.driver_failures_before > 0 {
+            let _ = writeln!(out, "  (after {} failed driver allocation(s): the allocator's own tries and retries)", o.driver_failures_before);
+        }
         let _ = writeln!(out, "  {}", o.explanation);
         let _ = writeln!(out, "  fix: {}", o.fix);
     }

@@ -34,6 +34,10 @@ pub struct Summary {
     pub dropped: u64,
     /// Events that did not fit the map (lost or inconsistent).
     pub anomalies: u64,
+    /// Failed driver allocations inside caching allocators' address spaces (their retries; each
+    /// final failure is an entry of `ooms`).
+    #[serde(default)]
+    pub driver_failures: u64,
 }
 
 /// Figures of one device, or of one process on one device.
@@ -147,6 +151,10 @@ pub struct OomSummary {
     pub explanation: String,
     /// What to do.
     pub fix: String,
+    /// Failed driver allocations in this process and device just before this OOM (the caching
+    /// allocator's own attempts and retries), folded into it.
+    #[serde(default)]
+    pub driver_failures_before: u64,
 }
 
 fn segment_kind_name(k: SegmentKind) -> &'static str {
@@ -234,10 +242,20 @@ impl Summary {
                 });
             }
         }
-        let ooms = state
-            .ooms
-            .iter()
-            .map(|o| {
+        let mut retries: std::collections::BTreeMap<(u32, i16), u64> = std::collections::BTreeMap::new();
+        let mut driver_failures = 0;
+        let mut finals = Vec::new();
+        for o in &state.ooms {
+            if o.is_framework_retry() {
+                *retries.entry((o.pid, o.device)).or_default() += 1;
+                driver_failures += 1;
+            } else {
+                finals.push((o, retries.remove(&(o.pid, o.device)).unwrap_or(0)));
+            }
+        }
+        let ooms = finals
+            .into_iter()
+            .map(|(o, driver_failures_before)| {
                 let inputs = OomInputs {
                     requested: o.requested,
                     device_free: o.device_free.unwrap_or(0),
@@ -263,6 +281,7 @@ impl Summary {
                     verdict: inputs.verdict(),
                     explanation: inputs.explanation(),
                     fix: inputs.fix(),
+                    driver_failures_before,
                 }
             })
             .collect();
@@ -290,6 +309,7 @@ impl Summary {
             events: state.events,
             dropped: state.dropped,
             anomalies: state.anomaly_count,
+            driver_failures,
         }
     }
 }

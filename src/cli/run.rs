@@ -157,6 +157,12 @@ impl Live {
                     self.apply(e);
                 }
             }
+            Msg::Armed { pid, device } => {
+                // Adopt at address 0: a caching allocator manages this process's memory on the
+                // device, so its failed driver calls are retries, not verdicts.
+                self.python_pids.insert(pid);
+                self.apply(&Event { ts_ns: consumer::now_ns(), ..Event::new(EventKind::Adopt, pid, device) });
+            }
             Msg::PyOom { pid, device, requested, device_free } => {
                 self.python_pids.insert(pid);
                 let e = Event {
@@ -184,10 +190,9 @@ impl Live {
         while self.oom_seen < self.state.ooms.len() {
             let o = &self.state.ooms[self.oom_seen];
             self.oom_seen += 1;
-            // In a PyTorch process the hook reports the OOM with block figures; the driver-level
-            // failure before it is the allocator's first try (it then frees cache and retries).
-            let driver_level = o.op != Some(EventKind::BlockAlloc);
-            if self.quiet || (driver_level && self.python_pids.contains(&o.pid)) {
+            // Inside a caching allocator's space a failed driver call is its first try: it frees
+            // cache and retries, and reports its own OOM if the request fails for good.
+            if self.quiet || o.is_framework_retry() {
                 continue;
             }
             let inputs = crate::analysis::OomInputs {
@@ -198,8 +203,9 @@ impl Live {
                 largest_free_block: o.figures.largest_free_block,
                 framework: o.figures.framework_seen,
             };
+            let clear = if std::io::stderr().is_terminal() { "\r\x1b[K" } else { "" };
             eprintln!(
-                "\r\x1b[K[gpufrag] OOM in pid {} on device {}: {} requested: {}\n[gpufrag]   {}\n[gpufrag]   fix: {}",
+                "{clear}[gpufrag] OOM in pid {} on device {}: {} requested: {}\n[gpufrag]   {}\n[gpufrag]   fix: {}",
                 o.pid,
                 o.device,
                 h(o.requested),

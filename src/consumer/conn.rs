@@ -167,6 +167,9 @@ pub const PY_MAGIC: u32 = u32::from_le_bytes(*b"GFPY");
 pub const PY_SNAPSHOT: u32 = 1;
 /// Frame: the out-of-memory observer fired (`<qQQQ`: device, requested, device allocated, device free).
 pub const PY_OOM: u32 = 2;
+/// Frame: CUDA is up and PyTorch's native caching allocator manages this process's memory
+/// (`<q`: the current device).
+pub const PY_ARMED: u32 = 3;
 /// Largest frame accepted.
 const PY_MAX_FRAME: u64 = 1 << 31;
 
@@ -200,6 +203,11 @@ pub fn python_reader(hello: Hello, mut stream: UnixStream, mut emit: impl FnMut(
                     u64::from_le_bytes(w)
                 };
                 emit(super::Msg::PyOom { pid: hello.pid, device: q(0) as i64 as i16, requested: q(8), device_free: q(24) });
+            }
+            PY_ARMED if body.len() == 8 => {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(&body);
+                emit(super::Msg::Armed { pid: hello.pid, device: i64::from_le_bytes(w) as i16 });
             }
             t => emit(super::Msg::Warning(format!("{name}: unknown frame type {t}"))),
         }

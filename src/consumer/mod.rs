@@ -42,6 +42,13 @@ pub enum Msg {
         /// The snapshot (segments with blocks).
         snapshot: Box<crate::snapshot::Snapshot>,
     },
+    /// A Python hook found PyTorch's native caching allocator in charge of the process's memory.
+    Armed {
+        /// The process.
+        pid: u32,
+        /// Its current device.
+        device: i16,
+    },
     /// PyTorch's out-of-memory observer fired.
     PyOom {
         /// The process.

@@ -369,6 +369,12 @@ impl AddressSpace {
         self.handles.contains_key(&handle)
     }
 
+    /// A caching allocator manages this address space (its driver failures are retries), before
+    /// any of its segments is known.
+    pub fn note_framework(&mut self) {
+        self.framework_seen = true;
+    }
+
     /// A caching allocator claims the segment holding `addr`.
     pub fn adopt_at(&mut self, addr: u64) -> Result<(), Anomaly> {
         let start = self.segment_start_at(addr).ok_or(Anomaly::BlockOutsideSegment(addr))?;

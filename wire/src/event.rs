@@ -55,7 +55,8 @@ pub enum EventKind {
     /// A stream-ordered pool's reserved bytes as the driver reports them (`handle` = pool).
     PoolReserved = 21,
     /// A caching allocator claims the segment or mapped range holding `addr`: its free space is
-    /// cache from now on, stranded or releasable.
+    /// cache from now on, stranded or releasable. With `addr` 0: a caching allocator manages the
+    /// process's memory on `device` (its failed driver calls are retries, not final OOMs).
     Adopt = 22,
 }
 
