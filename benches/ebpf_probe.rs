@@ -34,8 +34,9 @@ fn build_prog(dir: &Path) -> PathBuf {
     out
 }
 
-/// One run: ns per pair as the program measured it.
-fn run_once(prog: &Path, simcuda: &Path, mode: Mode, pairs: u32) -> Result<f64, ProbeError> {
+/// One run: ns per pair as the program measured it, and the BPF programs' own run time per
+/// pair (kernel run-time statistics), when probes were attached.
+fn run_once(prog: &Path, simcuda: &Path, mode: Mode, pairs: u32) -> Result<(f64, Option<f64>), ProbeError> {
     let state = std::env::temp_dir().join(format!("gpufrag-bench-{}", std::process::id()));
     std::fs::create_dir_all(&state).ok();
     let gate = state.join("gate");
@@ -79,13 +80,24 @@ fn run_once(prog: &Path, simcuda: &Path, mode: Mode, pairs: u32) -> Result<f64, 
             assert_eq!(p.lost(), 0, "events lost during the benchmark");
         }
     }
+    let bpf_ns = probes.as_ref().map(|p| {
+        let stats = p.program_stats();
+        if std::env::var_os("GPUFRAG_BENCH_VERBOSE").is_some() {
+            for (n, cnt, ns) in stats.iter().filter(|(_, c, _)| *c > 0) {
+                eprintln!("  {mode:?} {n}: {cnt} runs, {:.0} ns per run", *ns as f64 / *cnt as f64);
+            }
+        }
+        let per_pair: u64 = stats.iter().filter(|(n, cnt, _)| *cnt > 0 && !n.starts_with("on_")).map(|(_, _, ns)| ns).sum();
+        // The warm-up pairs ran under the probes too.
+        per_pair as f64 / f64::from(pairs + 100)
+    });
     let out = child.wait_with_output().expect("output");
     let text = String::from_utf8_lossy(&out.stdout);
     let ns = text
         .lines()
         .find_map(|l| l.strip_prefix("BENCH ").and_then(|r| r.split("ns_per_pair=").nth(1)).and_then(|v| v.trim().parse::<f64>().ok()))
         .unwrap_or_else(|| panic!("no BENCH line in {text}"));
-    Ok(ns)
+    Ok((ns, bpf_ns))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -110,16 +122,29 @@ fn main() {
     let reps = 7;
     let modes = [Mode::None, Mode::Empty, Mode::Gpufrag];
     let mut runs: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
+    let mut bpf_runs: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
     let started = Instant::now();
     // Rounds interleave the modes, so that a machine whose speed drifts (shared cores) affects
     // each mode alike; the median of each mode is reported.
     for _ in 0..reps {
         for (i, &mode) in modes.iter().enumerate() {
             match run_once(&prog, &simcuda, mode, pairs) {
-                Ok(ns) => runs[i].push(ns),
+                Ok((ns, _)) => runs[i].push(ns),
                 Err(e) => {
                     eprintln!("ebpf_probe: SKIPPED: {e}");
                     return;
+                }
+            }
+        }
+    }
+    // Then, with the kernel's run-time statistics on (they add about 50 ns to every program run,
+    // so the wall-clock rounds above run without them), the time spent inside the programs.
+    {
+        let _stats = Probes::enable_run_time_stats();
+        for _ in 0..3 {
+            for (i, &mode) in modes.iter().enumerate().skip(1) {
+                if let Ok((_, Some(bpf))) = run_once(&prog, &simcuda, mode, pairs) {
+                    bpf_runs[i].push(bpf);
                 }
             }
         }
@@ -131,6 +156,10 @@ fn main() {
         results.push(m);
     }
     let (none, empty, ours) = (results[0], results[1], results[2]);
+    if !bpf_runs[1].is_empty() && !bpf_runs[2].is_empty() {
+        let (be, bo) = (median(bpf_runs[1].clone()), median(bpf_runs[2].clone()));
+        println!("ebpf_probe: time inside the BPF programs per pair (kernel run-time stats): empty {be:.0} ns, gpufrag {bo:.0} ns");
+    }
     println!(
         "ebpf_probe: gpufrag probes / empty uprobe+uretprobe pairs = {:.3} (target <= 1.2); probe cost per pair: empty {:.0} ns, gpufrag {:.0} ns ({:.2}x); {:.0} s",
         ours / empty,

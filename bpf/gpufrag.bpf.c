@@ -152,14 +152,14 @@ static __always_inline void count_lost(void)
 		*n += 1;
 }
 
-static __always_inline struct gpufrag_event *reserve_event(__u64 pid_tgid, __u16 kind, __s16 device, __u32 flags)
+static __always_inline struct gpufrag_event *reserve_event_at(__u64 ts, __u64 pid_tgid, __u16 kind, __s16 device, __u32 flags)
 {
 	struct gpufrag_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		count_lost();
 		return NULL;
 	}
-	e->ts_ns = bpf_ktime_get_ns(); /* CLOCK_MONOTONIC, the shim's clock */
+	e->ts_ns = ts ? ts : bpf_ktime_get_ns(); /* CLOCK_MONOTONIC, the shim's clock */
 	e->addr = 0;
 	e->size = 0;
 	e->requested = 0;
@@ -175,6 +175,11 @@ static __always_inline struct gpufrag_event *reserve_event(__u64 pid_tgid, __u16
 	e->op = 0;
 	e->_pad = 0;
 	return e;
+}
+
+static __always_inline struct gpufrag_event *reserve_event(__u64 pid_tgid, __u16 kind, __s16 device, __u32 flags)
+{
+	return reserve_event_at(0, pid_tgid, kind, device, flags);
 }
 
 /* Wake the reader only once the ring is an eighth full: a wakeup per record (the default) costs
@@ -266,26 +271,27 @@ static __always_inline int finish_call(struct pt_regs *ctx, __u32 fn)
 	struct thread_state *t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0, 0);
 	if (!t || !t->slot[fn].valid)
 		return 0;
-	struct call c = t->slot[fn];
-	t->slot[fn].valid = 0;
+	/* Read in place (no copy): only this thread writes its slots. */
+	struct call *c = &t->slot[fn];
+	c->valid = 0;
 	__s32 rc = (__s32)PT_REGS_RC(ctx);
 
 	/* Device tracking: no event. */
 	switch (fn) {
 	case FN_PRIMARY_CTX_RETAIN: /* (CUcontext *pctx, CUdevice dev) */
 		if (rc == 0)
-			set_object_device(tgid, read_user_u64(c.arg[0]), (__s16)c.arg[1]);
+			set_object_device(tgid, read_user_u64(c->arg[0]), (__s16)c->arg[1]);
 		return 0;
 	case FN_CTX_CREATE: /* (CUcontext *pctx, unsigned flags, CUdevice dev): the new context is current */
 		if (rc == 0) {
-			set_object_device(tgid, read_user_u64(c.arg[0]), (__s16)c.arg[2]);
-			set_thread_device(t, (__s16)c.arg[2]);
+			set_object_device(tgid, read_user_u64(c->arg[0]), (__s16)c->arg[2]);
+			set_thread_device(t, (__s16)c->arg[2]);
 		}
 		return 0;
 	case FN_CTX_SET_CURRENT: /* (CUcontext ctx) */
 	case FN_CTX_PUSH_CURRENT:
 		if (rc == 0)
-			set_thread_device(t, c.arg[0] ? device_of_object(tgid, c.arg[0]) : -1);
+			set_thread_device(t, c->arg[0] ? device_of_object(tgid, c->arg[0]) : -1);
 		return 0;
 	case FN_CTX_POP_CURRENT: /* the context below is not known here: forget */
 		if (rc == 0)
@@ -293,17 +299,17 @@ static __always_inline int finish_call(struct pt_regs *ctx, __u32 fn)
 		return 0;
 	case FN_CTX_GET_DEVICE: /* (CUdevice *dev) */
 		if (rc == 0)
-			set_thread_device(t, (__s16)read_user_s32(c.arg[0]));
+			set_thread_device(t, (__s16)read_user_s32(c->arg[0]));
 		return 0;
 	case FN_POOL_CREATE: /* (CUmemoryPool *pool, const CUmemPoolProps *props) */
 		if (rc == 0)
-			set_object_device(tgid, read_user_u64(c.arg[0]), (__s16)read_user_s32(c.arg[1] + LOCATION_ID_OFFSET));
+			set_object_device(tgid, read_user_u64(c->arg[0]), (__s16)read_user_s32(c->arg[1] + LOCATION_ID_OFFSET));
 		return 0;
 	case FN_DEFAULT_MEM_POOL: /* (CUmemoryPool *pool, CUdevice dev) */
 		if (rc == 0) {
-			__u64 pool = read_user_u64(c.arg[0]);
-			struct obj_key dk = { .obj = c.arg[1], .tgid = tgid };
-			set_object_device(tgid, pool, (__s16)c.arg[1]);
+			__u64 pool = read_user_u64(c->arg[0]);
+			struct obj_key dk = { .obj = c->arg[1], .tgid = tgid };
+			set_object_device(tgid, pool, (__s16)c->arg[1]);
 			bpf_map_update_elem(&device_pool, &dk, &pool, BPF_ANY);
 		}
 		return 0;
@@ -321,70 +327,70 @@ static __always_inline int finish_call(struct pt_regs *ctx, __u32 fn)
 	switch (fn) {
 	case FN_MEM_ALLOC: /* (CUdeviceptr *dptr, size_t bytesize) */
 		kind = GPUFRAG_EV_MEM_ALLOC;
-		size = requested = c.arg[1];
+		size = requested = c->arg[1];
 		if (rc == 0)
-			addr = read_user_u64(c.arg[0]);
+			addr = read_user_u64(c->arg[0]);
 		break;
 	case FN_MEM_ALLOC_MANAGED: /* (CUdeviceptr *dptr, size_t bytesize, unsigned flags) */
 		kind = GPUFRAG_EV_MEM_ALLOC_MANAGED;
-		size = requested = c.arg[1];
+		size = requested = c->arg[1];
 		if (rc == 0)
-			addr = read_user_u64(c.arg[0]);
+			addr = read_user_u64(c->arg[0]);
 		break;
 	case FN_MEM_ALLOC_PITCH: /* (CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned elem) */
 		kind = GPUFRAG_EV_MEM_ALLOC_PITCH;
-		requested = c.arg[2] * c.arg[3];
+		requested = c->arg[2] * c->arg[3];
 		size = requested;
 		if (rc == 0) {
-			addr = read_user_u64(c.arg[0]);
-			size = read_user_u64(c.arg[1]) * c.arg[3];
+			addr = read_user_u64(c->arg[0]);
+			size = read_user_u64(c->arg[1]) * c->arg[3];
 		}
 		break;
 	case FN_ADDRESS_RESERVE: /* (CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr, u64 flags) */
 		kind = GPUFRAG_EV_ADDRESS_RESERVE;
-		size = requested = c.arg[1];
+		size = requested = c->arg[1];
 		if (rc == 0)
-			addr = read_user_u64(c.arg[0]);
+			addr = read_user_u64(c->arg[0]);
 		break;
 	case FN_MEM_CREATE: /* (CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop, u64 flags) */
 		kind = GPUFRAG_EV_PHYS_CREATE;
-		size = requested = c.arg[1];
-		device = (__s16)read_user_s32(c.arg[2] + LOCATION_ID_OFFSET);
+		size = requested = c->arg[1];
+		device = (__s16)read_user_s32(c->arg[2] + LOCATION_ID_OFFSET);
 		if (rc == 0)
-			handle = read_user_u64(c.arg[0]);
+			handle = read_user_u64(c->arg[0]);
 		break;
 	case FN_MEM_MAP: /* (CUdeviceptr ptr, size_t size, size_t offset, handle, u64 flags) */
 		/* Mapping allocates nothing (cuMemCreate did): a failure is a refused argument, not an OOM. */
 		alloc = false;
 		kind = GPUFRAG_EV_MAP;
-		addr = c.arg[0];
-		size = c.arg[1];
-		requested = c.arg[2];
-		handle = c.arg[3];
+		addr = c->arg[0];
+		size = c->arg[1];
+		requested = c->arg[2];
+		handle = c->arg[3];
 		break;
 	case FN_ALLOC_ASYNC: { /* (CUdeviceptr *dptr, size_t bytesize, CUstream s): the device's current pool */
 		kind = GPUFRAG_EV_POOL_ALLOC;
-		size = requested = c.arg[1];
-		stream = c.arg[2];
+		size = requested = c->arg[1];
+		stream = c->arg[2];
 		/* The pool, when the process asked for it (cuDeviceGetDefaultMemPool/cuDeviceGetMemPool); else 0. */
 		struct obj_key dk = { .obj = (__u64)(__s64)device, .tgid = tgid };
 		__u64 *pool = device >= 0 ? bpf_map_lookup_elem(&device_pool, &dk) : NULL;
 		if (pool)
 			handle = *pool;
 		if (rc == 0)
-			addr = read_user_u64(c.arg[0]);
+			addr = read_user_u64(c->arg[0]);
 		break;
 	}
 	case FN_ALLOC_FROM_POOL_ASYNC: { /* (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s) */
 		kind = GPUFRAG_EV_POOL_ALLOC;
-		size = requested = c.arg[1];
-		handle = c.arg[2];
-		stream = c.arg[3];
+		size = requested = c->arg[1];
+		handle = c->arg[2];
+		stream = c->arg[3];
 		__s16 pd = device_of_object(tgid, handle);
 		if (pd >= 0)
 			device = pd;
 		if (rc == 0)
-			addr = read_user_u64(c.arg[0]);
+			addr = read_user_u64(c->arg[0]);
 		break;
 	}
 	/* Frees are stamped with the time their call began: the driver may hand the address to
@@ -394,46 +400,46 @@ static __always_inline int finish_call(struct pt_regs *ctx, __u32 fn)
 	case FN_MEM_FREE: /* (CUdeviceptr) */
 		alloc = false;
 		kind = GPUFRAG_EV_MEM_FREE;
-		addr = c.arg[0];
+		addr = c->arg[0];
 		device = -1; /* the consumer resolves a free by address */
-		ts = c.entry_ns;
+		ts = c->entry_ns;
 		break;
 	case FN_ADDRESS_FREE: /* (CUdeviceptr ptr, size_t size) */
 		alloc = false;
 		kind = GPUFRAG_EV_ADDRESS_FREE;
-		addr = c.arg[0];
-		size = c.arg[1];
+		addr = c->arg[0];
+		size = c->arg[1];
 		device = -1;
-		ts = c.entry_ns;
+		ts = c->entry_ns;
 		break;
 	case FN_MEM_RELEASE: /* (handle) */
 		alloc = false;
 		kind = GPUFRAG_EV_PHYS_RELEASE;
-		handle = c.arg[0];
+		handle = c->arg[0];
 		device = -1;
-		ts = c.entry_ns;
+		ts = c->entry_ns;
 		break;
 	case FN_MEM_UNMAP: /* (CUdeviceptr ptr, size_t size) */
 		alloc = false;
 		kind = GPUFRAG_EV_UNMAP;
-		addr = c.arg[0];
-		size = c.arg[1];
+		addr = c->arg[0];
+		size = c->arg[1];
 		device = -1;
-		ts = c.entry_ns;
+		ts = c->entry_ns;
 		break;
 	case FN_FREE_ASYNC: /* (CUdeviceptr, CUstream) */
 		alloc = false;
 		kind = GPUFRAG_EV_POOL_FREE;
-		addr = c.arg[0];
-		stream = c.arg[1];
+		addr = c->arg[0];
+		stream = c->arg[1];
 		device = -1;
-		ts = c.entry_ns;
+		ts = c->entry_ns;
 		break;
 	case FN_POOL_TRIM_TO: { /* (CUmemoryPool pool, size_t minBytesToKeep) */
 		alloc = false;
 		kind = GPUFRAG_EV_POOL_TRIM;
-		handle = c.arg[0];
-		size = c.arg[1];
+		handle = c->arg[0];
+		size = c->arg[1];
 		__s16 pd = device_of_object(tgid, handle);
 		if (pd >= 0)
 			device = pd;
@@ -444,23 +450,23 @@ static __always_inline int finish_call(struct pt_regs *ctx, __u32 fn)
 			return 0;
 		alloc = false;
 		kind = GPUFRAG_EV_DEVICE_INFO;
-		device_free = read_user_u64(c.arg[0]);
-		size = read_user_u64(c.arg[1]);
+		device_free = read_user_u64(c->arg[0]);
+		size = read_user_u64(c->arg[1]);
 		flags |= GPUFRAG_F_DEVICE_FREE_KNOWN;
 		break;
 	case FN_TORCH_MALLOC: /* NativeCachingAllocator::malloc(this, void **devPtr, int8 device, size_t size, CUstream) */
 		if (rc == 0) { /* void: the register holds garbage; the out-pointer says whether it worked */
 		}
-		addr = read_user_u64(c.arg[1]);
+		addr = read_user_u64(c->arg[1]);
 		if (!addr)
 			return 0;
 		note_traced(tgid);
-		struct gpufrag_event *b = reserve_event(id, GPUFRAG_EV_BLOCK_ALLOC, (__s8)c.arg[2], GPUFRAG_F_SRC_EBPF);
+		struct gpufrag_event *b = reserve_event(id, GPUFRAG_EV_BLOCK_ALLOC, (__s8)c->arg[2], GPUFRAG_F_SRC_EBPF);
 		if (!b)
 			return 0;
 		b->addr = addr;
-		b->requested = c.arg[3];
-		b->stream = c.arg[4];
+		b->requested = c->arg[3];
+		b->stream = c->arg[4];
 		submit_event(b);
 		return 0;
 	default:
@@ -469,12 +475,10 @@ static __always_inline int finish_call(struct pt_regs *ctx, __u32 fn)
 
 	note_traced(tgid);
 	bool failed = rc != 0;
-	struct gpufrag_event *e = reserve_event(id, failed && alloc ? GPUFRAG_EV_ALLOC_FAILED : kind, device,
-						flags | (failed ? GPUFRAG_F_FAILED : 0));
+	struct gpufrag_event *e = reserve_event_at(ts, id, failed && alloc ? GPUFRAG_EV_ALLOC_FAILED : kind, device,
+						   flags | (failed ? GPUFRAG_F_FAILED : 0));
 	if (!e)
 		return 0;
-	if (ts)
-		e->ts_ns = ts;
 	e->addr = addr;
 	e->size = size;
 	e->requested = requested;

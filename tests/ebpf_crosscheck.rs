@@ -98,7 +98,14 @@ fn compare(args: &[&str]) {
             .map(|o| o.iter().filter(|x| x["op"] != "block_alloc").map(|x| (x["requested"].clone(), x["op"].clone(), x["reserved"].clone())).collect::<Vec<_>>())
             .unwrap_or_default()
     };
-    assert_eq!(ooms(&shim), ooms(&ebpf), "{ctx}");
+    if block_level {
+        assert_eq!(ooms(&shim), ooms(&ebpf), "{ctx}");
+    } else {
+        // With the framework's blocks the summary keeps the framework's own OOM and drops the
+        // driver-level failures it retried; without them the driver-level failures are the OOMs.
+        let any = |s: &Value| s["ooms"].as_array().is_some_and(|o| !o.is_empty());
+        assert_eq!(any(&shim), any(&ebpf), "{ctx}");
+    }
     // Per process (pids differ): the multiset of (device, reserved, allocs, frees).
     let procs = |s: &Value| {
         let counts = |x: &Value| if block_level { (x["allocs"].as_u64(), x["frees"].as_u64()) } else { (None, None) };

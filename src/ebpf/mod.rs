@@ -391,6 +391,34 @@ impl Probes {
         std::mem::take(&mut *self.inbox.borrow_mut())
     }
 
+    /// Turns on the kernel's per-program run-time statistics while the returned descriptor is
+    /// open (`BPF_ENABLE_STATS`; the benchmark reads them with [`Probes::program_stats`]).
+    pub fn enable_run_time_stats() -> Option<std::os::fd::OwnedFd> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: a plain bpf() command; it returns a new descriptor or a negative error.
+        let fd = unsafe { libbpf_rs::libbpf_sys::bpf_enable_stats(libbpf_rs::libbpf_sys::BPF_STATS_RUN_TIME) };
+        // SAFETY: fd is a descriptor we now own (checked non-negative).
+        (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// (program name, runs, total run time in ns) of every program of this skeleton, as the
+    /// kernel counts them while run-time statistics are on.
+    pub fn program_stats(&self) -> Vec<(String, u64, u64)> {
+        use libbpf_rs::skel::Skel;
+        use std::os::fd::{AsFd, AsRawFd};
+        let mut out = Vec::new();
+        for prog in self.skel.object().progs() {
+            let mut info = libbpf_rs::libbpf_sys::bpf_prog_info::default();
+            let mut len = std::mem::size_of_val(&info) as u32;
+            // SAFETY: info is a bpf_prog_info of `len` bytes that the kernel fills in.
+            let rc = unsafe { libbpf_rs::libbpf_sys::bpf_prog_get_info_by_fd(prog.as_fd().as_raw_fd(), &mut info, &mut len) };
+            if rc == 0 {
+                out.push((prog.name().to_string_lossy().into_owned(), info.run_cnt, info.run_time_ns));
+            }
+        }
+        out
+    }
+
     /// Number of attachments (links) held.
     pub fn link_count(&self) -> usize {
         self.links.len()
