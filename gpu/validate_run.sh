@@ -26,4 +26,4 @@ run jax python3 $G/jax_alloc.py
 run cupy python3 $G/cupy_alloc.py
 grep -E "^(JAX|CUPY)" $OUT_FINAL/log.txt | tee -a $OUT_FINAL/results.md
 for t in jax cupy; do python3 -c "import json;s=json.load(open('$W/$t.summary.json'));print('$t', [(d['device'],d['reserved'],d['allocated'],d['segments'],d['level']) for d in s['devices']])" | tee -a $OUT_FINAL/results.md; done
-tar czf $OUT_FINAL/summaries.tgz *.summary.json *.torch.json frag*.json 2>/dev/null
+tar czf $OUT_FINAL/summaries.tgz *.summary.json *.torch.json frag*.json gpt_async.rec 2>/dev/null
