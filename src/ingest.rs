@@ -197,6 +197,8 @@ impl State {
                 Ok(())
             }
             _ if ev.rc != 0 => Ok(()), // a failed call changes nothing; sources send AllocFailed for OOMs
+            // free(NULL) is a no-op for the driver and for caching allocators alike.
+            EventKind::MemFree | EventKind::PoolFree | EventKind::BlockFree if ev.addr == 0 => Ok(()),
             _ => {
                 let s = self.space(pid, device);
                 let m = &mut s.map;
@@ -291,6 +293,9 @@ impl State {
             let g = s.map.figures();
             f.reserved += g.reserved;
             f.allocated += g.allocated;
+            f.framework_reserved += g.framework_reserved;
+            f.non_framework += g.non_framework;
+            f.framework_segments += g.framework_segments;
             f.stranded += g.stranded;
             f.releasable += g.releasable;
             f.largest_free_block = f.largest_free_block.max(g.largest_free_block);

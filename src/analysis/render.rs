@@ -30,6 +30,10 @@ fn device(out: &mut String, d: &DeviceSummary, title: &str) {
     let _ = writeln!(out, "{title} ({level})");
     line(out, "reserved", d.reserved);
     line(out, "allocated", d.allocated);
+    if d.non_framework > 0 && d.level == "block" {
+        line(out, "  held by the cache", d.framework_reserved);
+        line(out, "  outside the cache", d.non_framework);
+    }
     let _ = writeln!(
         out,
         "  {:<21}{:>12}  ({} B, {:.1} % of reserved)",

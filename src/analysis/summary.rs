@@ -47,8 +47,17 @@ pub struct DeviceSummary {
     pub device: i16,
     /// Bytes held from the driver.
     pub reserved: u64,
-    /// Bytes in live blocks (plus segments no framework owns).
+    /// Bytes in live framework blocks (every segment's bytes where no framework is seen).
     pub allocated: u64,
+    /// Bytes caching allocators and pools hold: what `torch.cuda.memory_reserved()` reports.
+    #[serde(default)]
+    pub framework_reserved: u64,
+    /// Driver memory no caching allocator owns (library workspaces, raw cudaMalloc, XLA).
+    #[serde(default)]
+    pub non_framework: u64,
+    /// Segments the caching allocators and pools hold.
+    #[serde(default)]
+    pub framework_segments: u64,
     /// Free bytes inside segments that hold a live block.
     pub stranded: u64,
     /// Bytes in cached segments with no live block (what `empty_cache()` returns).
@@ -204,6 +213,9 @@ fn device_summary(
         device,
         reserved: f.reserved,
         allocated: f.allocated,
+        framework_reserved: f.framework_reserved,
+        non_framework: f.non_framework,
+        framework_segments: f.framework_segments,
         stranded: f.stranded,
         releasable: f.releasable,
         largest_free_block: f.largest_free_block,
@@ -242,17 +254,36 @@ impl Summary {
                 });
             }
         }
-        let mut retries: std::collections::BTreeMap<(u32, i16), u64> = std::collections::BTreeMap::new();
+        // A failed driver call inside a caching allocator's space is one of its tries: it folds
+        // into the allocator's own OOM when one follows (PyTorch's hook, the annotation API).
+        // Where the allocator has no such channel (eBPF sees only the driver and USDT blocks),
+        // consecutive failures of the same request fold into their last one.
+        let mut pending: std::collections::BTreeMap<(u32, i16), (&crate::ingest::OomRecord, u64)> = std::collections::BTreeMap::new();
         let mut driver_failures = 0;
         let mut finals = Vec::new();
         for o in &state.ooms {
+            let key = (o.pid, o.device);
             if o.is_framework_retry() {
-                *retries.entry((o.pid, o.device)).or_default() += 1;
                 driver_failures += 1;
+                match pending.get_mut(&key) {
+                    Some((last, n)) if last.requested == o.requested => {
+                        *last = o;
+                        *n += 1;
+                    }
+                    _ => {
+                        if let Some((last, n)) = pending.insert(key, (o, 1)) {
+                            finals.push((last, n - 1));
+                        }
+                    }
+                }
+            } else if o.op == Some(crate::event::EventKind::BlockAlloc) {
+                finals.push((o, pending.remove(&key).map_or(0, |(_, n)| n)));
             } else {
-                finals.push((o, retries.remove(&(o.pid, o.device)).unwrap_or(0)));
+                finals.push((o, 0));
             }
         }
+        finals.extend(pending.into_values().map(|(last, n)| (last, n - 1)));
+        finals.sort_by_key(|(o, _)| o.ts_ns);
         let ooms = finals
             .into_iter()
             .map(|(o, driver_failures_before)| {

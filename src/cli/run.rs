@@ -117,7 +117,13 @@ pub struct Live {
     pub processes: Vec<(u32, String)>,
     /// Exporters, live feeds, report writers.
     pub observers: Vec<Box<dyn crate::observe::Observer>>,
+    /// Driver failures held back: (index in `state.ooms`, when seen).
+    pending_ooms: Vec<(usize, Instant)>,
 }
+
+/// How long a caching allocator's failed driver call waits for the allocator's own OOM report
+/// before it is printed as the verdict.
+const OOM_HOLD: Duration = Duration::from_millis(500);
 
 impl Live {
     /// A live state; `record` receives every applied event.
@@ -126,7 +132,7 @@ impl Live {
             Some(p) => Some(record::Writer::create(p).with_context(|| format!("creating the record file {}", p.display()))?),
             None => None,
         };
-        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: Vec::new(), observers: Vec::new() })
+        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: Vec::new(), observers: Vec::new(), pending_ooms: Vec::new() })
     }
 
     fn apply(&mut self, e: &Event) {
@@ -188,36 +194,62 @@ impl Live {
 
     fn report_new_ooms(&mut self) {
         while self.oom_seen < self.state.ooms.len() {
-            let o = &self.state.ooms[self.oom_seen];
+            let i = self.oom_seen;
             self.oom_seen += 1;
-            // Inside a caching allocator's space a failed driver call is its first try: it frees
-            // cache and retries, and reports its own OOM if the request fails for good.
-            if self.quiet || o.is_framework_retry() {
+            let o = &self.state.ooms[i];
+            let key = (o.pid, o.device);
+            if o.is_framework_retry() {
+                // A caching allocator's try: it frees cache and retries, and reports its own OOM
+                // if the request fails for good. Held back until that report comes, or until
+                // OOM_HOLD passes without one (eBPF has no such report: then this is the verdict).
+                self.pending_ooms.retain(|&(j, _)| (self.state.ooms[j].pid, self.state.ooms[j].device) != key);
+                self.pending_ooms.push((i, Instant::now()));
                 continue;
             }
-            let inputs = crate::analysis::OomInputs {
-                requested: o.requested,
-                device_free: o.device_free.unwrap_or(0),
-                stranded: o.figures.stranded,
-                releasable: o.figures.releasable,
-                largest_free_block: o.figures.largest_free_block,
-                framework: o.figures.framework_seen,
-            };
-            let clear = if std::io::stderr().is_terminal() { "\r\x1b[K" } else { "" };
-            eprintln!(
-                "{clear}[gpufrag] OOM in pid {} on device {}: {} requested: {}\n[gpufrag]   {}\n[gpufrag]   fix: {}",
-                o.pid,
-                o.device,
-                h(o.requested),
-                inputs.verdict().name(),
-                inputs.explanation(),
-                inputs.fix()
-            );
+            self.pending_ooms.retain(|&(j, _)| (self.state.ooms[j].pid, self.state.ooms[j].device) != key);
+            self.print_oom(i);
         }
+        self.flush_pending_ooms(false);
+    }
+
+    /// Prints held-back driver failures whose allocator said nothing within [`OOM_HOLD`] (all of
+    /// them with `all`).
+    fn flush_pending_ooms(&mut self, all: bool) {
+        let due: Vec<usize> = self.pending_ooms.iter().filter(|(_, t)| all || t.elapsed() >= OOM_HOLD).map(|&(i, _)| i).collect();
+        self.pending_ooms.retain(|(i, _)| !due.contains(i));
+        for i in due {
+            self.print_oom(i);
+        }
+    }
+
+    fn print_oom(&self, i: usize) {
+        let o = &self.state.ooms[i];
+        if self.quiet {
+            return;
+        }
+        let inputs = crate::analysis::OomInputs {
+            requested: o.requested,
+            device_free: o.device_free.unwrap_or(0),
+            stranded: o.figures.stranded,
+            releasable: o.figures.releasable,
+            largest_free_block: o.figures.largest_free_block,
+            framework: o.figures.framework_seen,
+        };
+        let clear = if std::io::stderr().is_terminal() { "\r\x1b[K" } else { "" };
+        eprintln!(
+            "{clear}[gpufrag] OOM in pid {} on device {}: {} requested: {}\n[gpufrag]   {}\n[gpufrag]   fix: {}",
+            o.pid,
+            o.device,
+            h(o.requested),
+            inputs.verdict().name(),
+            inputs.explanation(),
+            inputs.fix()
+        );
     }
 
     /// Gives every observer the current state.
     pub fn tick(&mut self) {
+        self.flush_pending_ooms(false);
         for o in self.observers.iter_mut() {
             o.tick(&self.state);
         }
@@ -225,6 +257,7 @@ impl Live {
 
     /// Gives every observer the final state.
     pub fn finish(&mut self) {
+        self.flush_pending_ooms(true);
         for o in self.observers.iter_mut() {
             o.finish(&self.state);
         }
