@@ -4,9 +4,11 @@
 //! Segments never overlap, so an ordered map keyed by start address answers "which segment holds
 //! this address" in O(log n) (`range(..=addr).next_back()`); that is the interval query this map
 //! needs. Free runs inside framework segments are kept twice, by address (to merge neighbours on
-//! free) and in an ordered set by length (so the largest free run is the last element, O(log n),
-//! with no scan of the segments). Totals (reserved, stranded, releasable, ...) are maintained
-//! incrementally: every update subtracts a segment's contribution, changes it, and adds it back.
+//! free) and in a max-heap by length (the largest free run is its top, O(1), with no scan of the
+//! segments; entries of runs since changed are dropped lazily when they surface, a push instead
+//! of a B-tree remove and insert per update: benches/ingest.rs). Totals (reserved, stranded,
+//! releasable, ...) are maintained incrementally: every update subtracts a segment's
+//! contribution, changes it, and adds it back.
 //!
 //! Why no crate: `rangemap` coalesces touching ranges (driver segments must never merge with a
 //! neighbour even when their addresses touch) and keeps no per-range aggregates; interval-tree
@@ -26,7 +28,7 @@ pub use pages::PageOccupancy;
 
 use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
 use crate::rules::{AllocatorRules, DRIVER_PAGE};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 /// How the driver handed a segment out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -228,7 +230,10 @@ pub struct AddressSpace {
     segments: BTreeMap<u64, Segment>,
     blocks: BTreeMap<u64, Block>,
     free_runs: BTreeMap<u64, u64>,
-    free_by_len: BTreeSet<(u64, u64)>,
+    /// `(len, start)` of every free run, and of runs since changed or removed: the top is kept
+    /// live (see [`AddressSpace::settle_largest`]), the rest are dropped when they surface or
+    /// when the heap is rebuilt.
+    free_by_len: BinaryHeap<(u64, u64)>,
     pages: PageOccupancy,
     reservations: BTreeMap<u64, u64>,
     handles: HashMap<u64, u64>,
@@ -274,9 +279,9 @@ impl AddressSpace {
         }
     }
 
-    /// The largest free run inside one framework segment, O(log n).
+    /// The largest free run inside one framework segment, O(1).
     pub fn largest_free_run(&self) -> u64 {
-        self.free_by_len.last().map_or(0, |&(len, _)| len)
+        self.free_by_len.peek().map_or(0, |&(len, _)| len)
     }
 
     /// Segments in address order.
@@ -315,15 +320,39 @@ impl AddressSpace {
 
     fn insert_run(&mut self, start: u64, len: u64) {
         if len > 0 {
-            self.free_runs.insert(start, len);
-            self.free_by_len.insert((len, start));
+            let replaced = self.free_runs.insert(start, len).is_some();
+            if self.free_by_len.len() > 2 * self.free_runs.len() + 64 {
+                // Mostly stale entries: rebuild, O(n) once per n pushes.
+                self.free_by_len = self.free_runs.iter().map(|(&s, &l)| (l, s)).collect();
+            } else {
+                self.free_by_len.push((len, start));
+            }
+            if replaced {
+                self.settle_largest(start);
+            }
         }
     }
 
     fn remove_run(&mut self, start: u64) -> Option<u64> {
         let len = self.free_runs.remove(&start)?;
-        self.free_by_len.remove(&(len, start));
+        self.settle_largest(start);
         Some(len)
+    }
+
+    /// After the run at `changed` was removed or replaced: pops stale entries (runs removed or
+    /// changed since they were pushed) off the top of the by-length heap, so that its top is the
+    /// largest free run again. The top was live before, so only a change to its run can stale
+    /// it. Amortised O(log n): every entry is pushed once and popped at most once.
+    fn settle_largest(&mut self, changed: u64) {
+        if self.free_by_len.peek().map_or(true, |&(_, top)| top != changed) {
+            return;
+        }
+        while let Some(&(len, start)) = self.free_by_len.peek() {
+            if self.free_runs.get(&start) == Some(&len) {
+                break;
+            }
+            self.free_by_len.pop();
+        }
     }
 
     /// Removes every free run inside `[lo, hi)`, re-inserting the parts outside it.
@@ -636,10 +665,21 @@ impl AddressSpace {
     }
 
     fn cut(&mut self, seg: &Segment, lo: u64, hi: u64) -> Result<(), Anomaly> {
+        // A live block that crosses `lo` or `hi` goes with the cut too, freed first so that its
+        // bytes that stay mapped become free runs of their piece (never a block over a hole).
+        let mut straddling = 0;
+        for edge in [lo, hi] {
+            let crossing = self.blocks.range(seg.start..edge).next_back().filter(|(&a, b)| a + b.size > edge).map(|(&a, _)| a);
+            if let Some(a) = crossing {
+                let _ = self.block_free(a);
+                straddling += 1;
+            }
+        }
         let Some(old) = self.segments.remove(&seg.start) else { return Ok(()) };
         self.totals.sub(&old);
         self.mapped_bytes -= hi - lo;
         let (dropped, dropped_bytes) = self.drop_blocks(lo, hi);
+        let dropped_total = dropped + straddling;
         if old.framework {
             self.cut_runs(lo, hi);
         }
@@ -661,8 +701,8 @@ impl AddressSpace {
                 self.segments.insert(piece.start, piece);
             }
         }
-        if dropped > 0 {
-            return Err(Anomaly::LiveBlocksDropped { addr: lo, blocks: dropped });
+        if dropped_total > 0 {
+            return Err(Anomaly::LiveBlocksDropped { addr: lo, blocks: dropped_total });
         }
         Ok(())
     }
@@ -704,8 +744,10 @@ impl AddressSpace {
     /// `round_size(requested)`, or the whole rest of its free run when the allocator would not
     /// split that rest off.
     pub fn block_alloc(&mut self, addr: u64, requested: u64, known_size: Option<u64>) -> Result<u64, Anomaly> {
-        let seg_start = self.segment_start_at(addr).ok_or(Anomaly::BlockOutsideSegment(addr))?;
-        self.adopt(seg_start);
+        let (seg_start, framework) = self.segment_at(addr).map(|s| (s.start, s.framework)).ok_or(Anomaly::BlockOutsideSegment(addr))?;
+        if !framework {
+            self.adopt(seg_start);
+        }
         let (run_start, run_len) = match self.free_runs.range(..=addr).next_back() {
             Some((&s, &l)) if addr < s + l => (s, l),
             _ => return Err(Anomaly::BlockOverlap(addr)),
@@ -743,24 +785,24 @@ impl AddressSpace {
     /// its segment, never across a segment boundary. Returns the block.
     pub fn block_free(&mut self, addr: u64) -> Result<Block, Anomaly> {
         let block = self.blocks.remove(&addr).ok_or(Anomaly::FreeUnknown(addr))?;
-        let Some(seg) = self.segment_at(addr).cloned() else { return Ok(block) };
+        let Some((seg_start, seg_end)) = self.segment_at(addr).map(|s| (s.start, s.end())) else { return Ok(block) };
         let mut start = addr;
         let mut len = block.size;
         if let Some((&ls, &ll)) = self.free_runs.range(..addr).next_back() {
-            if ls + ll == addr && ls >= seg.start {
+            if ls + ll == addr && ls >= seg_start {
                 self.remove_run(ls);
                 start = ls;
                 len += ll;
             }
         }
         let after = addr + block.size;
-        if after < seg.end() {
+        if after < seg_end {
             if let Some(rl) = self.remove_run(after) {
                 len += rl;
             }
         }
         self.insert_run(start, len);
-        if let Some(s) = self.segments.get_mut(&seg.start) {
+        if let Some(s) = self.segments.get_mut(&seg_start) {
             self.totals.sub(s);
             s.live_blocks -= 1;
             s.live_bytes -= block.size;

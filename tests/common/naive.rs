@@ -1,0 +1,476 @@
+//! The naive model of the address map: what `gpufrag::map::AddressSpace` must compute, written the
+//! dumbest way that is obviously right, so that the two can be compared op by op
+//! (`tests/map_model.rs`) and their ingest throughput set side by side (`benches/ingest.rs`).
+//!
+//! Everything is a `Vec` scanned linearly; nothing derived is stored. Free runs are the gaps
+//! between the blocks of a framework segment, found by sorting that segment's blocks; live bytes,
+//! page occupancy, mapped bytes and every figure are recomputed from scratch when asked for. The
+//! only state is what the events said: segments, blocks, reservations, physical handles, pools.
+//!
+//! It lives under `tests/` and is pulled in with `#[path]` by the test and the bench, so it is
+//! compiled only there: it never becomes part of the library's public API, needs no feature flag,
+//! and the test and the bench measure exactly the same code.
+#![allow(dead_code)]
+
+use gpufrag::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
+use gpufrag::map::{Anomaly, Block, Figures, Segment, SegmentKind};
+use gpufrag::rules::{AllocatorRules, DRIVER_PAGE};
+
+/// A segment as the model keeps it: no counters, only what the driver said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NaiveSegment {
+    pub start: u64,
+    pub size: u64,
+    pub kind: SegmentKind,
+    pub framework: bool,
+    pub owner: u64,
+    pub stream: u64,
+}
+
+impl NaiveSegment {
+    pub fn end(&self) -> u64 {
+        self.start + self.size
+    }
+    fn holds(&self, addr: u64) -> bool {
+        self.start <= addr && addr < self.end()
+    }
+}
+
+/// A stream-ordered pool: bytes in live allocations and bytes kept after frees.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NaivePool {
+    pub id: u64,
+    pub used: u64,
+    pub cached: u64,
+}
+
+/// The model of one (process, device).
+#[derive(Clone, Debug, Default)]
+pub struct NaiveSpace {
+    pub rules: AllocatorRules,
+    /// In no particular order; never overlapping.
+    pub segments: Vec<NaiveSegment>,
+    /// In no particular order; each lies inside one framework segment.
+    pub blocks: Vec<Block>,
+    /// `(start, size)`; a new one at the same start replaces the old.
+    pub reservations: Vec<(u64, u64)>,
+    /// `(handle, size)`.
+    pub handles: Vec<(u64, u64)>,
+    pub pools: Vec<NaivePool>,
+    pub framework_seen: bool,
+}
+
+impl NaiveSpace {
+    pub fn new(rules: AllocatorRules) -> NaiveSpace {
+        NaiveSpace { rules, ..NaiveSpace::default() }
+    }
+
+    fn segment_index_at(&self, addr: u64) -> Option<usize> {
+        self.segments.iter().position(|s| s.holds(addr))
+    }
+
+    fn pool(&mut self, id: u64) -> &mut NaivePool {
+        match self.pools.iter().position(|p| p.id == id) {
+            Some(i) => &mut self.pools[i],
+            None => {
+                self.pools.push(NaivePool { id, ..NaivePool::default() });
+                self.pools.last_mut().expect("just pushed")
+            }
+        }
+    }
+
+    /// The blocks inside `s`, sorted by address.
+    fn blocks_of(&self, s: &NaiveSegment) -> Vec<Block> {
+        let mut b: Vec<Block> = self.blocks.iter().filter(|b| s.holds(b.addr)).copied().collect();
+        b.sort_by_key(|b| b.addr);
+        b
+    }
+
+    /// The free runs of one segment: the gaps between its blocks (none unless framework-owned).
+    pub fn free_runs_of(&self, s: &NaiveSegment) -> Vec<(u64, u64)> {
+        let mut runs = Vec::new();
+        if !s.framework {
+            return runs;
+        }
+        let mut at = s.start;
+        for b in self.blocks_of(s) {
+            if b.addr > at {
+                runs.push((at, b.addr - at));
+            }
+            at = at.max(b.addr + b.size);
+        }
+        if at < s.end() {
+            runs.push((at, s.end() - at));
+        }
+        runs
+    }
+
+    fn sorted_segments(&self) -> Vec<&NaiveSegment> {
+        let mut s: Vec<&NaiveSegment> = self.segments.iter().collect();
+        s.sort_by_key(|s| s.start);
+        s
+    }
+
+    /// Every free run `(start, len)` in address order.
+    pub fn free_runs(&self) -> Vec<(u64, u64)> {
+        self.sorted_segments().into_iter().flat_map(|s| self.free_runs_of(s)).collect()
+    }
+
+    /// The segments as the map reports them, in address order.
+    pub fn segment_list(&self) -> Vec<Segment> {
+        self.sorted_segments()
+            .into_iter()
+            .map(|s| {
+                let blocks = self.blocks_of(s);
+                Segment {
+                    start: s.start,
+                    size: s.size,
+                    kind: s.kind,
+                    framework: s.framework,
+                    live_blocks: blocks.len() as u64,
+                    live_bytes: blocks.iter().map(|b| b.size).sum(),
+                    owner: s.owner,
+                    stream: s.stream,
+                }
+            })
+            .collect()
+    }
+
+    /// The live blocks in address order.
+    pub fn block_list(&self) -> Vec<Block> {
+        let mut b = self.blocks.clone();
+        b.sort_by_key(|b| b.addr);
+        b
+    }
+
+    /// Free bytes of every 2 MiB page touched by a live sub-2 MiB driver or pitch allocation.
+    pub fn page_stranded(&self) -> u64 {
+        let mut pages: Vec<(u64, u64)> = Vec::new(); // (page index, live bytes)
+        for s in self.segments.iter().filter(|s| matches!(s.kind, SegmentKind::Driver | SegmentKind::Pitch) && s.size < DRIVER_PAGE) {
+            for page in s.start / DRIVER_PAGE..=(s.end() - 1) / DRIVER_PAGE {
+                let lo = s.start.max(page * DRIVER_PAGE);
+                let hi = s.end().min((page + 1) * DRIVER_PAGE);
+                match pages.iter_mut().find(|(p, _)| *p == page) {
+                    Some((_, live)) => *live += hi - lo,
+                    None => pages.push((page, hi - lo)),
+                }
+            }
+        }
+        pages.iter().map(|(_, live)| DRIVER_PAGE - live).sum()
+    }
+
+    /// Every figure, from scratch.
+    pub fn figures(&self) -> Figures {
+        let pool_cached: u64 = self.pools.iter().map(|p| p.cached).sum();
+        let mut f = Figures { pool_cached, framework_seen: self.framework_seen, ..Figures::default() };
+        for s in self.segment_list() {
+            f.reserved += s.size;
+            f.segments += 1;
+            f.blocks += s.live_blocks;
+            if !s.framework {
+                f.allocated += s.size;
+            } else {
+                f.allocated += s.live_bytes;
+                if s.live_blocks > 0 {
+                    f.stranded += s.size - s.live_bytes;
+                } else {
+                    f.releasable += s.size;
+                }
+            }
+        }
+        f.reserved += pool_cached;
+        f.releasable += pool_cached;
+        f.largest_free_block = self.free_runs().iter().map(|&(_, l)| l).max().unwrap_or(0);
+        f.page_stranded = self.page_stranded();
+        let physical: u64 = self.handles.iter().map(|&(_, l)| l).sum();
+        let mapped: u64 = self.segments.iter().filter(|s| s.kind == SegmentKind::Mapped).map(|s| s.size).sum();
+        f.unmapped_physical = physical.saturating_sub(mapped);
+        f
+    }
+
+    /// Takes segment `i` out with the blocks inside it; a pool allocation stops being in use.
+    /// Returns the segment and the number of live blocks that went with it.
+    fn take_segment(&mut self, i: usize) -> (NaiveSegment, u64) {
+        let s = self.segments.swap_remove(i);
+        let before = self.blocks.len();
+        self.blocks.retain(|b| !s.holds(b.addr));
+        if s.kind == SegmentKind::Pool {
+            let p = self.pool(s.owner);
+            p.used = p.used.saturating_sub(s.size);
+        }
+        let dropped = (before - self.blocks.len()) as u64;
+        (s, dropped)
+    }
+
+    /// A new segment; any it overlaps are forgotten (their frees were lost).
+    fn insert(&mut self, seg: NaiveSegment) -> Result<(), Anomaly> {
+        let mut result = Ok(());
+        while let Some(i) = self.segments.iter().position(|s| s.start < seg.end() && seg.start < s.end()) {
+            self.take_segment(i);
+            result = Err(Anomaly::SegmentOverlap(seg.start));
+        }
+        self.framework_seen |= seg.framework;
+        self.segments.push(seg);
+        result
+    }
+
+    pub fn driver_alloc(&mut self, addr: u64, size: u64, kind: SegmentKind, framework: bool, stream: u64) -> Result<(), Anomaly> {
+        self.insert(NaiveSegment { start: addr, size, kind, framework, owner: 0, stream })
+    }
+
+    /// Frees the segment starting at `addr`, whatever its kind; a pool's bytes go to its cache.
+    pub fn driver_free(&mut self, addr: u64) -> Result<(), Anomaly> {
+        let i = self.segments.iter().position(|s| s.start == addr).ok_or(Anomaly::FreeUnknown(addr))?;
+        let (s, dropped) = self.take_segment(i);
+        if s.kind == SegmentKind::Pool {
+            self.pool(s.owner).cached += s.size;
+        }
+        if dropped > 0 {
+            return Err(Anomaly::LiveBlocksDropped { addr, blocks: dropped });
+        }
+        Ok(())
+    }
+
+    /// The same as [`NaiveSpace::driver_free`]: a free is a free.
+    pub fn pool_free(&mut self, addr: u64) -> Result<(), Anomaly> {
+        self.driver_free(addr)
+    }
+
+    pub fn reserve(&mut self, addr: u64, size: u64) {
+        self.reservations.retain(|&(s, _)| s != addr);
+        self.reservations.push((addr, size));
+    }
+
+    /// The range goes, and every segment that starts inside it.
+    pub fn reserve_free(&mut self, addr: u64) -> Result<(), Anomaly> {
+        let i = self.reservations.iter().position(|&(s, _)| s == addr).ok_or(Anomaly::UnknownHandle(addr))?;
+        let (_, size) = self.reservations.swap_remove(i);
+        let mut result = Ok(());
+        while let Some(i) = self.segments.iter().position(|s| addr <= s.start && s.start < addr + size) {
+            self.take_segment(i);
+            result = Err(Anomaly::UnmapUnknown(addr));
+        }
+        result
+    }
+
+    pub fn phys_create(&mut self, handle: u64, size: u64) {
+        self.handles.retain(|&(h, _)| h != handle);
+        self.handles.push((handle, size));
+    }
+
+    pub fn phys_release(&mut self, handle: u64) -> Result<(), Anomaly> {
+        let i = self.handles.iter().position(|&(h, _)| h == handle).ok_or(Anomaly::UnknownHandle(handle))?;
+        self.handles.swap_remove(i);
+        Ok(())
+    }
+
+    /// The reserved range a mapping at `addr` belongs to: the one starting last at or before
+    /// `addr`, if it reaches `addr`; 0 otherwise.
+    fn reservation_of(&self, addr: u64) -> u64 {
+        match self.reservations.iter().filter(|&&(s, _)| s <= addr).max_by_key(|&&(s, _)| s) {
+            Some(&(s, l)) if addr < s + l => s,
+            _ => 0,
+        }
+    }
+
+    /// A mapping joins the mapped segments of the same range that touch it on either side.
+    pub fn map(&mut self, addr: u64, size: u64, framework: bool) -> Result<(), Anomaly> {
+        let owner = self.reservation_of(addr);
+        let result = self.insert(NaiveSegment { start: addr, size, kind: SegmentKind::Mapped, framework, owner, stream: 0 });
+        let joins = |s: &NaiveSegment| s.kind == SegmentKind::Mapped && s.owner == owner;
+        let mut me = self.segments.len() - 1;
+        if let Some(l) = self.segments.iter().position(|s| s.end() == addr && joins(s)) {
+            let right = self.segments.swap_remove(me);
+            self.segments[l].size += right.size;
+            self.segments[l].framework |= right.framework;
+            me = l;
+        }
+        let end = self.segments[me].end();
+        if let Some(r) = self.segments.iter().position(|s| s.start == end && joins(s)) {
+            let right = self.segments[r].clone();
+            self.segments[me].size += right.size;
+            self.segments[me].framework |= right.framework;
+            self.segments.swap_remove(r);
+        }
+        result
+    }
+
+    /// Unmaps `[addr, addr + size)`: mapped segments are cut, blocks touching the cut are dropped;
+    /// bytes not mapped (a hole, a driver segment) make it an anomaly.
+    pub fn unmap(&mut self, addr: u64, size: u64) -> Result<(), Anomaly> {
+        let end = addr + size;
+        let mut anomaly = false;
+        // Holes: any byte of the range that no segment holds.
+        let mut covered: Vec<(u64, u64)> = self
+            .segments
+            .iter()
+            .filter(|s| s.start < end && addr < s.end())
+            .map(|s| (s.start.max(addr), s.end().min(end)))
+            .collect();
+        covered.sort();
+        let mut at = addr;
+        for &(lo, hi) in &covered {
+            anomaly |= lo > at;
+            at = at.max(hi);
+        }
+        anomaly |= at < end;
+        // Cut every mapped segment the range touches; anything else is not ours to unmap.
+        let touched: Vec<NaiveSegment> = self.segments.iter().filter(|s| s.start < end && addr < s.end()).cloned().collect();
+        for s in touched {
+            if s.kind != SegmentKind::Mapped {
+                anomaly = true;
+                continue;
+            }
+            let (lo, hi) = (s.start.max(addr), s.end().min(end));
+            let before = self.blocks.len();
+            self.blocks.retain(|b| !(b.addr < hi && lo < b.addr + b.size));
+            anomaly |= self.blocks.len() != before;
+            self.segments.retain(|x| x.start != s.start);
+            if lo > s.start {
+                self.segments.push(NaiveSegment { size: lo - s.start, ..s.clone() });
+            }
+            if hi < s.end() {
+                self.segments.push(NaiveSegment { start: hi, size: s.end() - hi, ..s.clone() });
+            }
+        }
+        if anomaly {
+            Err(Anomaly::UnmapUnknown(addr))
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn pool_alloc(&mut self, addr: u64, size: u64, pool: u64, stream: u64) -> Result<(), Anomaly> {
+        let p = self.pool(pool);
+        let reuse = p.cached.min(size);
+        p.cached -= reuse;
+        p.used += size;
+        self.insert(NaiveSegment { start: addr, size, kind: SegmentKind::Pool, framework: false, owner: pool, stream })
+    }
+
+    pub fn pool_trim(&mut self, pool: u64, keep: u64) {
+        let p = self.pool(pool);
+        p.cached = p.cached.min(keep.saturating_sub(p.used));
+    }
+
+    pub fn pool_reserved(&mut self, pool: u64, reserved: u64) {
+        let p = self.pool(pool);
+        p.cached = reserved.saturating_sub(p.used);
+    }
+
+    /// A block at `addr` inside a segment (which becomes framework-owned): its extent is the known
+    /// size, else the rounded request, or the whole rest of the free run when the allocator would
+    /// not split that rest off.
+    pub fn block_alloc(&mut self, addr: u64, requested: u64, known_size: Option<u64>) -> Result<u64, Anomaly> {
+        let i = self.segment_index_at(addr).ok_or(Anomaly::BlockOutsideSegment(addr))?;
+        if !self.segments[i].framework {
+            self.segments[i].framework = true;
+            self.framework_seen = true;
+        }
+        let runs = self.free_runs_of(&self.segments[i]);
+        let &(run, len) = runs.iter().find(|&&(s, l)| s <= addr && addr < s + l).ok_or(Anomaly::BlockOverlap(addr))?;
+        let avail = run + len - addr;
+        let size = match known_size {
+            Some(s) => s,
+            None => {
+                let rounded = self.rules.round_size(requested);
+                if rounded <= avail && !self.rules.should_split(avail, rounded) {
+                    avail
+                } else {
+                    rounded
+                }
+            }
+        };
+        if size == 0 || size > avail {
+            return Err(Anomaly::BlockTooLarge { addr, size, run: avail });
+        }
+        self.blocks.push(Block { addr, size, requested });
+        Ok(size)
+    }
+
+    pub fn block_free(&mut self, addr: u64) -> Result<Block, Anomaly> {
+        let i = self.blocks.iter().position(|b| b.addr == addr).ok_or(Anomaly::FreeUnknown(addr))?;
+        Ok(self.blocks.swap_remove(i))
+    }
+}
+
+/// The model of [`gpufrag::ingest::State`]'s map side: one [`NaiveSpace`] per (pid, device), found by
+/// a linear scan, and the anomalies counted.
+#[derive(Clone, Debug, Default)]
+pub struct NaiveState {
+    pub rules: AllocatorRules,
+    pub spaces: Vec<((u32, i16), NaiveSpace)>,
+    pub anomalies: u64,
+    pub events: u64,
+    /// Figures at each failed allocation.
+    pub ooms: Vec<Figures>,
+}
+
+impl NaiveState {
+    pub fn new(rules: AllocatorRules) -> NaiveState {
+        NaiveState { rules, ..NaiveState::default() }
+    }
+
+    pub fn space(&mut self, pid: u32, device: i16) -> &mut NaiveSpace {
+        let i = match self.spaces.iter().position(|(k, _)| *k == (pid, device)) {
+            Some(i) => i,
+            None => {
+                self.spaces.push(((pid, device), NaiveSpace::new(self.rules.clone())));
+                self.spaces.len() - 1
+            }
+        };
+        &mut self.spaces[i].1
+    }
+
+    /// Applies one event the way the wire format defines it.
+    pub fn apply(&mut self, ev: &Event) {
+        self.events += 1;
+        let Some(kind) = ev.kind() else { return };
+        if kind == EventKind::AllocFailed {
+            let f = self.space(ev.pid, ev.device).figures();
+            self.ooms.push(f);
+            return;
+        }
+        if ev.rc != 0 || matches!(kind, EventKind::DeviceInfo | EventKind::Dropped | EventKind::ProcessExec | EventKind::ProcessExit) {
+            return;
+        }
+        let framework = ev.flags & F_FRAMEWORK_OWNED != 0;
+        let m = self.space(ev.pid, ev.device);
+        let r = match kind {
+            EventKind::MemAlloc => m.driver_alloc(ev.addr, ev.size, SegmentKind::Driver, framework, ev.stream),
+            EventKind::MemAllocPitch => m.driver_alloc(ev.addr, ev.size, SegmentKind::Pitch, framework, ev.stream),
+            EventKind::MemAllocManaged => m.driver_alloc(ev.addr, ev.size, SegmentKind::Managed, framework, ev.stream),
+            EventKind::MemFree | EventKind::PoolFree => m.driver_free(ev.addr),
+            EventKind::AddressReserve => {
+                m.reserve(ev.addr, ev.size);
+                Ok(())
+            }
+            EventKind::AddressFree => m.reserve_free(ev.addr),
+            EventKind::PhysCreate => {
+                m.phys_create(ev.handle, ev.size);
+                Ok(())
+            }
+            EventKind::PhysRelease => m.phys_release(ev.handle),
+            EventKind::Map => m.map(ev.addr, ev.size, framework),
+            EventKind::Unmap => m.unmap(ev.addr, ev.size),
+            EventKind::PoolAlloc => m.pool_alloc(ev.addr, ev.size, ev.handle, ev.stream),
+            EventKind::PoolTrim => {
+                m.pool_trim(ev.handle, ev.size);
+                Ok(())
+            }
+            EventKind::PoolReserved => {
+                m.pool_reserved(ev.handle, ev.size);
+                Ok(())
+            }
+            EventKind::BlockAlloc => {
+                let known = (ev.flags & F_BLOCK_SIZE_KNOWN != 0).then_some(ev.size);
+                m.block_alloc(ev.addr, ev.requested, known).map(|_| ())
+            }
+            EventKind::BlockFree => m.block_free(ev.addr).map(|_| ()),
+            _ => Ok(()),
+        };
+        if r.is_err() {
+            self.anomalies += 1;
+        }
+    }
+}
