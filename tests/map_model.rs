@@ -434,7 +434,9 @@ fn event_flags_choose_kind_ownership_and_block_extent() {
         (SegmentKind::Pool, false, 3),
     ]);
     let f = m.figures();
-    assert_eq!((f.releasable, f.allocated, f.page_stranded), (20 * MIB, 8 * MIB, MIB), "only the pitch allocation shares a page");
+    assert_eq!((f.releasable, f.allocated, f.page_stranded), (20 * MIB, 0, MIB), "only the pitch allocation shares a page");
+    // Outside the cache: the raw driver, pitch and managed segments; the pool allocation is cache.
+    assert_eq!((f.non_framework, f.framework_reserved), (6 * MIB, 22 * MIB));
 
     // Without F_BLOCK_SIZE_KNOWN the rules decide the extent: 3 MiB + 1 rounds to 512 bytes.
     state.apply(&Event { requested: 3 * MIB + 1, ..ev(EventKind::BlockAlloc, 0, 0, 0) });

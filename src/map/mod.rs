@@ -73,17 +73,29 @@ impl Segment {
     pub fn end(&self) -> u64 {
         self.start + self.size
     }
-    /// Free bytes held hostage by live blocks.
+    /// Free bytes held hostage by live blocks. In a mapped (VMM) segment free pages can be
+    /// unmapped one by one, so nothing there is held hostage: it is releasable (PyTorch's
+    /// `inactive_split` is 0 under expandable segments for the same reason).
     pub fn stranded(&self) -> u64 {
-        if self.framework && self.live_blocks > 0 {
+        if self.framework && self.live_blocks > 0 && self.kind != SegmentKind::Mapped {
             self.size - self.live_bytes
         } else {
             0
         }
     }
-    /// Bytes a cache release (`empty_cache()`) would return.
+    /// Bytes a cache release (`empty_cache()`) would return: a whole segment with no live block,
+    /// or the free bytes of a mapped segment (unmapped page by page; the partial pages at the
+    /// edges of live blocks are counted too, an overestimate of at most 2 MiB per free run).
     pub fn releasable(&self) -> u64 {
-        if self.framework && self.live_blocks == 0 {
+        if self.framework && (self.live_blocks == 0 || self.kind == SegmentKind::Mapped) {
+            self.size - self.live_bytes
+        } else {
+            0
+        }
+    }
+    /// Bytes of the allocator's cache, pools included: what `torch.cuda.memory_reserved()` counts.
+    pub fn cache(&self) -> u64 {
+        if self.framework || self.kind == SegmentKind::Pool {
             self.size
         } else {
             0
@@ -160,8 +172,17 @@ pub enum Anomaly {
 pub struct Figures {
     /// Held from the driver: segments, mapped VMM memory, pool caches.
     pub reserved: u64,
-    /// In live framework blocks, plus segments no framework owns.
+    /// In live framework blocks once a caching allocator is seen; before that, every segment
+    /// (the driver's view: all of it is in use).
     pub allocated: u64,
+    /// Held by caching allocators and stream-ordered pools: framework-owned segments, pool
+    /// allocations and pool caches. What `torch.cuda.memory_reserved()` reports.
+    pub framework_reserved: u64,
+    /// Driver memory no caching allocator owns (a raw `cudaMalloc`, a library's workspace, a
+    /// JAX/XLA mapping): `reserved − framework_reserved`.
+    pub non_framework: u64,
+    /// Segments the caching allocators and pools hold (PyTorch's snapshot lists these).
+    pub framework_segments: u64,
     /// Free inside framework segments that hold a live block.
     pub stranded: u64,
     /// Framework segments with no live block, plus pool caches.
@@ -185,6 +206,8 @@ pub struct Figures {
 #[derive(Clone, Copy, Debug, Default)]
 struct Totals {
     segment_bytes: u64,
+    cache_bytes: u64,
+    cache_segments: u64,
     raw: u64,
     live_bytes: u64,
     live_blocks: u64,
@@ -195,6 +218,8 @@ struct Totals {
 impl Totals {
     fn add(&mut self, s: &Segment) {
         self.segment_bytes += s.size;
+        self.cache_bytes += s.cache();
+        self.cache_segments += u64::from(s.cache() > 0);
         self.raw += s.raw();
         self.live_bytes += s.live_bytes;
         self.live_blocks += s.live_blocks;
@@ -203,6 +228,8 @@ impl Totals {
     }
     fn sub(&mut self, s: &Segment) {
         self.segment_bytes -= s.size;
+        self.cache_bytes -= s.cache();
+        self.cache_segments -= u64::from(s.cache() > 0);
         self.raw -= s.raw();
         self.live_bytes -= s.live_bytes;
         self.live_blocks -= s.live_blocks;
@@ -266,7 +293,10 @@ impl AddressSpace {
         let t = &self.totals;
         Figures {
             reserved: t.segment_bytes + self.pool_cached,
-            allocated: t.live_bytes + t.raw,
+            allocated: if self.framework_seen { t.live_bytes } else { t.raw },
+            framework_reserved: t.cache_bytes + self.pool_cached,
+            non_framework: t.segment_bytes - t.cache_bytes,
+            framework_segments: t.cache_segments,
             stranded: t.stranded,
             releasable: t.releasable + self.pool_cached,
             largest_free_block: self.largest_free_run(),

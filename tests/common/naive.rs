@@ -163,23 +163,35 @@ impl NaiveSpace {
     pub fn figures(&self) -> Figures {
         let pool_cached: u64 = self.pools.iter().map(|p| p.cached).sum();
         let mut f = Figures { pool_cached, framework_seen: self.framework_seen, ..Figures::default() };
+        let (mut raw, mut live) = (0, 0);
         for s in self.segment_list() {
             f.reserved += s.size;
             f.segments += 1;
             f.blocks += s.live_blocks;
+            let mapped = s.kind == SegmentKind::Mapped;
             if !s.framework {
-                f.allocated += s.size;
+                raw += s.size;
+                if s.kind == SegmentKind::Pool {
+                    f.framework_reserved += s.size;
+                    f.framework_segments += 1;
+                } else {
+                    f.non_framework += s.size;
+                }
             } else {
-                f.allocated += s.live_bytes;
-                if s.live_blocks > 0 {
+                f.framework_reserved += s.size;
+                f.framework_segments += 1;
+                live += s.live_bytes;
+                if s.live_blocks > 0 && !mapped {
                     f.stranded += s.size - s.live_bytes;
                 } else {
-                    f.releasable += s.size;
+                    f.releasable += s.size - s.live_bytes;
                 }
             }
         }
+        f.allocated = if self.framework_seen { live } else { raw };
         f.reserved += pool_cached;
         f.releasable += pool_cached;
+        f.framework_reserved += pool_cached;
         f.largest_free_block = self.free_runs().iter().map(|&(_, l)| l).max().unwrap_or(0);
         f.page_stranded = self.page_stranded();
         let physical: u64 = self.handles.iter().map(|&(_, l)| l).sum();

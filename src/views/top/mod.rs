@@ -39,8 +39,13 @@ pub fn run(source: &Source) -> anyhow::Result<()> {
     let mut guard = term::TerminalGuard::enter()?;
     let panic_after = std::env::var("GPUFRAG_TOP_TEST_PANIC_AFTER_MS").ok().and_then(|v| v.parse::<u64>().ok()).map(Duration::from_millis);
     let started = Instant::now();
+    // SAFETY: getppid cannot fail.
+    let parent = unsafe { libc::getppid() };
     loop {
-        if term::signalled().is_some() {
+        // A hung-up terminal whose SIGHUP went to the parent shell leaves us orphaned, reading a
+        // dead tty that polls ready forever: a changed parent means the session is gone.
+        // SAFETY: as above.
+        if term::signalled().is_some() || unsafe { libc::getppid() } != parent {
             break;
         }
         loop {
