@@ -13,7 +13,7 @@ if [ "${1:-main}" = main ]; then
 # 1. attach from the start: a launcher waits for a go file, then execs the script.
 launch() { python3 -c "import os,sys,time
 while not os.path.exists('$W/go'): time.sleep(0.01)
-os.execvp(sys.argv[1], sys.argv[1:])" "$@" & }
+os.execvp(sys.argv[1], sys.argv[1:])" "$@" >> $L 2>&1 & }
 rm -f $W/go; launch python3 $S/gpt_trace.py gtrace 3 none; LP=$!
 sleep 0.5
 timeout 300 $B/gpufrag attach $LP -q --lib $LIBCUDA --lib $C10 --summary-json $W/attach_gpt.json --record $W/attach_gpt.rec >> $L 2>&1 & AP=$!
