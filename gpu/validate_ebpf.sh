@@ -9,12 +9,12 @@ R=$OUT_FINAL/ebpf_results.md; L=$OUT_FINAL/ebpf_log.txt
 LIBCUDA=$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')
 C10=$(python3 -c 'import torch,os;print(os.path.join(os.path.dirname(torch.__file__),"lib","libc10_cuda.so"))')
 echo "libcuda $LIBCUDA c10 $C10" | tee -a $R
-if [ "${1:-main}" = main ]; then
+if [ "${1:-main}" = main ] || [ "${1:-main}" = attach ]; then
 # 1. attach from the start: a launcher waits for a go file, then execs the script.
 launch() { python3 -c "import os,sys,time
 while not os.path.exists('$W/go'): time.sleep(0.01)
 os.execvp(sys.argv[1], sys.argv[1:])" "$@" >> $L 2>&1 & }
-rm -f $W/go; launch python3 $S/gpt_trace.py gtrace 3 none; LP=$!
+rm -f $W/go; launch python3 $S/gpt_trace.py gtrace 3 python; LP=$!
 sleep 0.5
 timeout 300 $B/gpufrag attach $LP -q --lib $LIBCUDA --lib $C10 --summary-json $W/attach_gpt.json --record $W/attach_gpt.rec >> $L 2>&1 & AP=$!
 sleep 3; touch $W/go; wait $LP; echo "gpt_trace exit $?" | tee -a $R; sleep 1; wait $AP; echo "attach exit $?" | tee -a $R
@@ -29,6 +29,7 @@ rows = [("reserved (cache)", st["reserved_bytes.all.current"], p["framework_rese
 for n, w, g in rows: print(f"| attach gpt_trace | {n} | {w:,} | {g:,} | {'equal' if w == g else 'DIFFERS by %+d' % (g - w)} |")
 print("| attach gpt_trace | exact / level / notes |", s["exact"], p["level"], "|", "; ".join(s["notes"])[:400], "|")
 PY
+[ "${1:-main}" = attach ] && exit 0
 # 2. the agent, node-wide, while several workloads run one after another
 timeout 400 $B/gpufrag agent -q --keep-exited --lib $LIBCUDA --lib $C10 --summary-json $W/agent.json --record $W/agent.rec --duration 240 >> $L 2>&1 & AG=$!
 sleep 4
