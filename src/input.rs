@@ -112,7 +112,22 @@ pub fn replay_snapshot(snap: Snapshot) -> Loaded {
     notes.push(format!(
         "the trace ring does not start from an empty cache (truncated by max_entries, or recording began late): the state at its first entry was rebuilt from the snapshot's segments by undoing its {} entries{}",
         snap.entry_count(),
-        if complete { "; the replay then reproduces the final segments exactly" } else { "; the rebuilt replay still differs from the final segments, so figures at OOMs are approximate" }
+        if complete {
+            "; the replay then reproduces the final segments exactly"
+        } else {
+            "; that replay still differs from the final segments, so the final figures are taken from the segments themselves and the figures at OOMs are approximate"
+        }
     ));
-    Loaded { state: rebuilt, notes, complete, kind: InputKind::Snapshot, snapshot: Some(snap) }
+    if complete {
+        return Loaded { state: rebuilt, notes, complete, kind: InputKind::Snapshot, snapshot: Some(snap) };
+    }
+    // The snapshot's segments and blocks are the truth about the end: the final figures come from
+    // them; the replay contributes what only it knows (the OOMs with their moment's figures).
+    let mut last = State::new(rules_from(&snap.settings));
+    last.apply_all(&snap.seed_events());
+    last.ooms = rebuilt.ooms;
+    last.events = rebuilt.events;
+    last.anomaly_count += rebuilt.anomaly_count;
+    last.anomalies.extend(rebuilt.anomalies);
+    Loaded { state: last, notes, complete: false, kind: InputKind::Snapshot, snapshot: Some(snap) }
 }
