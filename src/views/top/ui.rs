@@ -44,7 +44,8 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
         Paragraph::new(Line::from(vec![
             Span::styled("gpufrag top ", Style::default().add_modifier(Modifier::BOLD)),
             state,
-            Span::raw(format!(" {} · {} events · dropped {} · {} · sort: {}", app.source, events, dropped, if exact { "exact" } else { "NOT exact" }, app.sort.name())),
+            // The source (a path, any length) goes last: a narrow terminal cuts it, not the figures.
+            Span::raw(format!(" sort: {} · {} events · dropped {} · {} · {}", app.sort.name(), events, dropped, if exact { "exact" } else { "NOT exact" }, app.source)),
         ])),
         title,
     );
