@@ -17,8 +17,13 @@ pub const BUCKET_BOUNDS: [u64; 28] = {
     b
 };
 
+/// The first bucket whose bound holds `v`: ⌈log2 v⌉ − 9, clamped (no scan over the bounds).
 fn bucket_index(v: u64) -> usize {
-    BUCKET_BOUNDS.iter().position(|&le| v <= le).unwrap_or(BUCKET_BOUNDS.len())
+    if v <= BUCKET_BOUNDS[0] {
+        return 0;
+    }
+    let ceil_log2 = 64 - (v - 1).leading_zeros() as usize;
+    (ceil_log2 - 9).min(BUCKET_BOUNDS.len())
 }
 
 /// A running distribution of byte sizes.
@@ -144,6 +149,14 @@ mod tests {
             d.buckets,
             vec![Bucket { le: 512, count: 1 }, Bucket { le: 1024, count: 2 }, Bucket { le: 1 << 30, count: 1 }, Bucket { le: 1 << 31, count: 1 }]
         );
+    }
+
+    #[test]
+    fn bucket_index_agrees_with_a_scan_of_the_bounds() {
+        for v in [0u64, 1, 511, 512, 513, 1023, 1024, 1025, 3 << 20, (1 << 36) - 1, 1 << 36, (1 << 36) + 1, u64::MAX] {
+            let scan = BUCKET_BOUNDS.iter().position(|&le| v <= le).unwrap_or(BUCKET_BOUNDS.len());
+            assert_eq!(bucket_index(v), scan, "value {v}");
+        }
     }
 
     #[test]
