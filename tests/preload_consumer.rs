@@ -64,10 +64,15 @@ fn consumer_gone_is_pure_pass_through() {
 
 #[test]
 fn consumer_that_never_drains() {
+    // One lane: the region's 64 slots fill exactly.
     let consumer = Consumer::start(Mode::NeverDrain);
     let out = run_bounded(
         &ARGS,
-        &[("GPUFRAG_SOCK", consumer.sock().as_os_str()), ("GPUFRAG_RING_CAPACITY", "64".as_ref())],
+        &[
+            ("GPUFRAG_SOCK", consumer.sock().as_os_str()),
+            ("GPUFRAG_RING_CAPACITY", "64".as_ref()),
+            ("GPUFRAG_RING_LANES", "1".as_ref()),
+        ],
         Duration::from_secs(120),
     );
     assert_same_as_bare(&ARGS, &out);
@@ -76,6 +81,22 @@ fn consumer_that_never_drains() {
     let t = &traced[0];
     assert_eq!(t.pushed, 64, "the ring filled");
     assert!(t.dropped > 600_000, "everything else was dropped and counted: {}", t.dropped);
+    // The default 16 lanes of 4: the lanes the threads use fill, and the rest is counted.
+    let consumer = Consumer::start(Mode::NeverDrain);
+    let out = run_bounded(
+        &ARGS,
+        &[
+            ("GPUFRAG_SOCK", consumer.sock().as_os_str()),
+            ("GPUFRAG_RING_CAPACITY", "64".as_ref()),
+            ("GPUFRAG_SAMPLE_MS", "0".as_ref()),
+        ],
+        Duration::from_secs(120),
+    );
+    assert_same_as_bare(&ARGS, &out);
+    let t = &consumer.finish()[0];
+    assert!(t.pushed >= 4 && t.pushed <= 64, "lanes of 4 filled: {}", t.pushed);
+    let events = 2 * 8 * 40_000 + 4; // pairs, first-allocation sample, two cudaMemGetInfo, exit
+    assert_eq!(t.pushed + t.dropped, events, "every event pushed or counted");
 }
 
 #[test]

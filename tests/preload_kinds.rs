@@ -52,9 +52,12 @@ fn vmm_reserve_create_map_unmap_release() {
         (Map, Some(4096), C, 1, bad), (Map, Some(20 * C), C + 4096, 1, bad), (Map, Some(RANGE), C, 1, bad),
         (Map, Some(0), C, 1, bad), (Map, Some(30 * C), C, 1, bad), (Map, Some(30 * C), C, 5, bad),
         (AllocFailed, None, 0, 0, bad), // cuMemCreate of a size that is not a multiple of the granularity
-        (Unmap, Some(40 * C), C, 0, bad), (Unmap, Some(0), 2 * MIB, 0, bad), (PhysRelease, None, 0, 5, bad),
+        // a release is recorded before the real call, and once more with its rc when it fails
+        (Unmap, Some(40 * C), C, 0, ok), (Unmap, Some(40 * C), C, 0, bad),
+        (Unmap, Some(0), 2 * MIB, 0, ok), (Unmap, Some(0), 2 * MIB, 0, bad),
+        (PhysRelease, None, 0, 5, ok), (PhysRelease, None, 0, 5, bad),
         (AllocFailed, None, 0, 0, bad), // cuMemAddressReserve of 4 KiB
-        (AddressFree, Some(0), RANGE, 0, bad),
+        (AddressFree, Some(0), RANGE, 0, ok), (AddressFree, Some(0), RANGE, 0, bad),
         // cleanup
         (Unmap, Some(0), C, 0, ok), (PhysRelease, None, 0, 1, ok),
         (Unmap, Some(2 * C), C, 0, ok), (PhysRelease, None, 0, 3, ok),

@@ -9,16 +9,23 @@
 //! allocation is a per-thread bump), which isolates the shim's own cost and its scaling.
 //!
 //! `cargo bench -p gpufrag-preload --bench shim_overhead [-- CALLS]` builds the shim and the
-//! stand-ins (`cargo build --release -p gpufrag-preload -p simcuda-workload`), then runs this binary again as a child for each configuration,
-//! alternating bare and shim runs. With the shim, a consumer thread here drains the ring every
+//! stand-ins (`cargo build --release -p gpufrag-preload -p simcuda-workload`), then runs this
+//! binary again as a child for each configuration, alternating bare and shim runs. With the shim,
+//! a consumer thread here drains the lanes (merged by timestamp, as `gpufrag run` does) every
 //! millisecond (a consumer does other work between drains; draining each event the moment it
-//! lands would move every ring cache line between cores twice), the ring holds 2^20 events so
-//! that nothing is dropped (a dropped event costs the producer less than a recorded one and would
-//! flatter the figures), and periodic device sampling stays at its 200 ms default
-//! (`GPUFRAG_BENCH_RING`, `GPUFRAG_BENCH_POLL_US` (0: drain as fast as events land) and
-//! `GPUFRAG_BENCH_DRIVERS=simcuda,fake` change these). Not criterion:
-//! the measured code must run in a separate process (LD_PRELOAD applies at exec), and the figure
-//! wanted is a per-call distribution, not a mean per batch.
+//! lands would move every ring cache line between cores twice), each of the 16 lanes holds 2^18
+//! events so that nothing is dropped (a dropped event costs the producer less than a recorded one
+//! and would flatter the figures), and periodic device sampling stays at its 200 ms default.
+//!
+//! Knobs: `GPUFRAG_BENCH_RING` (events per lane), `GPUFRAG_BENCH_LANES` (lanes, 16; 1 = every
+//! thread on one ring, as before lanes), `GPUFRAG_BENCH_POLL_US` (0: drain as fast as events
+//! land), `GPUFRAG_BENCH_THREADS=1,2,8` (thread counts, default 1,8) and
+//! `GPUFRAG_BENCH_DRIVERS=simcuda,fake,ring`. `ring` (not in the default set) measures the event
+//! lanes alone, in this process: nanoseconds per push with 1, 2 and 8 threads on one shared ring
+//! and on one lane each, and the consumer's cost per event, popped from one ring or merged.
+//!
+//! Not criterion: the measured code must run in a separate process (LD_PRELOAD applies at exec),
+//! and the figure wanted is a per-call distribution, not a mean per batch.
 
 #[path = "../../tests/preload_common/mod.rs"]
 mod preload_common;
@@ -30,6 +37,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gpufrag_wire::event::{Event, EventKind};
+use gpufrag_wire::lanes::{HeapLanes, Merge};
 use preload_common::{Consumer, Mode, TempDir};
 
 type CuInit = unsafe extern "C" fn(c_uint) -> c_int;
@@ -40,7 +49,10 @@ type CuFree = unsafe extern "C" fn(u64) -> c_int;
 
 const SIZE: usize = 2 << 20;
 const REPEATS: usize = 3;
-const RING: &str = "1048576";
+/// Events per lane (22 MiB each).
+const RING: u64 = 1 << 18;
+/// Lanes (the shim's default).
+const LANES: u64 = 16;
 
 /// A lock-free libcuda with just what the child and the shim call.
 const FAKE_CUDA: &str = r#"
@@ -120,8 +132,11 @@ fn child(threads: usize, calls: usize) {
         })
         .collect();
     let (mut a, mut f) = (Vec::new(), Vec::new());
+    // Each thread's first call (under the shim it brings the thread's lane into memory).
+    let mut first = 0u32;
     for w in workers {
         let (x, y) = w.join().expect("worker");
+        first = first.max(x.first().copied().unwrap_or(0));
         a.extend(x);
         f.extend(y);
     }
@@ -132,6 +147,11 @@ fn child(threads: usize, calls: usize) {
             std::thread::spawn(move || {
                 // SAFETY: the primary context retained above.
                 assert_eq!(unsafe { set(ctx as *mut c_void) }, 0);
+                // One pair first: a thread's first event brings its lane into memory, a one-time
+                // cost the timed run above reports (`first`), not a per-call one.
+                let mut p = 0u64;
+                // SAFETY: as below.
+                assert_eq!(unsafe { alloc(&mut p, SIZE) + free(p) }, 0);
                 let c0 = thread_cpu_ns();
                 for _ in 0..calls {
                     let mut p = 0u64;
@@ -150,7 +170,7 @@ fn child(threads: usize, calls: usize) {
         v[((v.len() as f64 - 1.0) * p) as usize]
     };
     println!(
-        "alloc_p50={} alloc_p99={} free_p50={} free_p99={} pair_cpu={pair_ns:.1}",
+        "alloc_p50={} alloc_p99={} free_p50={} free_p99={} pair_cpu={pair_ns:.1} first={first}",
         q(&mut a, 0.5),
         q(&mut a, 0.99),
         q(&mut f, 0.5),
@@ -173,6 +193,8 @@ struct Figures {
     free_p99: f64,
     /// CPU time per alloc + free pair, without per-call timers.
     pair_cpu: f64,
+    /// The slowest first call of a thread.
+    first: f64,
 }
 
 fn parse(line: &str) -> Figures {
@@ -188,6 +210,7 @@ fn parse(line: &str) -> Figures {
         free_p50: get("free_p50"),
         free_p99: get("free_p99"),
         pair_cpu: get("pair_cpu"),
+        first: get("first"),
     }
 }
 
@@ -216,7 +239,16 @@ fn parent(calls: usize) {
     let (shim, simcuda) = (artifacts.shim.clone(), artifacts.libs.clone());
     // Knobs for exploring: the ring size and the consumer's polling period (0 = drain as fast
     // as events arrive).
-    let ring = std::env::var("GPUFRAG_BENCH_RING").unwrap_or_else(|_| RING.to_string());
+    let knob = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok()).filter(|v| v.is_power_of_two()).unwrap_or(d);
+    let ring = knob("GPUFRAG_BENCH_RING", RING);
+    let lanes = knob("GPUFRAG_BENCH_LANES", LANES);
+    let only = std::env::var("GPUFRAG_BENCH_DRIVERS").unwrap_or_default();
+    if only.split(',').any(|d| d == "ring") {
+        ring_alone();
+        if only.split(',').all(|d| d == "ring") {
+            return;
+        }
+    }
     let poll_us: u64 = std::env::var("GPUFRAG_BENCH_POLL_US").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
     let poll = (poll_us > 0).then(|| Duration::from_micros(poll_us));
     let state = TempDir::new("bench-state");
@@ -227,15 +259,20 @@ fn parent(calls: usize) {
         None => println!("(no C compiler: the lock-free fake driver is skipped)"),
     }
     println!(
-        "shim overhead per call: {SIZE}-byte cuMemAlloc_v2 + cuMemFree_v2 via dlsym, {calls} calls per thread (half with 8 threads), median of {REPEATS} runs; ring {ring} events, drained every {poll_us} us"
+        "shim overhead per call: {SIZE}-byte cuMemAlloc_v2 + cuMemFree_v2 via dlsym, {calls} calls per thread (half with more threads), median of {REPEATS} runs; {lanes} lanes of {ring} events, drained every {poll_us} us"
     );
     println!(
         "{:>8} {:>7}  {:>5}  {:>9} {:>9} {:>8}  {:>9} {:>9} {:>8}",
         "driver", "threads", "call", "bare p50", "shim p50", "added", "bare p99", "shim p99", "added"
     );
-    let only = std::env::var("GPUFRAG_BENCH_DRIVERS").unwrap_or_default();
-    for (driver, libs) in drivers.iter().filter(|(d, _)| only.is_empty() || only.split(',').any(|o| o == *d)) {
-        for threads in [1usize, 8] {
+    let thread_counts: Vec<usize> = std::env::var("GPUFRAG_BENCH_THREADS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|t| t.trim().parse().ok()).filter(|&t| t > 0).collect())
+        .filter(|v: &Vec<usize>| !v.is_empty())
+        .unwrap_or_else(|| vec![1, 8]);
+    let wanted = |d: &str| if only.is_empty() { d != "ring" } else { only.split(',').any(|o| o == d) };
+    for (driver, libs) in drivers.iter().filter(|(d, _)| wanted(d)) {
+        for &threads in &thread_counts {
             let per_thread = if threads == 1 { calls } else { calls / 2 };
             let mut bare = Vec::new();
             let mut shimmed = Vec::new();
@@ -258,7 +295,10 @@ fn parent(calls: usize) {
                         (Consumer::start_polling(Mode::Drain, Some(sink), poll), n)
                     });
                     if let Some((c, _)) = &consumer {
-                        cmd.env("LD_PRELOAD", &shim).env("GPUFRAG_SOCK", c.sock()).env("GPUFRAG_RING_CAPACITY", &ring);
+                        cmd.env("LD_PRELOAD", &shim)
+                            .env("GPUFRAG_SOCK", c.sock())
+                            .env("GPUFRAG_RING_CAPACITY", (ring * lanes).to_string())
+                            .env("GPUFRAG_RING_LANES", lanes.to_string());
                     }
                     let out = cmd.output().expect("run the bench child");
                     assert!(out.status.success(), "{:?}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
@@ -295,7 +335,73 @@ fn parent(calls: usize) {
                 sp - bp,
                 (sp - bp) / 2.0
             );
-            println!("{:>18} events received {received}, dropped {dropped}", "");
+            println!(
+                "{:>18} events received {received}, dropped {dropped}; a thread's first call {:.0} us bare, {:.0} us with the shim (its lane brought into memory)",
+                "",
+                m(&bare, |f| f.first) / 1000.0,
+                m(&shimmed, |f| f.first) / 1000.0
+            );
         }
+    }
+}
+
+/// The lanes alone: push cost by threads sharing one ring or each on its own lane, and the
+/// consumer's cost per event, from one ring (`pop`) or merged from the lanes (`Merge`).
+fn ring_alone() {
+    const PER: u64 = 100_000;
+    println!("event lanes alone (in process, no consumer running): ns per push, {PER} pushes per thread; ns per event drained");
+    println!("{:>8} {:>12} {:>12} {:>14} {:>14}", "threads", "one ring", "lane each", "drain: pop", "drain: merge");
+    for threads in [1u64, 2, 8] {
+        let mut row = Vec::new();
+        let mut drain = Vec::new();
+        for lanes in [1u32, 16] {
+            let cap = (if lanes == 1 { PER * threads } else { PER }).next_power_of_two();
+            let h = Arc::new(HeapLanes::new(lanes, cap));
+            // A first lap touches every page, so that page faults are not measured.
+            for t in 0..threads as u32 {
+                for _ in 0..PER {
+                    h.lanes().push(t, &Event::new(EventKind::MemAlloc, 1, 0));
+                }
+            }
+            let _ = Merge::new(lanes as usize).finish(h.lanes(), |_| true);
+            let barrier = Arc::new(std::sync::Barrier::new(threads as usize));
+            let workers: Vec<_> = (0..threads as u32)
+                .map(|t| {
+                    let (h, barrier) = (Arc::clone(&h), Arc::clone(&barrier));
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        let c0 = thread_cpu_ns();
+                        for i in 0..PER {
+                            let ev = Event { ts_ns: i, tid: t, ..Event::new(EventKind::MemAlloc, 1, 0) };
+                            assert!(h.lanes().push(t, &ev));
+                        }
+                        thread_cpu_ns() - c0
+                    })
+                })
+                .collect();
+            let cpu: u64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
+            row.push(cpu as f64 / (threads * PER) as f64);
+            let t0 = Instant::now();
+            let n = if lanes == 1 {
+                let mut n = 0u64;
+                while h.lanes().lane(0).pop().is_some() {
+                    n += 1;
+                }
+                n
+            } else {
+                let mut m = Merge::new(lanes as usize);
+                let mut n = 0u64;
+                loop {
+                    match m.drain(h.lanes(), usize::MAX, false, |_| true) {
+                        (0, _) => break,
+                        (k, _) => n += k as u64,
+                    }
+                }
+                n
+            };
+            assert_eq!(n, threads * PER);
+            drain.push(t0.elapsed().as_nanos() as f64 / n as f64);
+        }
+        println!("{threads:>8} {:>9.1} ns {:>9.1} ns {:>11.1} ns {:>11.1} ns", row[0], row[1], drain[0], drain[1]);
     }
 }

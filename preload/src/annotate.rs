@@ -11,7 +11,9 @@
 //! | `gpufrag_annotate_oom(requested, device_free, device)` | `AllocFailed{requested, rc = 2, op = BlockAlloc}`, device free when not `UINT64_MAX` |
 //!
 //! Like every hook they never block, never allocate and never fail; with tracing off they do
-//! nothing. A device outside `i16` (or negative) is recorded as -1 (unknown).
+//! nothing. `gpufrag_annotate_block_free` is recorded when it is called, so an allocator must
+//! call it before the block can be handed out again (before it returns the block to its free
+//! lists), for the same reason the shim records a `cudaFree` before making it. A device outside `i16` (or negative) is recorded as -1 (unknown).
 
 use gpufrag_wire::event::{EventKind, F_BLOCK_SIZE_KNOWN, F_DEVICE_FREE_KNOWN, F_FAILED};
 

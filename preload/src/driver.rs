@@ -4,6 +4,10 @@
 //!
 //! Each wrapper finds the real function in its ABI's slot, enters the re-entrancy guard, makes
 //! the real call with the caller's arguments unchanged, records it, and returns the real result.
+//! A release (`cuMemFree_v2`, `cuMemFreeAsync*`, `cuMemUnmap`, `cuMemRelease`,
+//! `cuMemAddressFree`) is recorded *before* the real call, so that no other thread can be handed
+//! the memory and record it first; if the call then fails, a second event of the same kind with
+//! the `rc` and `F_FAILED` follows (see `hook::release_around`).
 //! What each call records (see `hook` for devices and samples):
 //!
 //! | call | event |
@@ -21,7 +25,10 @@
 //! | `cuMemPoolTrimTo` | `PoolTrim{handle = pool, size = minBytesToKeep}` |
 //! | `cuMemGetInfo_v2` | `DeviceInfo{size = total, device_free = free}` |
 //!
-//! A failed allocation becomes `AllocFailed{requested, rc, op}` (see `hook::alloc`).
+//! A failed allocation becomes `AllocFailed{requested, rc, op}` (see `hook::alloc`). A failed
+//! release is its event followed by the same event with `rc` and `F_FAILED`: the consumer ignores
+//! the failed one, but the first has already removed the memory from its state (a known
+//! imprecision, for a call that fails only on a program bug or at context teardown).
 
 #![allow(non_snake_case)]
 
@@ -105,15 +112,9 @@ pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usi
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     let real = real!(CuMemFreeV2, CuMemFreeFn);
-    let guard = hook::enter();
+    let c = Call { addr: dptr, ..Call::new(EventKind::MemFree, 0) };
     // SAFETY: the caller's arguments, unchanged.
-    let rc = unsafe { real(dptr) };
-    if let Some(g) = guard {
-        if dptr != 0 {
-            g.record(|| hook::release(Call { addr: dptr, ..Call::new(EventKind::MemFree, rc) }));
-        }
-    }
-    rc
+    hook::release_around(hook::enter(), dptr != 0, c, || unsafe { real(dptr) })
 }
 
 #[no_mangle]
@@ -157,13 +158,9 @@ pub unsafe extern "C" fn cuMemAddressReserve(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult {
     let real = real!(CuMemAddressFree, CuMemAddressFreeFn);
-    let guard = hook::enter();
+    let c = Call { addr: ptr, size: size as u64, ..Call::new(EventKind::AddressFree, 0) };
     // SAFETY: the caller's arguments, unchanged.
-    let rc = unsafe { real(ptr, size) };
-    if let Some(g) = guard {
-        g.record(|| hook::release(Call { addr: ptr, size: size as u64, ..Call::new(EventKind::AddressFree, rc) }));
-    }
-    rc
+    hook::release_around(hook::enter(), true, c, || unsafe { real(ptr, size) })
 }
 
 #[no_mangle]
@@ -195,13 +192,9 @@ pub unsafe extern "C" fn cuMemCreate(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
     let real = real!(CuMemRelease, CuMemReleaseFn);
-    let guard = hook::enter();
+    let c = Call { handle, ..Call::new(EventKind::PhysRelease, 0) };
     // SAFETY: the caller's arguments, unchanged.
-    let rc = unsafe { real(handle) };
-    if let Some(g) = guard {
-        g.record(|| hook::release(Call { handle, ..Call::new(EventKind::PhysRelease, rc) }));
-    }
-    rc
+    hook::release_around(hook::enter(), true, c, || unsafe { real(handle) })
 }
 
 #[no_mangle]
@@ -233,13 +226,9 @@ pub unsafe extern "C" fn cuMemMap(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     let real = real!(CuMemUnmap, CuMemUnmapFn);
-    let guard = hook::enter();
+    let c = Call { addr: ptr, size: size as u64, ..Call::new(EventKind::Unmap, 0) };
     // SAFETY: the caller's arguments, unchanged.
-    let rc = unsafe { real(ptr, size) };
-    if let Some(g) = guard {
-        g.record(|| hook::release(Call { addr: ptr, size: size as u64, ..Call::new(EventKind::Unmap, rc) }));
-    }
-    rc
+    hook::release_around(hook::enter(), true, c, || unsafe { real(ptr, size) })
 }
 
 /// `cuMemAllocAsync` and its `_ptsz` form: same recording, different real function.
@@ -341,15 +330,9 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 /// As the C function.
 #[inline(always)]
 unsafe fn free_async(real: CuMemFreeAsyncFn, dptr: CUdeviceptr, stream: CUstream) -> CUresult {
-    let guard = hook::enter();
+    let c = Call { addr: dptr, stream: stream as u64, ..Call::new(EventKind::PoolFree, 0) };
     // SAFETY: the caller's arguments, unchanged.
-    let rc = unsafe { real(dptr, stream) };
-    if let Some(g) = guard {
-        if dptr != 0 {
-            g.record(|| hook::release(Call { addr: dptr, stream: stream as u64, ..Call::new(EventKind::PoolFree, rc) }));
-        }
-    }
-    rc
+    hook::release_around(hook::enter(), dptr != 0, c, || unsafe { real(dptr, stream) })
 }
 
 #[no_mangle]

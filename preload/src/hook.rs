@@ -31,8 +31,14 @@ use crate::table::{self, Sym};
 thread_local! {
     /// Set while this thread is inside one of our wrappers.
     static IN_HOOK: Cell<bool> = const { Cell::new(false) };
-    /// This thread's id, 0 until first needed.
-    static TID: Cell<u32> = const { Cell::new(0) };
+    /// This thread's id (0 until first needed) and its lane.
+    static THREAD: ThreadIds = const { ThreadIds { tid: Cell::new(0), lane: Cell::new(0) } };
+}
+
+/// A thread's id and the lane of the event region it pushes into, looked up at its first event.
+struct ThreadIds {
+    tid: Cell<u32>,
+    lane: Cell<u32>,
 }
 
 /// Held while a wrapper runs the real call and records it; dropping it re-arms the thread.
@@ -82,18 +88,28 @@ fn gettid() -> u32 {
     unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
-/// The calling thread's id, from the per-thread cache.
+/// The calling thread's id and lane, from the per-thread cache. At the thread's first event the
+/// id is looked up and a lane assigned (round robin, so that up to K threads never share one; see
+/// `state::assign_lane`, which also brings the lane's pages into memory).
 #[inline]
-fn tid() -> u32 {
-    TID.try_with(|c| match c.get() {
-        0 => {
-            let t = gettid();
-            c.set(t);
-            t
-        }
-        t => t,
-    })
-    .unwrap_or_else(|_| gettid())
+fn thread_ids() -> (u32, u32) {
+    THREAD
+        .try_with(|t| match t.tid.get() {
+            0 => {
+                let tid = gettid();
+                let lane = state::assign_lane();
+                t.tid.set(tid);
+                t.lane.set(lane);
+                (tid, lane)
+            }
+            tid => (tid, t.lane.get()),
+        })
+        .unwrap_or_else(|_| {
+            // Thread-local storage already torn down (a destructor at thread exit): share a
+            // lane by thread id.
+            let tid = gettid();
+            (tid, tid)
+        })
 }
 
 /// A driver function the shim calls itself (never a tracked one), found once.
@@ -179,7 +195,7 @@ pub fn set_sample_interval_ms(ms: u64) {
 
 /// The fork child starts its own sampling and its thread-id cache afresh.
 pub fn after_fork_in_child() {
-    let _ = TID.try_with(|c| c.set(0));
+    let _ = THREAD.try_with(|t| t.tid.set(0));
     LAST_SAMPLE_NS.store(0, Ordering::Relaxed);
     SAMPLED_DEVICES.store(0, Ordering::Relaxed);
 }
@@ -199,7 +215,7 @@ fn event(ts_ns: u64, kind: EventKind, device: i16, rc: i32) -> Event {
     Event {
         ts_ns,
         pid: state::pid(),
-        tid: tid(),
+        tid: thread_ids().0,
         kind: kind as u16,
         device,
         rc,
@@ -208,10 +224,11 @@ fn event(ts_ns: u64, kind: EventKind, device: i16, rc: i32) -> Event {
     }
 }
 
+/// Pushes into this thread's lane (never blocks; a full lane drops and counts).
 #[inline]
 fn push(ev: &Event) {
-    if let Some(ring) = state::ring() {
-        ring.push(ev);
+    if let Some(lanes) = state::ring() {
+        lanes.push(thread_ids().1, ev);
     }
 }
 
@@ -321,6 +338,37 @@ pub fn release(c: Call) {
     let mut ev = event(now_ns(), c.kind, -1, c.rc);
     c.fill(&mut ev);
     push(&ev);
+}
+
+/// Makes a release-like call (`real`) with its event stamped and pushed *before* the call, when
+/// `record` (and the guard says this call is recorded).
+///
+/// Order matters across threads: the moment the real free returns, the driver may hand the same
+/// address to another thread's allocation, which that thread records at once; recorded after
+/// the call, this free could land behind that allocation and the consumer would free the new
+/// one. Pushed first, it is published before the address can be reused, and the consumer's
+/// timestamp merge of the lanes keeps it first.
+///
+/// If the call then fails, a second event of the same kind follows with the `rc` and
+/// `F_FAILED`. The consumer ignores failed calls, so its state has already dropped the memory
+/// the first event named: a known imprecision, for a call that fails only when the program
+/// frees something it does not own (or the context is being torn down).
+#[inline(always)]
+pub fn release_around(guard: Option<Guard>, record: bool, c: Call, real: impl FnOnce() -> i32) -> i32 {
+    // The guard (held whether or not this call is recorded) keeps the driver calls the real
+    // function makes from being recorded as the program's own.
+    let g = guard.as_ref().filter(|_| record);
+    if let Some(g) = g {
+        g.record(|| release(Call { rc: 0, ..c }));
+    }
+    let rc = real();
+    if rc != 0 {
+        if let Some(g) = g {
+            g.record(|| release(Call { rc, ..c }));
+        }
+    }
+    drop(guard);
+    rc
 }
 
 /// Records any other call (`cuMemMap`, `cuMemPoolTrimTo`) on the current device.

@@ -15,6 +15,9 @@
 //! | `cudaFreeAsync[_ptsz]` | `PoolFree{addr, stream}` |
 //! | `cudaMemPoolTrimTo` | `PoolTrim{handle = pool, size = minBytesToKeep}` |
 //! | `cudaMemGetInfo` | `DeviceInfo{size = total, device_free = free}` |
+//!
+//! `cudaFree` and `cudaFreeAsync*` are recorded before the real call, and a failure adds the same
+//! event with `rc` and `F_FAILED` (see `hook::release_around` and the driver wrappers).
 
 #![allow(non_snake_case)]
 
@@ -222,15 +225,9 @@ pub unsafe extern "C" fn cudaMallocFromPoolAsync_ptsz(
 #[no_mangle]
 pub unsafe extern "C" fn cudaFree(devPtr: *mut c_void) -> cudaError_t {
     let real = real!(CudaFree, CudaFreeFn);
-    let guard = hook::enter();
+    let c = Call { addr: devPtr as u64, ..Call::new(EventKind::MemFree, 0) };
     // SAFETY: the caller's arguments, unchanged.
-    let rc = unsafe { real(devPtr) };
-    if let Some(g) = guard {
-        if !devPtr.is_null() {
-            g.record(|| hook::release(Call { addr: devPtr as u64, ..Call::new(EventKind::MemFree, rc) }));
-        }
-    }
-    rc
+    hook::release_around(hook::enter(), !devPtr.is_null(), c, || unsafe { real(devPtr) })
 }
 
 /// `cudaFreeAsync` and its `_ptsz` form.
@@ -239,17 +236,9 @@ pub unsafe extern "C" fn cudaFree(devPtr: *mut c_void) -> cudaError_t {
 /// As the C function.
 #[inline(always)]
 unsafe fn free_async(real: CudaFreeAsyncFn, devPtr: *mut c_void, stream: CUstream) -> cudaError_t {
-    let guard = hook::enter();
+    let c = Call { addr: devPtr as u64, stream: stream as u64, ..Call::new(EventKind::PoolFree, 0) };
     // SAFETY: the caller's arguments, unchanged.
-    let rc = unsafe { real(devPtr, stream) };
-    if let Some(g) = guard {
-        if !devPtr.is_null() {
-            g.record(|| {
-                hook::release(Call { addr: devPtr as u64, stream: stream as u64, ..Call::new(EventKind::PoolFree, rc) })
-            });
-        }
-    }
-    rc
+    hook::release_around(hook::enter(), !devPtr.is_null(), c, || unsafe { real(devPtr, stream) })
 }
 
 #[no_mangle]

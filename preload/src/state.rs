@@ -9,26 +9,30 @@
 //! while one thread does that.
 //!
 //! Arming: connect (non-blocking, so a consumer that stopped accepting cannot block us) to
-//! `GPUFRAG_SOCK`, create the ring in a memfd (`memfd_create`, `ftruncate`, `mmap` shared,
-//! `Ring::init`), send the 64-byte hello with the memfd attached (`SCM_RIGHTS`), close our copy
-//! of the memfd (the mapping keeps it alive) and keep the socket open, close-on-exec, for the
-//! life of the process image: the consumer sees EOF when the image exits or execs. An exec'd
-//! image runs the constructor again and connects as a new process image.
+//! `GPUFRAG_SOCK`, create the event region in a memfd (`memfd_create`, `ftruncate`, `mmap`
+//! shared, `Lanes::init`: K rings, "lanes"; each thread is given one, round robin, at its first
+//! event, see `assign_lane`), send the 64-byte hello with the memfd attached (`SCM_RIGHTS`),
+//! close our copy of the memfd (the mapping keeps it alive) and keep the socket open,
+//! close-on-exec, for the life of the process image: the consumer sees EOF when the image exits
+//! or execs. An exec'd image runs the constructor again and connects as a new process image.
 //!
 //! Environment: `GPUFRAG_SOCK` (the consumer's Unix socket path; `@name` for the abstract
-//! namespace), `GPUFRAG_RING_CAPACITY` (events, a power of two, default
-//! `ring::DEFAULT_CAPACITY`), `GPUFRAG_NO_FOLLOW=1` with `GPUFRAG_CONSUMER_PID` (trace only a
-//! process whose parent is the consumer), `GPUFRAG_SAMPLE_MS` (device-totals sampling period,
-//! default 200, 0 = only at first allocation and at failures), `GPUFRAG_SHIM_DEBUG=1` (say on
-//! stderr what the constructor decided).
+//! namespace), `GPUFRAG_RING_CAPACITY` (events the whole region holds, all lanes together, a
+//! power of two, default `lanes::DEFAULT_TOTAL_CAPACITY` = 256 Ki; each lane holds this divided
+//! by the lane count, at least 2: a thread alone in its lane can have that many events waiting
+//! before it drops), `GPUFRAG_RING_LANES` (lanes, a power of two up to `lanes::MAX_LANES`,
+//! default 16; 1 = every thread shares one ring), `GPUFRAG_NO_FOLLOW=1` with
+//! `GPUFRAG_CONSUMER_PID` (trace only a process whose parent is the consumer),
+//! `GPUFRAG_SAMPLE_MS` (device-totals sampling period, default 200, 0 = only at first allocation
+//! and at failures), `GPUFRAG_SHIM_DEBUG=1` (say on stderr what the constructor decided).
 
 use std::ffi::{c_int, c_void, CStr, OsStr};
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use gpufrag_wire::hello::{Hello, HELLO_BYTES, HELLO_F_FORKED, SOURCE_SHIM};
-use gpufrag_wire::ring::{region_bytes, Ring, DEFAULT_CAPACITY};
+use gpufrag_wire::lanes::{region_bytes, Lanes, DEFAULT_LANES, DEFAULT_TOTAL_CAPACITY, MAX_LANES};
 
 use crate::hook;
 
@@ -40,16 +44,19 @@ const NEEDS_REARM: u8 = 4;
 const ARMING: u8 = 5;
 
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
-/// The ring view (a leaked box, replaced only in a fork child before it re-arms).
-static RING: AtomicPtr<Ring> = AtomicPtr::new(std::ptr::null_mut());
+/// The lanes view (a leaked box, replaced only in a fork child before it re-arms).
+static RING: AtomicPtr<Lanes> = AtomicPtr::new(std::ptr::null_mut());
 static RING_BASE: AtomicUsize = AtomicUsize::new(0);
 static RING_LEN: AtomicUsize = AtomicUsize::new(0);
 static SOCK: AtomicI32 = AtomicI32::new(-1);
+/// Lanes whose pages are in memory (bit k of word k / 64), reset at each arm.
+static POPULATED: [AtomicU64; MAX_LANES as usize / 64] = [const { AtomicU64::new(0) }; MAX_LANES as usize / 64];
 static PID: AtomicU32 = AtomicU32::new(0);
 static DEBUG: AtomicBool = AtomicBool::new(false);
 static CONFIG: OnceLock<Config> = OnceLock::new();
 
-/// Smallest and largest ring the shim creates (the ring protocol needs at least two slots).
+/// Smallest and largest region the shim creates, in events (the ring protocol needs at least
+/// two slots per lane).
 const MIN_CAPACITY: u64 = 2;
 const MAX_CAPACITY: u64 = 1 << 24;
 
@@ -65,7 +72,10 @@ macro_rules! debug {
 struct Config {
     addr: libc::sockaddr_un,
     addr_len: libc::socklen_t,
-    capacity: u64,
+    /// Lanes (a power of two).
+    lanes: u32,
+    /// Events per lane (a power of two, at least 2).
+    lane_capacity: u64,
     /// Trace only a process whose parent is this pid.
     only_child_of: Option<u32>,
 }
@@ -85,12 +95,23 @@ impl Config {
             Ok(v) => match v.trim().parse::<u64>() {
                 Ok(c) if c.is_power_of_two() => c.clamp(MIN_CAPACITY, MAX_CAPACITY),
                 _ => {
-                    debug!("GPUFRAG_RING_CAPACITY={v:?} is not a power of two: using {DEFAULT_CAPACITY}");
-                    DEFAULT_CAPACITY
+                    debug!("GPUFRAG_RING_CAPACITY={v:?} is not a power of two: using {DEFAULT_TOTAL_CAPACITY}");
+                    DEFAULT_TOTAL_CAPACITY
                 }
             },
-            Err(_) => DEFAULT_CAPACITY,
+            Err(_) => DEFAULT_TOTAL_CAPACITY,
         };
+        let lanes = match std::env::var("GPUFRAG_RING_LANES") {
+            Ok(v) => match v.trim().parse::<u32>() {
+                Ok(k) if k.is_power_of_two() && k <= MAX_LANES => k,
+                _ => {
+                    debug!("GPUFRAG_RING_LANES={v:?} is not a power of two up to {MAX_LANES}: using {DEFAULT_LANES}");
+                    DEFAULT_LANES
+                }
+            },
+            Err(_) => DEFAULT_LANES,
+        };
+        let lane_capacity = (capacity / u64::from(lanes)).max(MIN_CAPACITY);
         let no_follow = std::env::var_os("GPUFRAG_NO_FOLLOW").is_some_and(|v| v != "0" && !v.is_empty());
         let consumer = std::env::var("GPUFRAG_CONSUMER_PID").ok().and_then(|v| v.trim().parse::<u32>().ok());
         if no_follow && consumer.is_none() {
@@ -98,7 +119,7 @@ impl Config {
         }
         let sample_ms = std::env::var("GPUFRAG_SAMPLE_MS").ok().and_then(|v| v.trim().parse::<u64>().ok());
         hook::set_sample_interval_ms(sample_ms.unwrap_or(200));
-        Some(Config { addr, addr_len, capacity, only_child_of: consumer.filter(|_| no_follow) })
+        Some(Config { addr, addr_len, lanes, lane_capacity, only_child_of: consumer.filter(|_| no_follow) })
     }
 }
 
@@ -180,12 +201,42 @@ pub fn disable_after_panic() {
     STATE.store(DISABLED, Ordering::Release);
 }
 
-/// The ring, while armed.
+/// The event lanes, while armed.
 #[inline]
-pub fn ring() -> Option<&'static Ring> {
+pub fn ring() -> Option<&'static Lanes> {
     let p = RING.load(Ordering::Acquire);
-    // SAFETY: RING is null or a leaked Box<Ring> that is never freed.
+    // SAFETY: RING is null or a leaked Box<Lanes> that is never freed.
     unsafe { p.as_ref() }
+}
+
+/// Lanes handed out so far (the next thread's lane is this modulo the lane count).
+static NEXT_LANE: AtomicU32 = AtomicU32::new(0);
+
+/// A lane for a thread's first event: round robin, so that up to K threads each have one to
+/// themselves (by thread id, two of eight threads share a lane of sixteen more often than not).
+/// The first thread given a lane brings its pages into memory, so that no push takes a page fault
+/// (a fresh lane is untouched zeroes: lanes no thread uses cost nothing): one `madvise`
+/// (`MADV_POPULATE_WRITE`, Linux 5.14), else a load from each page.
+#[cold]
+pub fn assign_lane() -> u32 {
+    let n = NEXT_LANE.fetch_add(1, Ordering::Relaxed);
+    let Some(lanes) = ring() else { return n };
+    let k = n as usize & (lanes.count() - 1);
+    let bit = 1u64 << (k % 64);
+    if POPULATED[k / 64].fetch_or(bit, Ordering::Relaxed) & bit != 0 {
+        return n;
+    }
+    let (base, len) = lanes.lane_region(k);
+    // SAFETY: the lane's bytes lie inside our mapping of the region; populating changes no data.
+    if unsafe { libc::madvise(base.cast(), len, libc::MADV_POPULATE_WRITE) } == 0 {
+        return n;
+    }
+    for off in (0..len).step_by(4096) {
+        // SAFETY: a page-aligned word inside the mapped lane; an atomic load races with nothing,
+        // and a read fault on a shared memfd mapping maps the page writable.
+        let _ = unsafe { &*base.add(off).cast::<AtomicU64>() }.load(Ordering::Relaxed);
+    }
+    n
 }
 
 /// This process's pid (updated in a fork child).
@@ -246,7 +297,7 @@ fn arm(cfg: &Config, forked: bool) -> bool {
             return false;
         }
     };
-    let len = region_bytes(cfg.capacity);
+    let len = region_bytes(cfg.lanes, cfg.lane_capacity);
     let fail = |what: &str, mapped: Option<*mut c_void>, memfd: Option<c_int>| {
         let e = std::io::Error::last_os_error();
         debug!("{what}: {e}: pass-through");
@@ -279,7 +330,7 @@ fn arm(cfg: &Config, forked: bool) -> bool {
         return fail("mmap", None, Some(memfd));
     }
     // SAFETY: `len` fresh, zeroed, page-aligned bytes that only this function knows about yet.
-    let ring = match unsafe { Ring::init(base.cast(), len, cfg.capacity, pid) } {
+    let ring = match unsafe { Lanes::init(base.cast(), len, cfg.lanes, cfg.lane_capacity, pid) } {
         Ok(r) => r,
         Err(_) => return fail("ring layout", Some(base), Some(memfd)),
     };
@@ -301,8 +352,12 @@ fn arm(cfg: &Config, forked: bool) -> bool {
     RING_BASE.store(base as usize, Ordering::Relaxed);
     RING_LEN.store(len, Ordering::Relaxed);
     SOCK.store(sock, Ordering::Relaxed);
+    for w in &POPULATED {
+        w.store(0, Ordering::Relaxed);
+    }
+    NEXT_LANE.store(0, Ordering::Relaxed);
     RING.store(Box::into_raw(Box::new(ring)), Ordering::Release);
-    debug!("armed: ring of {} events, forked={forked}", cfg.capacity);
+    debug!("armed: {} lanes of {} events, forked={forked}", cfg.lanes, cfg.lane_capacity);
     true
 }
 

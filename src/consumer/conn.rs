@@ -1,14 +1,16 @@
 //! One traced process's connection: the peer-uid check, the hello with its memfd
-//! (`SCM_RIGHTS`), the shared mapping of its ring, and the framed messages a Python hook sends.
+//! (`SCM_RIGHTS`), the shared mapping of its event region (K ring lanes, merged by timestamp as
+//! they are drained), and the framed messages a Python hook sends.
 
+use crate::event::Event;
 use crate::hello::{Hello, HELLO_BYTES, SOURCE_PYTHON, SOURCE_SHIM};
-use crate::ring::Ring;
+use gpufrag_wire::lanes::{Lanes, Merge};
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-/// A shim's ring, mapped.
+/// A shim's event region, mapped.
 pub struct RingConn {
     /// The process's hello.
     pub hello: Hello,
@@ -17,16 +19,30 @@ pub struct RingConn {
     stream: UnixStream,
     base: *mut libc::c_void,
     len: usize,
-    ring: Ring,
+    lanes: Lanes,
+    merge: Merge,
 }
 
-// SAFETY: the mapping is owned by this value alone and the ring view is Send.
+// SAFETY: the mapping is owned by this value alone and the lanes view is Send.
 unsafe impl Send for RingConn {}
 
 impl RingConn {
-    /// The ring.
-    pub fn ring(&self) -> &Ring {
-        &self.ring
+    /// Hands `out` up to about `limit` events, merged across the lanes in timestamp order (an
+    /// event waits until every lane has been looked at since it was read; see `Merge`); with
+    /// `flush`, everything published before the call. `out` returns `false` to stop. The events
+    /// handed over, and whether `out` wants more.
+    pub fn drain(&mut self, limit: usize, flush: bool, out: impl FnMut(Event) -> bool) -> (usize, bool) {
+        self.merge.drain(&self.lanes, limit, flush, out)
+    }
+
+    /// Hands `out` every event left, waiting for nothing (the process is gone, or we stop).
+    pub fn finish(&mut self, out: impl FnMut(Event) -> bool) -> usize {
+        self.merge.finish(&self.lanes, out)
+    }
+
+    /// Pushes that found their lane full, all lanes together.
+    pub fn dropped_count(&self) -> u64 {
+        self.lanes.dropped_count()
     }
 
     /// Whether the process closed its end (it exited).
@@ -106,8 +122,8 @@ fn recv_hello(s: &UnixStream) -> io::Result<(Hello, Option<OwnedFd>)> {
         }
     }
     if (n as usize) < HELLO_BYTES {
-        let mut rest = &mut buf[n as usize..];
-        (&*s).read_exact(&mut rest)?;
+        let mut stream = s;
+        stream.read_exact(&mut buf[n as usize..])?;
     }
     let hello = Hello::from_bytes(&buf).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not a gpufrag hello"))?;
     Ok((hello, fd))
@@ -146,7 +162,7 @@ pub fn handshake(stream: UnixStream) -> io::Result<Accepted> {
                 return Err(io::Error::last_os_error());
             }
             // SAFETY: a fresh page-aligned mapping of `len` bytes that RingConn unmaps on drop.
-            let ring = match unsafe { Ring::attach(base.cast(), len) } {
+            let lanes = match unsafe { Lanes::attach(base.cast(), len) } {
                 Ok(r) => r,
                 Err(e) => {
                     // SAFETY: unmaps what we just mapped.
@@ -155,7 +171,8 @@ pub fn handshake(stream: UnixStream) -> io::Result<Accepted> {
                 }
             };
             stream.set_read_timeout(None)?;
-            Ok(Accepted::Ring(RingConn { hello, dropped_seen: 0, stream, base, len, ring }))
+            let merge = Merge::new(lanes.count());
+            Ok(Accepted::Ring(RingConn { hello, dropped_seen: 0, stream, base, len, lanes, merge }))
         }
         other => Err(io::Error::new(io::ErrorKind::InvalidData, format!("pid {}: unknown source {other}", hello.pid))),
     }

@@ -2,11 +2,12 @@
 //! the shared-memory rings they hand over, and one bounded channel that carries what they say to
 //! whoever owns the [`State`](crate::ingest::State).
 //!
-//! Threads: an acceptor (checks each peer's uid, reads its hello, maps its ring or starts a reader
-//! for a Python hook) and a drainer (empties every ring into the channel, turns ring drop counts
-//! into `Dropped` events and a closed socket into `ProcessExit`). A slow owner blocks only the
-//! drainer; the traced processes then drop and count, never wait. Python messages are forwarded
-//! only after a full drain pass, so a snapshot never overtakes the driver events that preceded it.
+//! Threads: an acceptor (checks each peer's uid, reads its hello, maps its event region or starts
+//! a reader for a Python hook) and a drainer (empties every region into the channel, its lanes
+//! merged by timestamp, turns lane drop counts into `Dropped` events and a closed socket into
+//! `ProcessExit`). A slow owner blocks only the drainer; the traced processes then drop and
+//! count, never wait. Python messages are forwarded only after a full drain pass, so a snapshot
+//! never overtakes the driver events that preceded it.
 
 mod conn;
 pub mod blocks;
@@ -210,7 +211,7 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>, tx: Sender<Msg>) {
     }
 }
 
-/// Events drained from one ring per pass before moving to the next.
+/// Events drained from one process per pass before moving to the next.
 const BATCH: usize = 4096;
 
 fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
@@ -223,21 +224,16 @@ fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
         if let Ok(mut rings) = shared.rings.lock() {
             for (i, c) in rings.iter_mut().enumerate() {
                 // With Python messages waiting, empty the rings completely first.
-                let limit = if pending.is_empty() && !stopping { BATCH } else { usize::MAX };
-                let mut n = 0;
-                while n < limit {
-                    match c.ring().pop() {
-                        Some(e) => {
-                            n += 1;
-                            if tx.send(Msg::Event(e)).is_err() {
-                                return;
-                            }
-                        }
-                        None => break,
-                    }
+                let flush = !pending.is_empty() || stopping;
+                let limit = if flush { usize::MAX } else { BATCH };
+                // The lanes merged by timestamp, so one thread's free never overtakes another
+                // thread's allocation of the same memory.
+                let (n, open) = c.drain(limit, flush, |e| tx.send(Msg::Event(e)).is_ok());
+                if !open {
+                    return;
                 }
                 moved += n;
-                let dropped = c.ring().dropped_count();
+                let dropped = c.dropped_count();
                 if dropped > c.dropped_seen {
                     let e = Event { size: dropped - c.dropped_seen, flags: F_SRC_SHIM, ..Event::new(EventKind::Dropped, c.hello.pid, -1) };
                     c.dropped_seen = dropped;
@@ -248,8 +244,11 @@ fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
                 }
             }
             for i in closed.into_iter().rev() {
-                let c = rings.remove(i);
-                while let Some(e) = c.ring().pop() {
+                let mut c = rings.remove(i);
+                c.finish(|e| tx.send(Msg::Event(e)).is_ok());
+                let dropped = c.dropped_count();
+                if dropped > c.dropped_seen {
+                    let e = Event { size: dropped - c.dropped_seen, flags: F_SRC_SHIM, ..Event::new(EventKind::Dropped, c.hello.pid, -1) };
                     let _ = tx.send(Msg::Event(e));
                 }
                 let exit = Event { ts_ns: crate::consumer::now_ns(), flags: F_SRC_SHIM, ..Event::new(EventKind::ProcessExit, c.hello.pid, -1) };

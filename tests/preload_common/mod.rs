@@ -1,7 +1,8 @@
 //! What the preload-shim tests share: where the built artifacts are (the shim, the simcuda
 //! stand-ins and `simcuda-workload`), a minimal consumer that speaks the shim's protocol (bind a
-//! Unix socket, accept, read the hello and its memfd, map the ring, drain it), and a runner that
-//! starts the workload under `LD_PRELOAD` against it.
+//! Unix socket, accept, read the hello and its memfd, map the event region, drain its lanes
+//! merged by timestamp with the wire crate's `Merge`), and a runner that starts the workload
+//! under `LD_PRELOAD` against it.
 //!
 //! The consumer is deliberately independent of `src/consumer/` so that the shim's own tests do
 //! not depend on it; it can also stall (never drain, or never accept) and die mid-run, which is
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use gpufrag_wire::event::{Event, EventKind};
 use gpufrag_wire::hello::{Hello, HELLO_BYTES};
-use gpufrag_wire::ring::Ring;
+use gpufrag_wire::lanes::{Lanes, Merge};
 
 pub const MIB: u64 = 1 << 20;
 
@@ -110,7 +111,7 @@ pub enum Mode {
 pub struct Traced {
     pub hello: Hello,
     pub events: Vec<Event>,
-    /// The ring's own count of pushes that found it full.
+    /// The lanes' own count of pushes that found them full.
     pub dropped: u64,
     /// Slots claimed by the producer (= events pushed successfully).
     pub pushed: u64,
@@ -134,7 +135,8 @@ struct Conn {
     stream: UnixStream,
     map: *mut libc::c_void,
     len: usize,
-    ring: Ring,
+    lanes: Lanes,
+    merge: Merge,
     traced: Traced,
 }
 
@@ -150,16 +152,29 @@ impl Drop for Conn {
 
 impl Conn {
     fn drain(&mut self, sink: &mut Option<Sink>) -> usize {
-        let mut n = 0;
-        while let Some(e) = self.ring.pop() {
+        let events = &mut self.traced.events;
+        let (n, _) = self.merge.drain(&self.lanes, usize::MAX, false, |e| {
             match sink {
                 Some(f) => f(&e),
-                None => self.traced.events.push(e),
+                None => events.push(e),
             }
-            n += 1;
-        }
+            true
+        });
         self.traced.received += n as u64;
         n
+    }
+
+    /// Everything left, waiting for nothing.
+    fn drain_all(&mut self, sink: &mut Option<Sink>) {
+        let events = &mut self.traced.events;
+        let n = self.merge.finish(&self.lanes, |e| {
+            match sink {
+                Some(f) => f(&e),
+                None => events.push(e),
+            }
+            true
+        });
+        self.traced.received += n as u64;
     }
 
     fn poll_eof(&mut self) {
@@ -180,8 +195,8 @@ impl Conn {
         Traced {
             hello: self.traced.hello,
             events,
-            dropped: self.ring.dropped_count(),
-            pushed: self.ring.pushed_count(),
+            dropped: self.lanes.dropped_count(),
+            pushed: self.lanes.pushed_count(),
             eof: self.traced.eof,
             received: self.traced.received,
         }
@@ -240,8 +255,8 @@ fn open_conn(stream: UnixStream) -> std::io::Result<Conn> {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: a fresh mapping of `len` bytes, page-aligned, unmapped only by Conn::drop.
-    let ring = match unsafe { Ring::attach(map.cast(), len) } {
-        Ok(r) => r,
+    let lanes = match unsafe { Lanes::attach(map.cast(), len) } {
+        Ok(l) => l,
         Err(e) => {
             // SAFETY: our own mapping.
             unsafe { libc::munmap(map, len) };
@@ -249,7 +264,8 @@ fn open_conn(stream: UnixStream) -> std::io::Result<Conn> {
         }
     };
     stream.set_nonblocking(true)?;
-    Ok(Conn { stream, map, len, ring, traced: Traced { hello, events: Vec::new(), dropped: 0, pushed: 0, eof: false, received: 0 } })
+    let merge = Merge::new(lanes.count());
+    Ok(Conn { stream, map, len, lanes, merge, traced: Traced { hello, events: Vec::new(), dropped: 0, pushed: 0, eof: false, received: 0 } })
 }
 
 /// A consumer on a Unix socket in its own temp dir, running on a thread.
@@ -387,7 +403,7 @@ fn serve(
             if (all_eof && !busy) || t0.elapsed() > Duration::from_secs(20) || mode == Mode::NeverAccept {
                 for c in &mut conns {
                     if mode == Mode::Drain {
-                        c.drain(&mut sink);
+                        c.drain_all(&mut sink);
                     }
                 }
                 return conns.into_iter().map(Conn::finish).collect();
@@ -433,6 +449,7 @@ pub fn workload(args: &[&str], state_dir: &Path, shim: bool) -> Command {
         .env("SIMCUDA_STATE_DIR", state_dir)
         .env_remove("GPUFRAG_SOCK")
         .env_remove("GPUFRAG_RING_CAPACITY")
+        .env_remove("GPUFRAG_RING_LANES")
         .env_remove("GPUFRAG_NO_FOLLOW")
         .env_remove("GPUFRAG_CONSUMER_PID")
         .env_remove("GPUFRAG_SAMPLE_MS")

@@ -1,6 +1,8 @@
 //! The hello: the first message a traced process sends the consumer on its Unix socket, with the
-//! ring's memfd attached (`SCM_RIGHTS`). Fixed-size and little-endian, so the shim builds it on
-//! the stack.
+//! memfd of its event region attached (`SCM_RIGHTS`; the region is K ring lanes, see
+//! [`crate::lanes`]). Fixed-size and little-endian, so the shim builds it on the stack. The
+//! consumer checks `ring bytes` against the memfd's own size and takes the layout from the
+//! region's headers, never from the hello.
 //!
 //! ```text
 //!  0 magic "GFHELLO1"  8 pid u32  12 ppid u32  16 ring bytes u64  24 start time (clock ticks
@@ -26,7 +28,7 @@ pub struct Hello {
     pub pid: u32,
     /// Its parent.
     pub ppid: u32,
-    /// Size of the ring region.
+    /// Size of the event region (all lanes, headers included).
     pub ring_bytes: u64,
     /// Start time in clock ticks since boot (with pid: a key PID reuse cannot collide with).
     pub start_time: u64,

@@ -4,8 +4,11 @@
 //! - [`event`]: the one fixed-size event record (mirrored by `include/gpufrag_event.h`).
 //! - [`ring`]: the lock-free shared-memory ring a traced process writes events into and the
 //!   consumer drains, dropping and counting when full.
+//! - [`lanes`]: a traced process's region of several rings, one per group of threads, and the
+//!   consumer's timestamp merge of them.
 //! - [`hello`]: the first message a traced process sends the consumer over its Unix socket.
 
 pub mod event;
 pub mod hello;
+pub mod lanes;
 pub mod ring;

@@ -1,5 +1,7 @@
 //! The event ring: a bounded multi-producer, single-consumer queue of [`Event`]s laid out in one
-//! shared-memory region (a memfd the traced process creates and hands to the consumer).
+//! shared-memory region (a memfd the traced process creates and hands to the consumer). A traced
+//! process has several rings, "lanes" (see [`crate::lanes`]): each thread pushes into the lane of
+//! its thread id, so threads rarely share a `tail` word; one lane is one `Ring`.
 //!
 //! Producers are the traced process's threads inside CUDA hooks, so a push never blocks, never
 //! allocates and never makes a syscall: it claims a slot with one compare-and-swap on `tail`
@@ -7,6 +9,11 @@
 //! is), copies the 80-byte event, and publishes it with a release store. When the ring is full
 //! (the consumer is slow, stalled or gone) the event is dropped and `dropped` counted; the
 //! consumer turns that count into `Dropped` events so every figure says it is inexact.
+//!
+//! Sequence words are stored relative to their slot: a slot at index `i` stores Vyukov's
+//! sequence minus `i`, so all-zero memory is a fresh ring. Laying a ring out writes only its
+//! header, and a slot's page is first touched when an event lands in it (a 16-lane region of
+//! which a process uses two lanes costs the memory of two).
 //!
 //! The consumer trusts nothing in the region beyond what it checks: the capacity comes from the
 //! region's size, and every event goes through the address map's own checks.
@@ -17,7 +24,7 @@
 //!  64  tail  (AtomicU64: slots claimed by producers, own cache line)
 //! 128  head  (AtomicU64: slots consumed, written by the consumer, own cache line)
 //! 192  dropped (AtomicU64: pushes that found the ring full)
-//! 256  slots: capacity × { seq: AtomicU64, event: [u8; 80] }
+//! 256  slots: capacity × { seq - index: AtomicU64, event: [u8; 80] }
 //! ```
 
 use crate::event::{Event, EVENT_SIZE};
@@ -25,13 +32,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// First 8 bytes of a ring region.
 pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"GFRING01");
-/// Layout version.
-pub const RING_VERSION: u32 = 1;
+/// Layout version (2: sequence words relative to their slot, zero = fresh).
+pub const RING_VERSION: u32 = 2;
 /// Bytes before the first slot.
 pub const HEADER_BYTES: usize = 256;
 /// Bytes per slot: the sequence word and one event.
 pub const SLOT_BYTES: usize = 8 + EVENT_SIZE;
-/// The default capacity: 64 Ki events (5.5 MiB).
+/// A ring of 64 Ki events (5.5 MiB). The shim's region default is
+/// [`crate::lanes::DEFAULT_TOTAL_CAPACITY`] over [`crate::lanes::DEFAULT_LANES`] lanes.
 pub const DEFAULT_CAPACITY: u64 = 1 << 16;
 
 const OFF_TAIL: usize = 64;
@@ -77,13 +85,15 @@ impl std::fmt::Display for RingError {
 impl std::error::Error for RingError {}
 
 impl Ring {
-    /// Lays out a fresh ring in `len` zeroed bytes at `base` (the producer side, once).
+    /// Lays out a fresh ring in `len` zeroed bytes at `base` (the producer side, once). Only the
+    /// header is written: zeroed slots are already a fresh ring's.
     ///
     /// # Safety
-    /// `base` must point to `len` writable bytes, 64-byte aligned (a fresh mapping is), that
-    /// stay mapped while any `Ring` view of them is used, and nobody else may use them yet.
+    /// `base` must point to `len` writable bytes, 64-byte aligned (a fresh mapping is), whose
+    /// slots (from byte 256 on) are all zero, that stay mapped while any `Ring` view of them is
+    /// used, and nobody else may use them yet.
     pub unsafe fn init(base: *mut u8, len: usize, capacity: u64, pid: u32) -> Result<Ring, RingError> {
-        if !capacity.is_power_of_two() || len < region_bytes(capacity) || (base as usize) % 64 != 0 {
+        if !capacity.is_power_of_two() || capacity < 2 || len < region_bytes(capacity) || !(base as usize).is_multiple_of(64) {
             return Err(RingError::BadSize);
         }
         let ring = Ring { base, capacity };
@@ -94,9 +104,6 @@ impl Ring {
             base.add(12).cast::<u32>().write(SLOT_BYTES as u32);
             base.add(16).cast::<u64>().write(capacity);
             base.add(24).cast::<u32>().write(pid);
-        }
-        for i in 0..capacity {
-            ring.seq(i).store(i, Ordering::Relaxed);
         }
         ring.tail().store(0, Ordering::Relaxed);
         ring.head().store(0, Ordering::Relaxed);
@@ -111,7 +118,7 @@ impl Ring {
     /// `base` must point to `len` readable and writable bytes, 64-byte aligned, that stay mapped
     /// while the view is used.
     pub unsafe fn attach(base: *mut u8, len: usize) -> Result<Ring, RingError> {
-        if len < HEADER_BYTES + SLOT_BYTES || (base as usize) % 64 != 0 {
+        if len < HEADER_BYTES + SLOT_BYTES || !(base as usize).is_multiple_of(64) {
             return Err(RingError::BadSize);
         }
         // SAFETY: `len` covers the header.
@@ -127,7 +134,7 @@ impl Ring {
             return Err(RingError::BadHeader);
         }
         let fits = ((len - HEADER_BYTES) / SLOT_BYTES) as u64;
-        if !cap.is_power_of_two() || cap > fits {
+        if !cap.is_power_of_two() || cap < 2 || cap > fits {
             return Err(RingError::BadSize);
         }
         Ok(Ring { base, capacity: cap })
@@ -150,8 +157,15 @@ impl Ring {
     fn slot_off(&self, pos: u64) -> usize {
         HEADER_BYTES + (pos & (self.capacity - 1)) as usize * SLOT_BYTES
     }
+    /// The sequence word of `pos`'s slot, which stores Vyukov's sequence minus the slot index.
     fn seq(&self, pos: u64) -> &AtomicU64 {
         self.atomic(self.slot_off(pos))
+    }
+    /// `pos` less its slot index: what a slot's word holds when it is free for the producer of
+    /// `pos` (Vyukov's `seq == pos`); `+ 1` once that producer published (`seq == pos + 1`).
+    #[inline]
+    fn lap(&self, pos: u64) -> u64 {
+        pos & !(self.capacity - 1)
     }
 
     /// Slots in the ring.
@@ -166,12 +180,13 @@ impl Ring {
     }
 
     /// Pushes one event; `false` (and `dropped` counted) when the ring is full. Never blocks.
+    #[inline]
     pub fn push(&self, ev: &Event) -> bool {
         let tail = self.tail();
         let mut pos = tail.load(Ordering::Relaxed);
         loop {
             let seq = self.seq(pos).load(Ordering::Acquire);
-            let dif = seq.wrapping_sub(pos) as i64;
+            let dif = seq.wrapping_sub(self.lap(pos)) as i64;
             if dif == 0 {
                 match tail.compare_exchange_weak(pos, pos.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed) {
                     Ok(_) => break,
@@ -187,26 +202,88 @@ impl Ring {
         let off = self.slot_off(pos) + 8;
         // SAFETY: the successful CAS made this slot ours until the release store below; the
         // event bytes lie inside the slot.
-        unsafe { self.base.add(off).cast::<[u8; EVENT_SIZE]>().write_unaligned(ev.to_bytes()) };
-        self.seq(pos).store(pos.wrapping_add(1), Ordering::Release);
+        unsafe { write_event(self.base.add(off), ev) };
+        self.seq(pos).store(self.lap(pos).wrapping_add(1), Ordering::Release);
         true
+    }
+
+    /// The head position if its slot is published (single consumer only).
+    #[inline]
+    fn published_head(&self) -> Option<u64> {
+        let pos = self.head().load(Ordering::Relaxed);
+        let seq = self.seq(pos).load(Ordering::Acquire);
+        (seq == self.lap(pos).wrapping_add(1)).then_some(pos)
+    }
+
+    fn read_slot(&self, pos: u64) -> Event {
+        let off = self.slot_off(pos) + 8;
+        // SAFETY: the caller's acquire load saw the producer's release: the slot holds a whole
+        // event and stays ours until the consumer hands it back.
+        unsafe { read_event(self.base.add(off)) }
     }
 
     /// Pops the next event if one is published (single consumer only).
     pub fn pop(&self) -> Option<Event> {
-        let head = self.head();
-        let pos = head.load(Ordering::Relaxed);
-        let seq = self.seq(pos).load(Ordering::Acquire);
-        if seq != pos.wrapping_add(1) {
-            return None;
-        }
-        let off = self.slot_off(pos) + 8;
-        // SAFETY: the acquire load saw the producer's release: the slot holds a whole event and
-        // is ours until we hand it back below.
-        let bytes = unsafe { self.base.add(off).cast::<[u8; EVENT_SIZE]>().read_unaligned() };
-        self.seq(pos).store(pos.wrapping_add(self.capacity), Ordering::Release);
-        head.store(pos.wrapping_add(1), Ordering::Relaxed);
-        Some(Event::from_bytes(&bytes))
+        let pos = self.published_head()?;
+        let ev = self.read_slot(pos);
+        self.seq(pos).store(self.lap(pos).wrapping_add(self.capacity), Ordering::Release);
+        self.head().store(pos.wrapping_add(1), Ordering::Relaxed);
+        Some(ev)
+    }
+
+    /// The next event if one is published, left in the ring (single consumer only).
+    pub fn peek(&self) -> Option<Event> {
+        self.published_head().map(|pos| self.read_slot(pos))
+    }
+
+    /// Whether producers have claimed slots the consumer has not popped (single consumer only).
+    /// Right after `pop` found nothing, `true` means an event is in flight: claimed, not yet
+    /// published (or published since), and whatever was pushed behind it waits for it.
+    pub fn has_claimed_unread(&self) -> bool {
+        self.tail().load(Ordering::Acquire) != self.head().load(Ordering::Relaxed)
+    }
+
+    /// A view of a ring already laid out at `base`.
+    ///
+    /// # Safety
+    /// `base` must be a ring that `init` or `attach` accepted with this `capacity`, mapped while
+    /// the view is used.
+    #[inline]
+    pub(crate) unsafe fn from_raw(base: *mut u8, capacity: u64) -> Ring {
+        Ring { base, capacity }
+    }
+
+    /// Claims the tail slot without publishing it, as a producer stopped mid-push would.
+    #[cfg(test)]
+    pub(crate) fn claim_for_test(&self) {
+        self.tail().fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether the slot of `pos` holds a published event of that position (single consumer,
+    /// for `pos` between its position and the tail). Acquire: the event is then readable.
+    #[inline]
+    pub(crate) fn is_published(&self, pos: u64) -> bool {
+        self.seq(pos).load(Ordering::Acquire) == self.lap(pos).wrapping_add(1)
+    }
+
+    /// The timestamp of the event at `pos`, which `is_published` said is published and the
+    /// consumer has not handed back.
+    #[inline]
+    pub(crate) fn ts_at(&self, pos: u64) -> u64 {
+        // SAFETY: inside the slot; the acquire in `is_published` made the producer's write
+        // visible, and the slot stays the consumer's until `pop` hands it back.
+        u64::from_le(unsafe { self.base.add(self.slot_off(pos) + 8).cast::<u64>().read_unaligned() })
+    }
+
+    /// Slots claimed by producers (the tail), acquire.
+    #[inline]
+    pub(crate) fn claimed_count(&self) -> u64 {
+        self.tail().load(Ordering::Acquire)
+    }
+
+    /// The consumer's position (events consumed since the ring was laid out).
+    pub fn consumed_count(&self) -> u64 {
+        self.head().load(Ordering::Relaxed)
     }
 
     /// Pushes that found the ring full, since it was laid out.
@@ -219,6 +296,49 @@ impl Ring {
         self.tail().load(Ordering::Relaxed)
     }
 }
+
+/// Writes `ev`'s 80 wire bytes at `p`. On a little-endian machine the `#[repr(C)]` record, which
+/// has no padding the compiler chose, is its wire bytes: one copy, no encoding.
+///
+/// # Safety
+/// `p` must be valid for writing 80 bytes.
+#[inline(always)]
+unsafe fn write_event(p: *mut u8, ev: &Event) {
+    #[cfg(target_endian = "little")]
+    // SAFETY: per the caller; Event is plain integers (any alignment with write_unaligned).
+    unsafe {
+        p.cast::<Event>().write_unaligned(*ev)
+    };
+    #[cfg(not(target_endian = "little"))]
+    // SAFETY: per the caller.
+    unsafe {
+        p.cast::<[u8; EVENT_SIZE]>().write_unaligned(ev.to_bytes())
+    };
+}
+
+/// Reads the event whose 80 wire bytes are at `p` (see `write_event`).
+///
+/// # Safety
+/// `p` must be valid for reading 80 bytes.
+#[inline(always)]
+unsafe fn read_event(p: *const u8) -> Event {
+    #[cfg(target_endian = "little")]
+    // SAFETY: per the caller; every bit pattern is a valid Event (plain integers).
+    return unsafe { p.cast::<Event>().read_unaligned() };
+    #[cfg(not(target_endian = "little"))]
+    // SAFETY: per the caller.
+    return Event::from_bytes(unsafe { &p.cast::<[u8; EVENT_SIZE]>().read_unaligned() });
+}
+
+// The wire layout `write_event` relies on: fields at their `to_bytes` offsets, nothing between.
+const _: () = {
+    assert!(std::mem::offset_of!(Event, device_free) == 48);
+    assert!(std::mem::offset_of!(Event, pid) == 56);
+    assert!(std::mem::offset_of!(Event, kind) == 64);
+    assert!(std::mem::offset_of!(Event, rc) == 68);
+    assert!(std::mem::offset_of!(Event, op) == 76);
+    assert!(std::mem::offset_of!(Event, _pad) == 78);
+};
 
 /// A ring in process-private heap memory: for tests and benchmarks of the protocol.
 pub struct HeapRing {
@@ -277,14 +397,67 @@ mod tests {
     }
 
     #[test]
+    fn peek_leaves_the_event_and_laps_wrap() {
+        let h = HeapRing::new(2);
+        let r = h.ring();
+        assert_eq!(r.peek(), None);
+        assert!(!r.has_claimed_unread());
+        // Many laps round a two-slot ring: the slot-relative sequence words stay consistent.
+        for i in 0..1000 {
+            assert!(r.push(&ev(2 * i)));
+            assert!(r.push(&ev(2 * i + 1)));
+            assert!(!r.push(&ev(0)));
+            assert!(r.has_claimed_unread());
+            assert_eq!(r.peek().map(|e| e.addr), Some(2 * i));
+            assert_eq!(r.peek().map(|e| e.addr), Some(2 * i));
+            assert_eq!(r.pop().map(|e| e.addr), Some(2 * i));
+            assert_eq!(r.pop().map(|e| e.addr), Some(2 * i + 1));
+            assert_eq!(r.peek(), None);
+        }
+        assert_eq!((r.pushed_count(), r.consumed_count(), r.dropped_count()), (2000, 2000, 1000));
+        // A claimed, unpublished slot: nothing to pop, but something is in flight.
+        r.claim_for_test();
+        assert_eq!(r.pop(), None);
+        assert!(r.has_claimed_unread());
+    }
+
+    #[test]
+    fn a_slot_holds_the_wire_bytes() {
+        let h = HeapRing::new(4);
+        let r = h.ring();
+        let e = Event {
+            ts_ns: 0x0102_0304_0506_0708,
+            addr: 0x1112_1314_1516_1718,
+            size: 3,
+            requested: 4,
+            handle: 5,
+            stream: 6,
+            device_free: 7,
+            pid: 8,
+            tid: 9,
+            kind: 10,
+            device: -2,
+            rc: -3,
+            flags: 0x8000_0001,
+            op: 12,
+            _pad: 0,
+        };
+        assert!(r.push(&e));
+        // SAFETY: slot 0's event bytes, inside the HeapRing's region.
+        let raw = unsafe { r.base.add(HEADER_BYTES + 8).cast::<[u8; EVENT_SIZE]>().read_unaligned() };
+        assert_eq!(raw, e.to_bytes());
+        assert_eq!(r.pop(), Some(e));
+    }
+
+    #[test]
     fn attach_checks_the_header_and_derives_capacity_from_the_size() {
         let h = HeapRing::new(8);
         let base = h.ring().base;
         // SAFETY: the HeapRing's region is mapped and 64-byte aligned.
-        let r = unsafe { Ring::attach(base, region_bytes(8)) }.unwrap();
+        let r = unsafe { Ring::attach(base, region_bytes(8)) }.expect("attach");
         assert_eq!(r.capacity(), 8);
         // SAFETY: as above, with a length that is too short for the claimed capacity.
-        assert_eq!(unsafe { Ring::attach(base, region_bytes(4)) }.unwrap_err(), RingError::BadSize);
+        assert_eq!(unsafe { Ring::attach(base, region_bytes(4)) }.expect_err("refused"), RingError::BadSize);
     }
 
     #[test]
@@ -322,7 +495,7 @@ mod tests {
             for slot in handles.iter_mut() {
                 if slot.as_ref().is_some_and(|j| j.is_finished()) {
                     if let Some(j) = slot.take() {
-                        pushed += j.join().unwrap();
+                        pushed += j.join().expect("producer");
                         done += 1;
                     }
                 }
