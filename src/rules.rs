@@ -73,9 +73,13 @@ impl AllocatorRules {
 
     /// `should_split`: whether a free run of `run` bytes serving a block of `rounded` bytes is
     /// split (the rest stays a free block) or handed out whole (the block swallows the rest).
-    pub fn should_split(&self, run: u64, rounded: u64) -> bool {
+    ///
+    /// `expandable`: the run lies in an expandable segment (a mapped range). PyTorch then splits
+    /// any remainder of 512 bytes or more in both pools and ignores `max_split_size`
+    /// (`block->pool->is_small || CUDAAllocatorConfig::expandable_segments()`).
+    pub fn should_split(&self, run: u64, rounded: u64, expandable: bool) -> bool {
         let remaining = run.saturating_sub(rounded);
-        if Self::is_small(rounded) {
+        if Self::is_small(rounded) || expandable {
             remaining >= MIN_BLOCK
         } else {
             rounded < self.max_split_size && remaining > SMALL_SIZE
@@ -131,19 +135,27 @@ mod tests {
     fn split_thresholds_differ_by_pool() {
         let r = AllocatorRules::default();
         // small pool: a remainder of 512 bytes or more is split off
-        assert!(r.should_split(2 << 20, 1024));
-        assert!(!r.should_split(1024 + 511, 1024));
+        assert!(r.should_split(2 << 20, 1024, false));
+        assert!(!r.should_split(1024 + 511, 1024, false));
         // large pool: only a remainder above 1 MiB is split off
-        assert!(r.should_split(500 << 20, 300 << 20));
-        assert!(!r.should_split((300 << 20) + (1 << 20), 300 << 20));
-        assert!(r.should_split((300 << 20) + (1 << 20) + 512, 300 << 20));
+        assert!(r.should_split(500 << 20, 300 << 20, false));
+        assert!(!r.should_split((300 << 20) + (1 << 20), 300 << 20, false));
+        assert!(r.should_split((300 << 20) + (1 << 20) + 512, 300 << 20, false));
+    }
+
+    #[test]
+    fn expandable_segments_split_any_remainder_of_512_bytes() {
+        let r = AllocatorRules { max_split_size: 200 << 20, ..Default::default() };
+        assert!(r.should_split((300 << 20) + 512, 300 << 20, true));
+        assert!(!r.should_split((300 << 20) + 511, 300 << 20, true));
+        assert!(r.should_split((2 << 20) + 512, 2 << 20, true));
     }
 
     #[test]
     fn max_split_size_stops_splitting_big_blocks() {
         let r = AllocatorRules { max_split_size: 200 << 20, ..Default::default() };
-        assert!(!r.should_split(500 << 20, 300 << 20));
-        assert!(r.should_split(500 << 20, 100 << 20));
+        assert!(!r.should_split(500 << 20, 300 << 20, false));
+        assert!(r.should_split(500 << 20, 100 << 20, false));
     }
 
     #[test]

@@ -772,9 +772,13 @@ impl AddressSpace {
 
     /// A framework block at `addr`. With `known_size` the extent is taken as given; otherwise it is
     /// `round_size(requested)`, or the whole rest of its free run when the allocator would not
-    /// split that rest off.
+    /// split that rest off (in a mapped range, an expandable segment, any rest of 512 bytes or
+    /// more is split off).
     pub fn block_alloc(&mut self, addr: u64, requested: u64, known_size: Option<u64>) -> Result<u64, Anomaly> {
-        let (seg_start, framework) = self.segment_at(addr).map(|s| (s.start, s.framework)).ok_or(Anomaly::BlockOutsideSegment(addr))?;
+        let (seg_start, framework, expandable) = self
+            .segment_at(addr)
+            .map(|s| (s.start, s.framework, s.kind == SegmentKind::Mapped))
+            .ok_or(Anomaly::BlockOutsideSegment(addr))?;
         if !framework {
             self.adopt(seg_start);
         }
@@ -788,7 +792,7 @@ impl AddressSpace {
             Some(s) => s,
             None => {
                 let rounded = self.rules.round_size(requested);
-                if rounded <= avail && !self.rules.should_split(avail, rounded) {
+                if rounded <= avail && !self.rules.should_split(avail, rounded, expandable) {
                     avail
                 } else {
                     rounded
@@ -927,6 +931,24 @@ mod tests {
         let f = m.figures();
         assert_eq!(f.segments, 2);
         assert_eq!((f.reserved, f.allocated, f.stranded, f.largest_free_block), (200 * MIB, 200 * MIB, 0, 0));
+    }
+
+    /// Seen on the H200 under `expandable_segments:True` with the USDT probes, which carry only
+    /// the requested size: a 21.5 MiB block at the start of a 22 MiB mapping leaves 512 KiB. The
+    /// large pool's rule (split only above 1 MiB) would hand the block the whole mapping and the
+    /// next block, which PyTorch placed in that rest, would overlap it.
+    #[test]
+    fn expandable_segments_split_small_remainders_of_large_blocks() {
+        let mut m = AddressSpace::default();
+        m.reserve(BASE, 1 << 30);
+        m.map(BASE, 22 * MIB, true).unwrap();
+        let big = 21 * MIB + MIB / 2;
+        assert_eq!(m.block_alloc(BASE, big, None), Ok(big));
+        assert_eq!(m.block_alloc(BASE + big, 4096, None), Ok(4096));
+        assert_eq!(m.figures().allocated, big + 4096);
+        // the same request in a plain driver segment swallows the rest
+        m.driver_alloc(BASE + (1 << 30), 22 * MIB, SegmentKind::Driver, true, 0).unwrap();
+        assert_eq!(m.block_alloc(BASE + (1 << 30), big, None), Ok(22 * MIB));
     }
 
     #[test]

@@ -382,11 +382,12 @@ impl NaiveSpace {
         let runs = self.free_runs_of(&self.segments[i]);
         let &(run, len) = runs.iter().find(|&&(s, l)| s <= addr && addr < s + l).ok_or(Anomaly::BlockOverlap(addr))?;
         let avail = run + len - addr;
+        let expandable = self.segments[i].kind == SegmentKind::Mapped;
         let size = match known_size {
             Some(s) => s,
             None => {
                 let rounded = self.rules.round_size(requested);
-                if rounded <= avail && !self.rules.should_split(avail, rounded) {
+                if rounded <= avail && !self.rules.should_split(avail, rounded, expandable) {
                     avail
                 } else {
                     rounded
