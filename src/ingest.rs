@@ -71,6 +71,30 @@ impl OomRecord {
     }
 }
 
+/// `CUDA_ERROR_OUT_OF_MEMORY` and `cudaErrorMemoryAllocation`: the one return code that means
+/// the memory was not there.
+pub const RC_OUT_OF_MEMORY: i32 = 2;
+
+/// A failed allocation call whose code says something other than "out of memory" (PyTorch
+/// probing for fabric handles gets `CUDA_ERROR_NOT_PERMITTED` from `cuMemCreate`; calls made
+/// while the context is torn down at exit get `CUDA_ERROR_INVALID_CONTEXT`). Not an OOM: no
+/// verdict is given for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FailedCall {
+    /// Event timestamp.
+    pub ts_ns: u64,
+    /// Process.
+    pub pid: u32,
+    /// Device.
+    pub device: i16,
+    /// Bytes requested.
+    pub requested: u64,
+    /// Return code.
+    pub rc: i32,
+    /// What kind of call failed.
+    pub op: Option<EventKind>,
+}
+
 /// Device-wide totals as last measured.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceTotals {
@@ -100,8 +124,12 @@ pub struct State {
     pub spaces: BTreeMap<(u32, i16), ProcessDevice>,
     /// Per device.
     pub devices: BTreeMap<i16, DeviceTotals>,
-    /// Failed allocations in order.
+    /// Allocations that failed for want of memory, in order.
     pub ooms: Vec<OomRecord>,
+    /// Allocation calls that failed with another code, in order (the first [`KEPT_ANOMALIES`]).
+    pub failed_calls: Vec<FailedCall>,
+    /// All such calls, counted.
+    pub failed_call_count: u64,
     /// Events the sources reported dropped.
     pub dropped: u64,
     /// Anomalies counted.
@@ -182,6 +210,14 @@ impl State {
             EventKind::AllocFailed => {
                 if let Some(free) = ev.device_free() {
                     self.devices.entry(device).or_default().free = Some(free);
+                }
+                if ev.rc != RC_OUT_OF_MEMORY {
+                    self.failed_call_count += 1;
+                    if self.failed_calls.len() < KEPT_ANOMALIES {
+                        let (ts_ns, requested, rc, op) = (ev.ts_ns, ev.requested, ev.rc, ev.failed_op());
+                        self.failed_calls.push(FailedCall { ts_ns, pid, device, requested, rc, op });
+                    }
+                    return;
                 }
                 let figures = self.space(pid, device).map.figures();
                 self.ooms.push(OomRecord {
@@ -335,5 +371,31 @@ mod forget_tests {
         // A new holder of pid 1 starts empty.
         s.apply(&Event { addr: 0x1000, ..Event::new(EventKind::MemFree, 1, -1) });
         assert_eq!(s.anomaly_count, 1);
+    }
+}
+
+#[cfg(test)]
+mod failure_tests {
+    use super::*;
+    use crate::analysis::summary::Summary;
+
+    /// Seen on the H200: `cuMemCreate` refused with `CUDA_ERROR_NOT_PERMITTED` (800) while
+    /// PyTorch probes handle types, and a pool allocation failing with
+    /// `CUDA_ERROR_INVALID_CONTEXT` (201) during teardown. Neither is an OOM.
+    #[test]
+    fn only_out_of_memory_codes_make_an_oom() {
+        let mut s = State::default();
+        let failed = |rc, op: EventKind, requested| Event { rc, requested, op: op as u16, ..Event::new(EventKind::AllocFailed, 7, 0) };
+        s.apply(&failed(800, EventKind::PhysCreate, 20 << 20));
+        s.apply(&failed(201, EventKind::PoolAlloc, 1 << 30));
+        s.apply(&failed(RC_OUT_OF_MEMORY, EventKind::MemAlloc, 3 << 30));
+        assert_eq!(s.ooms.len(), 1);
+        assert_eq!(s.ooms[0].requested, 3 << 30);
+        assert_eq!(s.failed_call_count, 2);
+        let sum = Summary::from_state(&s, "test");
+        assert_eq!(sum.ooms.len(), 1);
+        assert_eq!(sum.failed_calls.iter().map(|c| (c.op.as_str(), c.rc)).collect::<Vec<_>>(), vec![("phys_create", 800), ("pool_alloc", 201)]);
+        assert!(sum.notes.iter().any(|n| n.starts_with("2 allocation call(s) failed with codes other than out-of-memory")), "{:?}", sum.notes);
+        assert!(sum.exact, "a refused call is not a lost event");
     }
 }

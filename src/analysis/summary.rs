@@ -38,6 +38,27 @@ pub struct Summary {
     /// final failure is an entry of `ooms`).
     #[serde(default)]
     pub driver_failures: u64,
+    /// Allocation calls that failed with a code other than out-of-memory (no verdict: not OOMs),
+    /// the first 20 of them; `notes` gives the count.
+    #[serde(default)]
+    pub failed_calls: Vec<FailedCallSummary>,
+}
+
+/// An allocation call that failed with a code other than out-of-memory.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct FailedCallSummary {
+    /// Device.
+    pub device: i16,
+    /// Process.
+    pub pid: u32,
+    /// Timestamp, ns.
+    pub ts_ns: u64,
+    /// Bytes requested.
+    pub requested: u64,
+    /// The return code (`CUresult` or `cudaError_t`).
+    pub rc: i32,
+    /// The call that failed.
+    pub op: String,
 }
 
 /// Figures of one device, or of one process on one device.
@@ -326,6 +347,19 @@ impl Summary {
                 notes.push(format!("event {}: pid {} device {}: {}", a.index, a.pid, a.device, a.anomaly));
             }
         }
+        if state.failed_call_count > 0 {
+            let first: Vec<String> = state
+                .failed_calls
+                .iter()
+                .take(3)
+                .map(|c| format!("{} rc {} (pid {})", c.op.map_or("unknown", |k| k.name()), c.rc, c.pid))
+                .collect();
+            notes.push(format!(
+                "{} allocation call(s) failed with codes other than out-of-memory, not counted as OOMs: {}",
+                state.failed_call_count,
+                first.join(", ")
+            ));
+        }
         if state.unknown_kinds > 0 {
             notes.push(format!("{} events had a kind this build does not know", state.unknown_kinds));
         }
@@ -341,6 +375,18 @@ impl Summary {
             dropped: state.dropped,
             anomalies: state.anomaly_count,
             driver_failures,
+            failed_calls: state
+                .failed_calls
+                .iter()
+                .map(|c| FailedCallSummary {
+                    device: c.device,
+                    pid: c.pid,
+                    ts_ns: c.ts_ns,
+                    requested: c.requested,
+                    rc: c.rc,
+                    op: c.op.map_or("unknown", |k| k.name()).to_string(),
+                })
+                .collect(),
         }
     }
 }
