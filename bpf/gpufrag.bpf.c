@@ -67,6 +67,8 @@ enum gpufrag_fn {
 	FN_CTX_GET_DEVICE,
 	FN_POOL_CREATE,
 	FN_DEFAULT_MEM_POOL,
+	/* observed: what the program reads of a pool's reserved bytes */
+	FN_POOL_GET_ATTRIBUTE,
 	/* PyTorch caching allocator, .symtab fallback */
 	FN_TORCH_MALLOC,
 };
@@ -445,6 +447,19 @@ static __always_inline int finish_call(struct pt_regs *ctx, __u32 fn)
 			device = pd;
 		break;
 	}
+	case FN_POOL_GET_ATTRIBUTE: { /* (CUmemoryPool pool, CUmemPool_attribute attr, void *value) */
+		/* Only CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT (5), and only when the driver answered. */
+		if (rc != 0 || (__s32)c->arg[1] != 5)
+			return 0;
+		alloc = false;
+		kind = GPUFRAG_EV_POOL_RESERVED;
+		handle = c->arg[0];
+		size = read_user_u64(c->arg[2]);
+		__s16 pd = device_of_object(tgid, handle);
+		if (pd >= 0)
+			device = pd;
+		break;
+	}
 	case FN_MEM_GET_INFO: /* (size_t *free, size_t *total) */
 		if (rc != 0)
 			return 0;
@@ -525,6 +540,7 @@ PROBE_PAIR(ctx_pop_current, FN_CTX_POP_CURRENT)
 PROBE_PAIR(ctx_get_device, FN_CTX_GET_DEVICE)
 PROBE_PAIR(pool_create, FN_POOL_CREATE)
 PROBE_PAIR(default_mem_pool, FN_DEFAULT_MEM_POOL)
+PROBE_PAIR(pool_get_attribute, FN_POOL_GET_ATTRIBUTE)
 PROBE_PAIR(torch_malloc, FN_TORCH_MALLOC)
 
 /* Native::local_raw_delete(void *ptr): a block returns to the cache. */

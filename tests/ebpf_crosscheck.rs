@@ -28,6 +28,10 @@ fn under_shim(args: &[&str], m: &Machine) -> Value {
     cmd.args(["run", "-q", "--no-python-hook", "--summary-json"]).arg(&summary).arg("--").arg(workload()).args(args);
     cmd.stdout(Stdio::null()).stderr(Stdio::piped());
     m.env(&mut cmd);
+    // The shim also reads each stream-ordered pool's reserved bytes from the driver (at its first
+    // allocation, periodically, after trims, at exit), which no probe can do: off here, so that
+    // both sides see the same calls (tests/preload_kinds.rs checks those samples).
+    cmd.env("GPUFRAG_POOL_SAMPLES", "0");
     let out = cmd.output().expect("gpufrag run");
     assert!(out.status.success(), "gpufrag run {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_str(&std::fs::read_to_string(&summary).expect("shim summary")).expect("json")

@@ -99,7 +99,8 @@ fn vmm_reserve_create_map_unmap_release() {
 fn pools_runtime_and_driver_forms() {
     let run = traced_run(&["async"], &[]);
     assert!(run.output.status.success(), "{}", run.stdout());
-    let got = calls(run.only());
+    let all = calls(run.only());
+    let (reserved, got): (Vec<Event>, Vec<Event>) = all.iter().partition(|e| e.kind() == Some(PoolReserved));
     let kinds: Vec<EventKind> = got.iter().filter_map(Event::kind).collect();
     #[rustfmt::skip]
     assert_eq!(kinds, [
@@ -128,6 +129,34 @@ fn pools_runtime_and_driver_forms() {
     assert!(own != 0 && own != default_pool);
     assert_eq!((got[15].size, got[16].size, got[16].handle), (10 * MIB, 1000, own));
     assert_eq!((got[19].handle, got[19].size), (own, 0));
+
+    // Pool reserved bytes as the driver reports them: every value the workload read through
+    // cudaMemPoolGetAttribute / cuMemPoolGetAttribute was recorded, in order, for its pool.
+    let results = lines_with(&run.stdout(), "RESULT");
+    let step = |name: &str| results.iter().find(|l| field(l, "step") == name).unwrap_or_else(|| panic!("no {name} line"));
+    let read_by_program = [
+        (default_pool, num(step("alloc"), "pool_reserved")),
+        (default_pool, num(step("free"), "pool_reserved")),
+        (default_pool, num(step("reuse"), "pool_reserved")),
+        (default_pool, num(step("trim_keep"), "pool_reserved")),
+        (default_pool, num(step("trim"), "pool_reserved")),
+        (default_pool, num(step("sync"), "pool_reserved_before_sync")),
+        (default_pool, num(step("sync"), "pool_reserved_after_sync")),
+        (default_pool, num(step("sync"), "pool_reserved_after_sync_threshold_max")),
+        (own, num(step("driver_pool"), "pool_reserved")),
+    ];
+    let seen: Vec<(u64, u64)> = reserved.iter().map(|e| (e.handle, e.size)).collect();
+    let mut rest = seen.as_slice();
+    for want in read_by_program {
+        let at = rest.iter().position(|&r| r == want).unwrap_or_else(|| panic!("{want:?} not recorded in order: {seen:?}"));
+        rest = &rest[at + 1..];
+    }
+    // The shim's own samples: the default pool at its first allocation (64 MiB in use), and each
+    // pool after each trim.
+    assert_eq!(reserved[0].handle, default_pool);
+    assert!(reserved[0].size >= 64 * MIB, "{:?}", reserved[0]);
+    assert!(reserved.iter().all(|e| e.device == 0), "{reserved:?}");
+    assert!(seen.contains(&(own, 0)), "own pool sampled after its trim to 0: {seen:?}");
 }
 
 #[test]

@@ -23,6 +23,9 @@ pub const CUDA_ERROR_SYMBOL_NOT_FOUND: cudaError_t = 500;
 pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 1 << 1;
 /// `CU_MEM_LOCATION_TYPE_DEVICE`.
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` (= `cudaMemPoolAttrReservedMemCurrent`): the bytes a
+/// pool holds from the device, a `cuuint64_t`.
+pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
 
 /// `CUmemLocation`.
 #[repr(C)]
@@ -84,6 +87,7 @@ pub type CuMemAllocFromPoolAsyncFn =
     unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
 pub type CuMemFreeAsyncFn = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
 pub type CuMemPoolTrimToFn = unsafe extern "C" fn(CUmemoryPool, usize) -> CUresult;
+pub type CuMemPoolGetAttributeFn = unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult;
 pub type CuMemGetInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
 pub type CuGetProcAddressFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;
 pub type CuGetProcAddressV2Fn =

@@ -22,7 +22,8 @@
 //! | `cuMemAllocAsync[_ptsz]` | `PoolAlloc{addr, size, handle = the device's current pool, stream}` |
 //! | `cuMemAllocFromPoolAsync[_ptsz]` | `PoolAlloc{addr, size, handle = pool, stream}` |
 //! | `cuMemFreeAsync[_ptsz]` | `PoolFree{addr, stream}` |
-//! | `cuMemPoolTrimTo` | `PoolTrim{handle = pool, size = minBytesToKeep}` |
+//! | `cuMemPoolTrimTo` | `PoolTrim{handle = pool, size = minBytesToKeep}`, then the pool's `PoolReserved` |
+//! | `cuMemPoolGetAttribute(RESERVED_MEM_CURRENT)` | `PoolReserved{handle = pool, size = the value}` (other attributes: nothing) |
 //! | `cuMemGetInfo_v2` | `DeviceInfo{size = total, device_free = free}` |
 //!
 //! A failed allocation becomes `AllocFailed{requested, rc, op}` (see `hook::alloc`). A failed
@@ -32,7 +33,7 @@
 
 #![allow(non_snake_case)]
 
-use std::ffi::{c_uint, c_ulonglong};
+use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 
 use gpufrag_wire::event::EventKind;
 
@@ -357,8 +358,31 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usi
     let rc = unsafe { real(pool, minBytesToKeep) };
     if let Some(g) = guard {
         g.record(|| {
-            hook::other(Call { handle: pool as u64, size: minBytesToKeep as u64, ..Call::new(EventKind::PoolTrim, rc) })
+            hook::other(Call { handle: pool as u64, size: minBytesToKeep as u64, ..Call::new(EventKind::PoolTrim, rc) });
+            if rc == 0 {
+                hook::sample_pool(pool as u64, None);
+            }
         });
+    }
+    rc
+}
+
+/// Observed, never changed: when the program reads a pool's reserved bytes (PyTorch's
+/// `memory_reserved()` under `backend:cudaMallocAsync` does), the value it got is recorded.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CUresult {
+    let real = real!(CuMemPoolGetAttribute, CuMemPoolGetAttributeFn);
+    let guard = hook::enter();
+    // SAFETY: the caller's arguments, unchanged.
+    let rc = unsafe { real(pool, attr, value) };
+    if let Some(g) = guard {
+        if rc == 0 && attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT && !value.is_null() {
+            g.record(|| {
+                // SAFETY: the driver wrote a cuuint64_t there.
+                let reserved = unsafe { (value as *const u64).read_unaligned() };
+                hook::pool_reserved(pool as u64, reserved, None);
+            });
+        }
     }
     rc
 }

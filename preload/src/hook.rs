@@ -16,15 +16,25 @@
 //! from the address. Device totals (`DeviceInfo`, from the real `cuMemGetInfo_v2`) are sampled
 //! at the first successful allocation on each device, at every failed allocation, and at most
 //! every `GPUFRAG_SAMPLE_MS` (200 ms by default) from inside allocation wrappers.
+//!
+//! Stream-ordered pools: the driver rounds what a pool reserves (it grows in chunks), so the
+//! consumer's model of a pool (live bytes + freed, untrimmed bytes) is a lower bound. The pools
+//! that served allocations are remembered (up to [`POOL_SLOTS`]) and their
+//! `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` is sampled as `PoolReserved` with the device totals,
+//! after a trim, and when the process ends; a program that reads the attribute itself has its
+//! value recorded too.
 
 use std::cell::Cell;
 use std::ffi::CStr;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
 use gpufrag_wire::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_FAILED, F_SRC_SHIM};
 
-use crate::cuda::{CUdevice, CUmemoryPool, CuCtxGetDeviceFn, CuDeviceGetMemPoolFn, CuMemGetInfoFn};
+use crate::cuda::{
+    CUdevice, CUmemoryPool, CuCtxGetDeviceFn, CuDeviceGetMemPoolFn, CuMemGetInfoFn, CuMemPoolGetAttributeFn,
+    CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+};
 use crate::state;
 use crate::table::{self, Sym};
 
@@ -198,6 +208,10 @@ pub fn after_fork_in_child() {
     let _ = THREAD.try_with(|t| t.tid.set(0));
     LAST_SAMPLE_NS.store(0, Ordering::Relaxed);
     SAMPLED_DEVICES.store(0, Ordering::Relaxed);
+    for (pool, device) in POOLS.iter().zip(&POOL_DEVICES) {
+        pool.store(0, Ordering::Relaxed);
+        device.store(-1, Ordering::Relaxed);
+    }
 }
 
 /// Free and total bytes of the current device, from the real `cuMemGetInfo_v2`.
@@ -240,6 +254,86 @@ fn push_device_info(ts_ns: u64, device: i16, free: u64, total: u64) {
     push(&ev);
 }
 
+/// How many stream-ordered pools are remembered for sampling.
+pub const POOL_SLOTS: usize = 8;
+/// Pools that served allocations (0 = free slot) and their devices (-1 = not yet known).
+static POOLS: [AtomicU64; POOL_SLOTS] = [const { AtomicU64::new(0) }; POOL_SLOTS];
+static POOL_DEVICES: [AtomicI32; POOL_SLOTS] = [const { AtomicI32::new(-1) }; POOL_SLOTS];
+
+/// Whether the shim samples pools on its own (`GPUFRAG_POOL_SAMPLES=0` turns it off; the
+/// program's own reads of the attribute are recorded either way).
+static POOL_SAMPLING: AtomicBool = AtomicBool::new(true);
+
+/// Turns the shim's own pool samples on or off.
+pub fn set_pool_sampling(on: bool) {
+    POOL_SAMPLING.store(on, Ordering::Relaxed);
+}
+
+/// Remembers `pool` (of `device`) and samples it the first time it is seen. Lock-free: a
+/// compare-and-swap claims a slot; with every slot taken the pool is sampled only when the
+/// program reads its attribute.
+fn note_pool(pool: u64, device: i16) {
+    if pool == 0 {
+        return;
+    }
+    for (i, slot) in POOLS.iter().enumerate() {
+        match slot.load(Ordering::Relaxed) {
+            p if p == pool => return,
+            0 => match slot.compare_exchange(0, pool, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => {
+                    POOL_DEVICES[i].store(i32::from(device), Ordering::Relaxed);
+                    sample_pool(pool, Some(device));
+                    return;
+                }
+                Err(p) if p == pool => return,
+                Err(_) => continue,
+            },
+            _ => continue,
+        }
+    }
+}
+
+/// The device a remembered pool belongs to.
+fn pool_device(pool: u64) -> Option<i16> {
+    let i = POOLS.iter().position(|p| p.load(Ordering::Relaxed) == pool)?;
+    i16::try_from(POOL_DEVICES[i].load(Ordering::Relaxed)).ok().filter(|&d| d >= 0)
+}
+
+/// Records a pool's reserved bytes as the driver reported them.
+pub fn pool_reserved(pool: u64, reserved: u64, device: Option<i16>) {
+    let device = device.or_else(|| pool_device(pool)).unwrap_or_else(current_device);
+    let mut ev = event(now_ns(), EventKind::PoolReserved, device, 0);
+    ev.handle = pool;
+    ev.size = reserved;
+    push(&ev);
+}
+
+/// Reads `pool`'s `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` from the real driver and records it.
+pub fn sample_pool(pool: u64, device: Option<i16>) {
+    if !POOL_SAMPLING.load(Ordering::Relaxed) {
+        return;
+    }
+    // SAFETY: CuMemPoolGetAttributeFn is cuMemPoolGetAttribute's C type.
+    let Some(f) = (unsafe { table::real_fn::<CuMemPoolGetAttributeFn>(Sym::CuMemPoolGetAttribute) }) else { return };
+    let mut reserved = 0u64;
+    // SAFETY: the attribute is a cuuint64_t, written into `reserved`.
+    let rc = unsafe { f(pool as CUmemoryPool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, (&mut reserved as *mut u64).cast()) };
+    if rc == 0 {
+        pool_reserved(pool, reserved, device);
+    }
+}
+
+/// Samples every remembered pool of `device` (every pool for `None`).
+fn sample_pools(device: Option<i16>) {
+    for (i, slot) in POOLS.iter().enumerate() {
+        let pool = slot.load(Ordering::Relaxed);
+        let d = i16::try_from(POOL_DEVICES[i].load(Ordering::Relaxed)).ok().filter(|&d| d >= 0);
+        if pool != 0 && (device.is_none() || d.is_none() || d == device) {
+            sample_pool(pool, d);
+        }
+    }
+}
+
 /// Samples device totals after a successful allocation when the device is new or the period
 /// has passed (one relaxed load each in the common case).
 #[inline]
@@ -258,6 +352,7 @@ fn maybe_sample(ts_ns: u64, device: i16) {
             LAST_SAMPLE_NS.fetch_max(ts_ns, Ordering::Relaxed);
             push_device_info(now_ns(), device, free, total);
         }
+        sample_pools(Some(device));
     }
 }
 
@@ -311,6 +406,9 @@ pub fn alloc(mut c: Call, device: Option<i16>, pool: Pool) {
         let mut ev = event(ts, c.kind, device, 0);
         c.fill(&mut ev);
         push(&ev);
+        if c.kind == EventKind::PoolAlloc {
+            note_pool(c.handle, device);
+        }
         maybe_sample(ts, device);
         return;
     }
@@ -329,6 +427,7 @@ pub fn alloc(mut c: Call, device: Option<i16>, pool: Pool) {
         LAST_SAMPLE_NS.fetch_max(ts, Ordering::Relaxed);
         push_device_info(now_ns(), device, free, total);
     }
+    sample_pools(Some(device));
 }
 
 /// Records a release-like call (frees, unmaps, releases): device -1, the consumer resolves it
@@ -402,6 +501,8 @@ pub fn device_info(free: u64, total: u64) {
 /// EOF without it means `exec`, `_exit` or a crash.
 pub fn process_exit() {
     if state::ring().is_some() && state::active() {
+        // The driver may already be torn down: then the attribute read fails and nothing is sent.
+        sample_pools(None);
         push(&event(now_ns(), EventKind::ProcessExit, -1, 0));
     }
 }

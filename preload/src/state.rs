@@ -24,7 +24,9 @@
 //! default 16; 1 = every thread shares one ring), `GPUFRAG_NO_FOLLOW=1` with
 //! `GPUFRAG_CONSUMER_PID` (trace only a process whose parent is the consumer),
 //! `GPUFRAG_SAMPLE_MS` (device-totals sampling period, default 200, 0 = only at first allocation
-//! and at failures), `GPUFRAG_SHIM_DEBUG=1` (say on stderr what the constructor decided).
+//! and at failures), `GPUFRAG_POOL_SAMPLES=0` (no reads of stream-ordered pools' reserved bytes
+//! of the shim's own; the program's own reads are still recorded), `GPUFRAG_SHIM_DEBUG=1` (say
+//! on stderr what the constructor decided).
 
 use std::ffi::{c_int, c_void, CStr, OsStr};
 use std::os::unix::ffi::OsStrExt;
@@ -119,6 +121,7 @@ impl Config {
         }
         let sample_ms = std::env::var("GPUFRAG_SAMPLE_MS").ok().and_then(|v| v.trim().parse::<u64>().ok());
         hook::set_sample_interval_ms(sample_ms.unwrap_or(200));
+        hook::set_pool_sampling(std::env::var("GPUFRAG_POOL_SAMPLES").map_or(true, |v| v.trim() != "0"));
         Some(Config { addr, addr_len, lanes, lane_capacity, only_child_of: consumer.filter(|_| no_follow) })
     }
 }

@@ -59,6 +59,7 @@ syms! {
     CuMemFreeAsync = c"cuMemFreeAsync" => driver::cuMemFreeAsync,
     CuMemFreeAsyncPtsz = c"cuMemFreeAsync_ptsz" => driver::cuMemFreeAsync_ptsz,
     CuMemPoolTrimTo = c"cuMemPoolTrimTo" => driver::cuMemPoolTrimTo,
+    CuMemPoolGetAttribute = c"cuMemPoolGetAttribute" => driver::cuMemPoolGetAttribute,
     // driver: routes
     CuGetProcAddress = c"cuGetProcAddress" => route::cuGetProcAddress,
     CuGetProcAddressV2 = c"cuGetProcAddress_v2" => route::cuGetProcAddress_v2,
@@ -234,6 +235,7 @@ pub fn by_rules(base: &[u8], cuda_version: i32, flags: u64) -> Option<Sym> {
         b"cuMemMap" => Sym::CuMemMap,
         b"cuMemUnmap" => Sym::CuMemUnmap,
         b"cuMemPoolTrimTo" => Sym::CuMemPoolTrimTo,
+        b"cuMemPoolGetAttribute" => Sym::CuMemPoolGetAttribute,
         b"cuMemAllocAsync" if ptsz => Sym::CuMemAllocAsyncPtsz,
         b"cuMemAllocAsync" => Sym::CuMemAllocAsync,
         b"cuMemAllocFromPoolAsync" if ptsz => Sym::CuMemAllocFromPoolAsyncPtsz,

@@ -50,6 +50,7 @@ const DRIVER_FUNCTIONS: &[(&str, &str)] = &[
     ("cuMemFreeAsync", "free_async"),
     ("cuMemFreeAsync_ptsz", "free_async"),
     ("cuMemPoolTrimTo", "pool_trim_to"),
+    ("cuMemPoolGetAttribute", "pool_get_attribute"),
     ("cuMemGetInfo_v2", "mem_get_info"),
     // device attribution
     ("cuDevicePrimaryCtxRetain", "primary_ctx_retain"),
@@ -258,6 +259,8 @@ impl Probes {
             "pool_create_return" => &p.pool_create_return,
             "default_mem_pool_entry" => &p.default_mem_pool_entry,
             "default_mem_pool_return" => &p.default_mem_pool_return,
+            "pool_get_attribute_entry" => &p.pool_get_attribute_entry,
+            "pool_get_attribute_return" => &p.pool_get_attribute_return,
             "torch_malloc_entry" => &p.torch_malloc_entry,
             "torch_malloc_return" => &p.torch_malloc_return,
             "torch_free_entry" => &p.torch_free_entry,
