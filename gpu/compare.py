@@ -2,6 +2,8 @@
 import json, sys
 s = json.load(open(sys.argv[1])); t = json.load(open(sys.argv[2])); tag = sys.argv[3]
 procs = [p for p in s["processes"] if p["reserved"] > 0]
+if "pid" in t and any(p["pid"] == t["pid"] for p in procs):  # the workload's own process (an agent sees many)
+    procs = [p for p in procs if p["pid"] == t["pid"]]
 p = max(procs, key=lambda p: p["reserved"]) if procs else {}
 rows = [("reserved (held by the cache)", t.get("reserved"), p.get("framework_reserved")), ("allocated", t.get("allocated"), p.get("allocated")),
         ("stranded (inactive_split)", t.get("inactive_split_bytes"), p.get("stranded")),

@@ -13,7 +13,7 @@ for step in range(steps):
     loss = m(x, labels=x).loss; loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
 torch.cuda.synchronize()
 st = torch.cuda.memory_stats()
-res = {"backend": torch.cuda.get_allocator_backend(), "reserved": torch.cuda.memory_reserved(),
+res = {"pid": os.getpid(), "backend": torch.cuda.get_allocator_backend(), "reserved": torch.cuda.memory_reserved(),
        "allocated": torch.cuda.memory_allocated(), "inactive_split_bytes": st.get("inactive_split_bytes.all.current"),
        "segment_count": st.get("segment.all.current")}
 try:

@@ -14,7 +14,8 @@ if [ "${1:-main}" = main ] || [ "${1:-main}" = attach ]; then
 launch() { python3 -c "import os,sys,time
 while not os.path.exists('$W/go'): time.sleep(0.01)
 os.execvp(sys.argv[1], sys.argv[1:])" "$@" >> $L 2>&1 & }
-rm -f $W/go; launch python3 $S/gpt_trace.py gtrace 3 python; LP=$!
+# hold_exit.py ends the process right after the script has written its figures (see there).
+rm -f $W/go; launch python3 $G/hold_exit.py $S/gpt_trace.py gtrace 3 python; LP=$!
 sleep 0.5
 timeout 300 $B/gpufrag attach $LP -q --lib $LIBCUDA --lib $C10 --summary-json $W/attach_gpt.json --record $W/attach_gpt.rec >> $L 2>&1 & AP=$!
 sleep 3; touch $W/go; wait $LP; echo "gpt_trace exit $?" | tee -a $R; sleep 1; wait $AP; echo "attach exit $?" | tee -a $R
@@ -34,8 +35,8 @@ PY
 timeout 400 $B/gpufrag agent -q --keep-exited --lib $LIBCUDA --lib $C10 --summary-json $W/agent.json --record $W/agent.rec --duration 240 >> $L 2>&1 & AG=$!
 sleep 4
 python3 $S/frag_oom.py frag >> $L 2>&1; echo "frag_oom under agent: $(grep -c OOM_MESSAGE $L) OOM message(s)" | tee -a $R
-PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 $G/torch_workload.py ag_exp 2 >> $L 2>&1
-PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync python3 $G/torch_workload.py ag_async 2 >> $L 2>&1
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 $G/hold_exit.py $G/torch_workload.py ag_exp 2 >> $L 2>&1
+PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync python3 $G/hold_exit.py $G/torch_workload.py ag_async 2 >> $L 2>&1
 python3 $G/jax_alloc.py >> $L 2>&1
 python3 $G/cupy_alloc.py >> $L 2>&1
 sleep 1; kill -INT $AG; wait $AG; echo "agent exit $?" | tee -a $R
@@ -45,7 +46,9 @@ import json
 s = json.load(open("$W/agent.json"))
 for o in s["ooms"]: print("agent OOM pid", o["pid"], o["verdict"], "requested", o["requested"], "device_free", o["device_free"], "stranded", o["stranded"], "largest_free_block", o["largest_free_block"])
 for p in s["processes"]: print("agent process", p["pid"], {k: p.get(k) for k in ["reserved", "framework_reserved", "allocated", "stranded", "segments", "level", "allocs", "frees"]})
+print("agent anomalies", s["anomalies"], "failed calls", [(c["pid"], c["op"], c["rc"]) for c in s.get("failed_calls", [])])
 PY
+for t in ag_exp ag_async; do python3 $G/compare.py $W/agent.json $W/$t.torch.json agent_$t | tee -a $R; done
 fi
 if [ "${1:-main}" = bench ]; then
 # 3. step_bench: agent (segments and blocks) vs bare, alternating, 3 runs each

@@ -14,7 +14,10 @@ grep OOM_MESSAGE $OUT_FINAL/log.txt | head -2 | tee -a $OUT_FINAL/results.md
 python3 -c "import json;s=json.load(open('$W/frag_oom.summary.json'));[print('frag_oom verdict',o['verdict'],'requested',o['requested'],'device_free',o['device_free'],'stranded',o['stranded'],'largest_free_block',o['largest_free_block'],'op',o['op']) for o in s['ooms']]" | tee -a $OUT_FINAL/results.md
 for mode in default expandable async; do
   case $mode in default) conf="";; expandable) conf="expandable_segments:True";; async) conf="backend:cudaMallocAsync";; esac
-  PYTORCH_CUDA_ALLOC_CONF=$conf run gpt_$mode python3 $G/torch_workload.py gpt_$mode 6
+  # cudaMallocAsync has no snapshot for the hook to take at exit: its blocks are the pool's
+  # allocations, and hold_exit.py ends the process when PyTorch's figures are written (see there)
+  hold=""; [ $mode = async ] && hold=$G/hold_exit.py
+  PYTORCH_CUDA_ALLOC_CONF=$conf run gpt_$mode python3 $hold $G/torch_workload.py gpt_$mode 6
   python3 $G/compare.py $W/gpt_$mode.summary.json $W/gpt_$mode.torch.json gpt_$mode | tee -a $OUT_FINAL/results.md
 done
 # memory_viz export of a capture made without code changes, read by PyTorch's own tool
