@@ -3,19 +3,22 @@
 //!
 //! Segments never overlap, so an ordered map keyed by start address answers "which segment holds
 //! this address" in O(log n) (`range(..=addr).next_back()`); that is the interval query this map
-//! needs. Free runs inside framework segments are kept twice, by address (to merge neighbours on
-//! free) and in a max-heap by length (the largest free run is its top, O(1), with no scan of the
-//! segments; entries of runs since changed are dropped lazily when they surface, a push instead
-//! of a B-tree remove and insert per update: benches/ingest.rs). Totals (reserved, stranded,
-//! releasable, ...) are maintained incrementally: every update subtracts a segment's
-//! contribution, changes it, and adds it back.
+//! needs. The segments themselves sit in a slab of slots, so that a block's segment is one index
+//! away. Inside framework segments, blocks and free runs are kept by `tiling.rs`: per segment a
+//! linked list of entries in address order, found by start address through a hash map, free runs
+//! also by end address (B-tree) and by length (max-heap, the largest is its top, O(1)). Placing a
+//! block at a free run's start and freeing a block cost O(1) hash operations and at most two
+//! B-tree updates (benches/ingest.rs). Totals (reserved, stranded, releasable, ...) are
+//! maintained incrementally: every update subtracts a segment's contribution, changes it, and
+//! adds it back.
 //!
 //! Why no crate: `rangemap` coalesces touching ranges (driver segments must never merge with a
 //! neighbour even when their addresses touch) and keeps no per-range aggregates; interval-tree
 //! crates (`rust-lapper`, `iset`, `intervaltree`) answer overlap queries but keep neither the
-//! free-run order nor the incremental totals. `std`'s B-trees give every operation in O(log n) with
-//! one exception, documented on [`AddressSpace::unmap`]: cutting a mapped range in two walks the
-//! live blocks of the part above the cut.
+//! free-run order, the neighbour links nor the incremental totals. Every update is O(log n)
+//! (hash operations expected O(1)) with two exceptions, both on VMM mappings:
+//! [`AddressSpace::unmap`] re-lays the entries of the segment it cuts, and joining two mapped
+//! segments relabels the entries of the one with fewer.
 //!
 //! A segment is *framework-owned* once a caching allocator is known to own it (the event says so,
 //! or a framework block was placed in it). Only there is free space "cache": stranded when the
@@ -23,12 +26,14 @@
 //! touched is in use in full (a raw `cudaMalloc`, a JAX mapping, a balloon).
 
 mod pages;
+mod tiling;
 
 pub use pages::PageOccupancy;
 
 use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
 use crate::rules::{AllocatorRules, DRIVER_PAGE};
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, HashMap};
+use tiling::{Spot, Tiling};
 
 /// How the driver handed a segment out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -254,13 +259,14 @@ fn shares_pages(kind: SegmentKind, size: u64) -> bool {
 #[derive(Clone, Debug, Default)]
 pub struct AddressSpace {
     rules: AllocatorRules,
-    segments: BTreeMap<u64, Segment>,
-    blocks: BTreeMap<u64, Block>,
-    free_runs: BTreeMap<u64, u64>,
-    /// `(len, start)` of every free run, and of runs since changed or removed: the top is kept
-    /// live (see [`AddressSpace::settle_largest`]), the rest are dropped when they surface or
-    /// when the heap is rebuilt.
-    free_by_len: BinaryHeap<(u64, u64)>,
+    /// Segment start → slot in `slots`.
+    index: BTreeMap<u64, u32>,
+    /// Segments by slot; a slot's number also names its list of blocks and free runs in `tiling`.
+    /// Slots of removed segments are reused (`spare_slots`).
+    slots: Vec<Segment>,
+    spare_slots: Vec<u32>,
+    /// Blocks and free runs of the framework segments.
+    tiling: Tiling,
     pages: PageOccupancy,
     reservations: BTreeMap<u64, u64>,
     handles: HashMap<u64, u64>,
@@ -300,7 +306,7 @@ impl AddressSpace {
             stranded: t.stranded,
             releasable: t.releasable + self.pool_cached,
             largest_free_block: self.largest_free_run(),
-            segments: self.segments.len() as u64,
+            segments: self.index.len() as u64,
             blocks: t.live_blocks,
             page_stranded: self.pages.stranded(),
             pool_cached: self.pool_cached,
@@ -311,110 +317,54 @@ impl AddressSpace {
 
     /// The largest free run inside one framework segment, O(1).
     pub fn largest_free_run(&self) -> u64 {
-        self.free_by_len.peek().map_or(0, |&(len, _)| len)
+        self.tiling.largest()
     }
 
     /// Segments in address order.
     pub fn segments(&self) -> impl Iterator<Item = &Segment> {
-        self.segments.values()
+        self.index.values().map(|&i| &self.slots[i as usize])
     }
 
     /// Live blocks in address order.
     pub fn blocks(&self) -> impl Iterator<Item = &Block> {
-        self.blocks.values()
+        self.index.values().flat_map(|&i| self.tiling.blocks_of(i))
     }
 
     /// The live block starting at `addr`.
     pub fn block_at(&self, addr: u64) -> Option<&Block> {
-        self.blocks.get(&addr)
+        self.tiling.block_at(addr)
     }
 
     /// Free runs `(start, len)` in address order.
     pub fn free_runs(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.free_runs.iter().map(|(&s, &l)| (s, l))
+        self.tiling.runs()
     }
 
     /// Free runs `(start, len)` starting in `[lo, hi)`.
     pub fn free_runs_in(&self, lo: u64, hi: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.free_runs.range(lo..hi).map(|(&s, &l)| (s, l))
+        self.tiling.runs_in(lo, hi)
     }
 
     /// The segment holding `addr`, O(log n).
     pub fn segment_at(&self, addr: u64) -> Option<&Segment> {
-        self.segments.range(..=addr).next_back().map(|(_, s)| s).filter(|s| addr < s.end())
+        self.slot_at(addr).map(|i| &self.slots[i as usize])
     }
 
-    fn segment_start_at(&self, addr: u64) -> Option<u64> {
-        self.segment_at(addr).map(|s| s.start)
+    fn slot_at(&self, addr: u64) -> Option<u32> {
+        self.index.range(..=addr).next_back().map(|(_, &i)| i).filter(|&i| addr < self.slots[i as usize].end())
     }
 
-    fn insert_run(&mut self, start: u64, len: u64) {
-        if len > 0 {
-            let replaced = self.free_runs.insert(start, len).is_some();
-            if self.free_by_len.len() > 2 * self.free_runs.len() + 64 {
-                // Mostly stale entries: rebuild, O(n) once per n pushes.
-                self.free_by_len = self.free_runs.iter().map(|(&s, &l)| (l, s)).collect();
-            } else {
-                self.free_by_len.push((len, start));
+    fn new_slot(&mut self, seg: Segment) -> u32 {
+        match self.spare_slots.pop() {
+            Some(i) => {
+                self.slots[i as usize] = seg;
+                i
             }
-            if replaced {
-                self.settle_largest(start);
+            None => {
+                self.slots.push(seg);
+                (self.slots.len() - 1) as u32
             }
         }
-    }
-
-    fn remove_run(&mut self, start: u64) -> Option<u64> {
-        let len = self.free_runs.remove(&start)?;
-        self.settle_largest(start);
-        Some(len)
-    }
-
-    /// After the run at `changed` was removed or replaced: pops stale entries (runs removed or
-    /// changed since they were pushed) off the top of the by-length heap, so that its top is the
-    /// largest free run again. The top was live before, so only a change to its run can stale
-    /// it. Amortised O(log n): every entry is pushed once and popped at most once.
-    fn settle_largest(&mut self, changed: u64) {
-        if self.free_by_len.peek().map_or(true, |&(_, top)| top != changed) {
-            return;
-        }
-        while let Some(&(len, start)) = self.free_by_len.peek() {
-            if self.free_runs.get(&start) == Some(&len) {
-                break;
-            }
-            self.free_by_len.pop();
-        }
-    }
-
-    /// Removes every free run inside `[lo, hi)`, re-inserting the parts outside it.
-    fn cut_runs(&mut self, lo: u64, hi: u64) {
-        let mut hit = Vec::new();
-        if let Some((&s, &l)) = self.free_runs.range(..lo).next_back() {
-            if s + l > lo {
-                hit.push((s, l));
-            }
-        }
-        hit.extend(self.free_runs.range(lo..hi).map(|(&s, &l)| (s, l)));
-        for (s, l) in hit {
-            self.remove_run(s);
-            if s < lo {
-                self.insert_run(s, lo - s);
-            }
-            if s + l > hi {
-                self.insert_run(hi, s + l - hi);
-            }
-        }
-    }
-
-    /// Drops live blocks inside `[lo, hi)`; returns (count, bytes).
-    fn drop_blocks(&mut self, lo: u64, hi: u64) -> (u64, u64) {
-        let inside: Vec<u64> = self.blocks.range(lo..hi).map(|(&a, _)| a).collect();
-        let mut bytes = 0;
-        for a in &inside {
-            if let Some(b) = self.blocks.remove(a) {
-                bytes += b.size;
-            }
-        }
-        (inside.len() as u64, bytes)
     }
 
     /// Whether `addr` falls in anything this map holds: a segment or a reserved range.
@@ -436,34 +386,35 @@ impl AddressSpace {
 
     /// A caching allocator claims the segment holding `addr`.
     pub fn adopt_at(&mut self, addr: u64) -> Result<(), Anomaly> {
-        let start = self.segment_start_at(addr).ok_or(Anomaly::BlockOutsideSegment(addr))?;
-        self.adopt(start);
+        let slot = self.slot_at(addr).ok_or(Anomaly::BlockOutsideSegment(addr))?;
+        self.adopt(slot);
         Ok(())
     }
 
     /// Makes a segment framework-owned: all of it becomes one free run (it holds no block).
-    fn adopt(&mut self, start: u64) {
-        let Some(seg) = self.segments.get_mut(&start) else { return };
+    fn adopt(&mut self, slot: u32) {
+        let seg = &mut self.slots[slot as usize];
         if seg.framework {
             return;
         }
         self.totals.sub(seg);
         seg.framework = true;
-        let (s, len) = (seg.start, seg.size);
         self.totals.add(seg);
         self.framework_seen = true;
-        self.insert_run(s, len);
+        let (s, len) = (seg.start, seg.size);
+        self.tiling.cover(slot, s, len);
     }
 
     /// Inserts a new segment, dropping any it overlaps (their frees were lost).
     fn insert_segment(&mut self, seg: Segment) -> Result<(), Anomaly> {
         let mut result = Ok(());
         let overlapping: Vec<u64> = self
-            .segments
+            .index
             .range(..seg.end())
             .rev()
+            .map(|(&a, &i)| (a, &self.slots[i as usize]))
             .take_while(|(_, s)| s.end() > seg.start)
-            .map(|(&a, _)| a)
+            .map(|(a, _)| a)
             .collect();
         if !overlapping.is_empty() {
             result = Err(Anomaly::SegmentOverlap(seg.start));
@@ -471,13 +422,14 @@ impl AddressSpace {
                 let _ = self.remove_segment(a);
             }
         }
-        let (start, framework) = (seg.start, seg.framework);
+        let (start, size, framework) = (seg.start, seg.size, seg.framework);
         self.totals.add(&seg);
+        let slot = self.new_slot(seg);
         if framework {
             self.framework_seen = true;
-            self.insert_run(seg.start, seg.size);
+            self.tiling.cover(slot, start, size);
         }
-        self.segments.insert(start, seg);
+        self.index.insert(start, slot);
         result
     }
 
@@ -485,12 +437,11 @@ impl AddressSpace {
     /// (freed, or dropped under a newer segment): its blocks, free runs, share of the 2 MiB pages
     /// and bytes in use in its pool. Returns it with the number of live blocks that went with it.
     fn remove_segment(&mut self, start: u64) -> Option<(Segment, u64)> {
-        let seg = self.segments.remove(&start)?;
+        let slot = self.index.remove(&start)?;
+        let seg = self.slots[slot as usize].clone();
+        self.spare_slots.push(slot);
         self.totals.sub(&seg);
-        let (blocks, _) = if seg.live_blocks > 0 { self.drop_blocks(seg.start, seg.end()) } else { (0, 0) };
-        if seg.framework {
-            self.cut_runs(seg.start, seg.end());
-        }
+        let blocks = if seg.framework { self.tiling.take(slot).len() as u64 } else { 0 };
         if seg.kind == SegmentKind::Mapped {
             self.mapped_bytes -= seg.size;
         }
@@ -508,7 +459,7 @@ impl AddressSpace {
     /// (framework-owned ones flagged), then every live block with its exact extent. Pool caches
     /// are not carried over (their contiguity is unknown); they follow as [`EventKind::PoolReserved`].
     pub fn to_events(&self, pid: u32, device: i16) -> Vec<Event> {
-        let mut out = Vec::with_capacity(self.segments.len() + self.blocks.len() + self.reservations.len());
+        let mut out = Vec::with_capacity(self.index.len() + self.totals.live_blocks as usize + self.reservations.len());
         let ev = |kind| Event::new(kind, pid, device);
         for (&addr, &size) in &self.reservations {
             out.push(Event { addr, size, ..ev(EventKind::AddressReserve) });
@@ -516,7 +467,7 @@ impl AddressSpace {
         for (&handle, &size) in &self.handles {
             out.push(Event { handle, size, ..ev(EventKind::PhysCreate) });
         }
-        for s in self.segments.values() {
+        for s in self.segments() {
             let kind = match s.kind {
                 SegmentKind::Driver => EventKind::MemAlloc,
                 SegmentKind::Pitch => EventKind::MemAllocPitch,
@@ -528,7 +479,7 @@ impl AddressSpace {
             let handle = if s.kind == SegmentKind::Pool { s.owner } else { 0 };
             out.push(Event { addr: s.start, size: s.size, stream: s.stream, handle, flags, ..ev(kind) });
         }
-        for b in self.blocks.values() {
+        for b in self.blocks() {
             out.push(Event { addr: b.addr, size: b.size, requested: b.requested, flags: F_BLOCK_SIZE_KNOWN, ..ev(EventKind::BlockAlloc) });
         }
         for (&pool, p) in &self.pools {
@@ -573,7 +524,7 @@ impl AddressSpace {
     /// `cuMemAddressFree`: the range goes; anything still mapped in it is dropped.
     pub fn reserve_free(&mut self, addr: u64) -> Result<(), Anomaly> {
         let size = self.reservations.remove(&addr).ok_or(Anomaly::UnknownHandle(addr))?;
-        let mapped: Vec<u64> = self.segments.range(addr..addr + size).map(|(&a, _)| a).collect();
+        let mapped: Vec<u64> = self.index.range(addr..addr + size).map(|(&a, _)| a).collect();
         if mapped.is_empty() {
             return Ok(());
         }
@@ -610,7 +561,7 @@ impl AddressSpace {
         let seg = Segment { start: addr, size, kind: SegmentKind::Mapped, framework, live_blocks: 0, live_bytes: 0, owner, stream: 0 };
         let r = self.insert_segment(seg);
         self.mapped_bytes += size;
-        let left = self.segments.range(..addr).next_back().map(|(_, s)| s.clone());
+        let left = self.index.range(..addr).next_back().map(|(_, &i)| self.slots[i as usize].clone());
         let mut start = addr;
         if let Some(l) = left {
             if l.end() == addr && l.kind == SegmentKind::Mapped && l.owner == owner {
@@ -618,61 +569,56 @@ impl AddressSpace {
                 start = l.start;
             }
         }
-        if let Some(rs) = self.segments.get(&(addr + size)).cloned() {
+        if let Some(&ri) = self.index.get(&(addr + size)) {
+            let rs = &self.slots[ri as usize];
             if rs.kind == SegmentKind::Mapped && rs.owner == owner {
-                self.join(start, rs.start);
+                let right = rs.start;
+                self.join(start, right);
             }
         }
         r
     }
 
-    /// Joins two touching mapped segments into the left one.
+    /// Joins two touching mapped segments into the left one. Their lists of blocks and free runs
+    /// are joined too: O(min(entries left, entries right)), the shorter one is relabelled.
     fn join(&mut self, left: u64, right: u64) {
-        let (lf, rf) = match (self.segments.get(&left), self.segments.get(&right)) {
-            (Some(l), Some(r)) => (l.framework, r.framework),
+        let (li, ri) = match (self.index.get(&left), self.index.get(&right)) {
+            (Some(&l), Some(&r)) => (l, r),
             _ => return,
         };
+        let (lf, rf) = (self.slots[li as usize].framework, self.slots[ri as usize].framework);
         if lf && !rf {
-            self.adopt(right);
+            self.adopt(ri);
         } else if rf && !lf {
-            self.adopt(left);
+            self.adopt(li);
         }
-        let Some(r) = self.segments.remove(&right) else { return };
+        let r = self.slots[ri as usize].clone();
+        let l = self.slots[li as usize].clone();
         self.totals.sub(&r);
-        let Some(l) = self.segments.get_mut(&left) else { return };
-        self.totals.sub(l);
-        l.size += r.size;
-        l.live_blocks += r.live_blocks;
-        l.live_bytes += r.live_bytes;
-        let l = l.clone();
-        self.totals.add(&l);
-        if l.framework {
-            // A free run ending at the seam merges with one starting there.
-            if let Some(rlen) = self.free_runs.get(&right).copied() {
-                if let Some((&ls, &llen)) = self.free_runs.range(..right).next_back() {
-                    if ls + llen == right {
-                        self.remove_run(ls);
-                        self.remove_run(right);
-                        self.insert_run(ls, llen + rlen);
-                    }
-                }
-            }
-        }
+        self.totals.sub(&l);
+        let joined = Segment { size: l.size + r.size, live_blocks: l.live_blocks + r.live_blocks, live_bytes: l.live_bytes + r.live_bytes, ..l };
+        let keep = if joined.framework { self.tiling.concat(li, ri) } else { li };
+        self.spare_slots.push(if keep == li { ri } else { li });
+        self.totals.add(&joined);
+        self.slots[keep as usize] = joined;
+        self.index.remove(&right);
+        self.index.insert(left, keep);
     }
 
     /// `cuMemUnmap` of `[addr, addr + size)`: cuts the mapped segments it covers, possibly in two.
     ///
-    /// The one update that is not O(log n): the part above the cut becomes a segment of its own,
-    /// and its live bytes are summed over its live blocks (PyTorch unmaps only free tails, so there
-    /// are few or none).
+    /// One of the two updates that are not O(log n) (the other: mappings joined by
+    /// [`AddressSpace::map`]): the segment's blocks and free runs are taken out and laid into the
+    /// pieces that stay, O(entries of the segment) (PyTorch unmaps only free tails, so there are
+    /// few).
     pub fn unmap(&mut self, addr: u64, size: u64) -> Result<(), Anomaly> {
         let end = addr + size;
         let mut at = addr;
         let mut result = Ok(());
         while at < end {
-            let Some(seg) = self.segment_at(at).cloned() else {
+            let Some(slot) = self.slot_at(at) else {
                 result = Err(Anomaly::UnmapUnknown(at));
-                match self.segments.range(at..end).next() {
+                match self.index.range(at..end).next() {
                     Some((&next, _)) => {
                         at = next;
                         continue;
@@ -680,13 +626,14 @@ impl AddressSpace {
                     None => break,
                 }
             };
+            let seg = &self.slots[slot as usize];
             let hi = end.min(seg.end());
             if seg.kind != SegmentKind::Mapped {
                 result = Err(Anomaly::UnmapUnknown(at));
                 at = hi;
                 continue;
             }
-            if let Err(e) = self.cut(&seg, at, hi) {
+            if let Err(e) = self.cut(slot, at, hi) {
                 result = Err(e);
             }
             at = hi;
@@ -694,45 +641,47 @@ impl AddressSpace {
         result
     }
 
-    fn cut(&mut self, seg: &Segment, lo: u64, hi: u64) -> Result<(), Anomaly> {
-        // A live block that crosses `lo` or `hi` goes with the cut too, freed first so that its
-        // bytes that stay mapped become free runs of their piece (never a block over a hole).
-        let mut straddling = 0;
-        for edge in [lo, hi] {
-            let crossing = self.blocks.range(seg.start..edge).next_back().filter(|(&a, b)| a + b.size > edge).map(|(&a, _)| a);
-            if let Some(a) = crossing {
-                let _ = self.block_free(a);
-                straddling += 1;
-            }
-        }
-        let Some(old) = self.segments.remove(&seg.start) else { return Ok(()) };
+    fn cut(&mut self, slot: u32, lo: u64, hi: u64) -> Result<(), Anomaly> {
+        let old = self.slots[slot as usize].clone();
+        self.index.remove(&old.start);
+        self.spare_slots.push(slot);
         self.totals.sub(&old);
         self.mapped_bytes -= hi - lo;
-        let (dropped, dropped_bytes) = self.drop_blocks(lo, hi);
-        let dropped_total = dropped + straddling;
-        if old.framework {
-            self.cut_runs(lo, hi);
-        }
-        let (mut right_blocks, mut right_bytes) = (0, 0);
-        for b in self.blocks.range(hi..old.end()).map(|(_, b)| b) {
-            right_blocks += 1;
-            right_bytes += b.size;
-        }
-        let left = Segment {
-            size: lo - old.start,
-            live_blocks: old.live_blocks - dropped - right_blocks,
-            live_bytes: old.live_bytes - dropped_bytes - right_bytes,
-            ..old.clone()
-        };
-        let right = Segment { start: hi, size: old.end() - hi, live_blocks: right_blocks, live_bytes: right_bytes, ..old };
-        for piece in [left, right] {
-            if piece.size > 0 {
-                self.totals.add(&piece);
-                self.segments.insert(piece.start, piece);
+        let blocks = if old.framework { self.tiling.take(slot) } else { Vec::new() };
+        // A live block that crosses `lo` or `hi` goes with the cut too, its bytes that stay
+        // mapped becoming free space of their piece (never a block over a hole); blocks inside
+        // the cut go; the others stay in their piece.
+        let mut dropped = 0;
+        let (mut left, mut right) = (Vec::new(), Vec::new());
+        for b in blocks {
+            let end = b.addr + b.size;
+            if end <= lo {
+                left.push(b);
+            } else if b.addr >= hi {
+                right.push(b);
+            } else {
+                dropped += 1;
             }
         }
-        if dropped_total > 0 {
-            return Err(Anomaly::LiveBlocksDropped { addr: lo, blocks: dropped_total });
+        for (start, end, blocks) in [(old.start, lo, left), (hi, old.end(), right)] {
+            if end > start {
+                let piece = Segment {
+                    start,
+                    size: end - start,
+                    live_blocks: blocks.len() as u64,
+                    live_bytes: blocks.iter().map(|b| b.size).sum(),
+                    ..old.clone()
+                };
+                self.totals.add(&piece);
+                let s = self.new_slot(piece);
+                if old.framework {
+                    self.tiling.rebuild(s, start, end, blocks);
+                }
+                self.index.insert(start, s);
+            }
+        }
+        if dropped > 0 {
+            return Err(Anomaly::LiveBlocksDropped { addr: lo, blocks: dropped });
         }
         Ok(())
     }
@@ -774,25 +723,30 @@ impl AddressSpace {
     /// `round_size(requested)`, or the whole rest of its free run when the allocator would not
     /// split that rest off (in a mapped range, an expandable segment, any rest of 512 bytes or
     /// more is split off).
+    ///
+    /// A block placed at the start of a free run (what caching allocators do) finds the run with
+    /// one hash lookup and no segment search: the run's entry names its segment.
     pub fn block_alloc(&mut self, addr: u64, requested: u64, known_size: Option<u64>) -> Result<u64, Anomaly> {
-        let (seg_start, framework, expandable) = self
-            .segment_at(addr)
-            .map(|s| (s.start, s.framework, s.kind == SegmentKind::Mapped))
-            .ok_or(Anomaly::BlockOutsideSegment(addr))?;
-        if !framework {
-            self.adopt(seg_start);
-        }
-        let (run_start, run_len) = match self.free_runs.range(..=addr).next_back() {
-            Some((&s, &l)) if addr < s + l => (s, l),
-            _ => return Err(Anomaly::BlockOverlap(addr)),
+        let run = match self.tiling.starts_at(addr) {
+            Some((i, true)) => i,
+            Some((_, false)) => return Err(Anomaly::BlockOverlap(addr)),
+            None => {
+                let slot = self.slot_at(addr).ok_or(Anomaly::BlockOutsideSegment(addr))?;
+                self.adopt(slot);
+                match self.tiling.run_at(addr) {
+                    Spot::Run(i) => i,
+                    Spot::NotFree => return Err(Anomaly::BlockOverlap(addr)),
+                }
+            }
         };
-        let run_end = run_start + run_len;
-        let avail = run_end - addr;
+        let (run_start, run_len, slot) = self.tiling.run(run);
+        let seg = &mut self.slots[slot as usize];
+        let avail = run_start + run_len - addr;
         let size = match known_size {
             Some(s) => s,
             None => {
                 let rounded = self.rules.round_size(requested);
-                if rounded <= avail && !self.rules.should_split(avail, rounded, expandable) {
+                if rounded <= avail && !self.rules.should_split(avail, rounded, seg.kind == SegmentKind::Mapped) {
                     avail
                 } else {
                     rounded
@@ -802,46 +756,24 @@ impl AddressSpace {
         if size > avail || size == 0 {
             return Err(Anomaly::BlockTooLarge { addr, size, run: avail });
         }
-        self.remove_run(run_start);
-        self.insert_run(run_start, addr - run_start);
-        self.insert_run(addr + size, run_end - addr - size);
-        self.blocks.insert(addr, Block { addr, size, requested });
-        if let Some(seg) = self.segments.get_mut(&seg_start) {
-            self.totals.sub(seg);
-            seg.live_blocks += 1;
-            seg.live_bytes += size;
-            self.totals.add(seg);
-        }
+        self.totals.sub(seg);
+        seg.live_blocks += 1;
+        seg.live_bytes += size;
+        self.totals.add(seg);
+        self.tiling.place(run, addr, size, requested);
         Ok(size)
     }
 
     /// A framework block at `addr` goes back to the cache; it merges with free neighbours inside
-    /// its segment, never across a segment boundary. Returns the block.
+    /// its segment, never across a segment boundary. Returns the block. One hash lookup, no
+    /// segment search.
     pub fn block_free(&mut self, addr: u64) -> Result<Block, Anomaly> {
-        let block = self.blocks.remove(&addr).ok_or(Anomaly::FreeUnknown(addr))?;
-        let Some((seg_start, seg_end)) = self.segment_at(addr).map(|s| (s.start, s.end())) else { return Ok(block) };
-        let mut start = addr;
-        let mut len = block.size;
-        if let Some((&ls, &ll)) = self.free_runs.range(..addr).next_back() {
-            if ls + ll == addr && ls >= seg_start {
-                self.remove_run(ls);
-                start = ls;
-                len += ll;
-            }
-        }
-        let after = addr + block.size;
-        if after < seg_end {
-            if let Some(rl) = self.remove_run(after) {
-                len += rl;
-            }
-        }
-        self.insert_run(start, len);
-        if let Some(s) = self.segments.get_mut(&seg_start) {
-            self.totals.sub(s);
-            s.live_blocks -= 1;
-            s.live_bytes -= block.size;
-            self.totals.add(s);
-        }
+        let (block, slot) = self.tiling.free(addr).ok_or(Anomaly::FreeUnknown(addr))?;
+        let s = &mut self.slots[slot as usize];
+        self.totals.sub(s);
+        s.live_blocks -= 1;
+        s.live_bytes -= block.size;
+        self.totals.add(s);
         Ok(block)
     }
 }
