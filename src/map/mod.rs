@@ -221,6 +221,24 @@ struct Totals {
 }
 
 impl Totals {
+    /// Segment `s` gains (`gained`) or loses one live block of `size` bytes: only the live,
+    /// stranded and releasable totals move, so the rest of `sub` and `add` is skipped.
+    fn live_change(&mut self, s: &mut Segment, gained: bool, size: u64) {
+        let (stranded, releasable) = (s.stranded(), s.releasable());
+        if gained {
+            s.live_blocks += 1;
+            s.live_bytes += size;
+            self.live_blocks += 1;
+            self.live_bytes += size;
+        } else {
+            s.live_blocks -= 1;
+            s.live_bytes -= size;
+            self.live_blocks -= 1;
+            self.live_bytes -= size;
+        }
+        self.stranded = self.stranded - stranded + s.stranded();
+        self.releasable = self.releasable - releasable + s.releasable();
+    }
     fn add(&mut self, s: &Segment) {
         self.segment_bytes += s.size;
         self.cache_bytes += s.cache();
@@ -756,10 +774,7 @@ impl AddressSpace {
         if size > avail || size == 0 {
             return Err(Anomaly::BlockTooLarge { addr, size, run: avail });
         }
-        self.totals.sub(seg);
-        seg.live_blocks += 1;
-        seg.live_bytes += size;
-        self.totals.add(seg);
+        self.totals.live_change(seg, true, size);
         self.tiling.place(run, addr, size, requested);
         Ok(size)
     }
@@ -769,11 +784,7 @@ impl AddressSpace {
     /// segment search.
     pub fn block_free(&mut self, addr: u64) -> Result<Block, Anomaly> {
         let (block, slot) = self.tiling.free(addr).ok_or(Anomaly::FreeUnknown(addr))?;
-        let s = &mut self.slots[slot as usize];
-        self.totals.sub(s);
-        s.live_blocks -= 1;
-        s.live_bytes -= block.size;
-        self.totals.add(s);
+        self.totals.live_change(&mut self.slots[slot as usize], false, block.size);
         Ok(block)
     }
 }

@@ -14,7 +14,7 @@
 //!   start leaves the run's end, and so the B-tree, untouched;
 //! - free runs by length, in a max-heap with lazy deletion: the largest is its top, O(1). An
 //!   update pushes one entry; entries of runs since changed are popped when they reach the top,
-//!   and the heap is rebuilt once stale entries outnumber live ones two to one.
+//!   and the heap is rebuilt once it holds four times as many entries as there are runs (plus 256).
 //!
 //! The common events cost O(1) hash operations and at most two B-tree updates (none for a block
 //! placed at a run's start that leaves a rest, or for a free whose right neighbour is free),
@@ -178,7 +178,7 @@ impl Tiling {
     /// The free run `(len, start)` now exists: one heap push (or a rebuild, O(n) once per n pushes,
     /// when the heap is mostly stale entries).
     fn push_len(&mut self, len: u64, start: u64) {
-        if self.by_len.len() > 2 * self.runs.len() + 64 {
+        if self.by_len.len() > 4 * self.runs.len() + 256 {
             let nodes = &self.nodes;
             self.by_len = self.runs.values().map(|&i| (nodes[i as usize].block.size, nodes[i as usize].block.addr)).collect();
         } else {
