@@ -6,7 +6,8 @@
 //! about 16 µs on a virtualised CI machine against about 2.7 µs on the H200 host: compare ratios.
 //!
 //! `cargo bench -p gpufrag --bench ebpf_probe` (needs root or CAP_BPF + CAP_PERFMON, and a
-//! built workspace for simcuda). `GPUFRAG_BENCH_PAIRS` sets the pairs per run (default 20000).
+//! built workspace for simcuda). `GPUFRAG_BENCH_PAIRS` sets the pairs per run (default 20000);
+//! `GPUFRAG_BENCH_CUDA_PROG` names the test program's C source when the checkout has moved.
 
 use gpufrag::ebpf::{ProbeError, ProbeOptions, Probes};
 use std::path::{Path, PathBuf};
@@ -27,7 +28,11 @@ fn profile_dir() -> PathBuf {
 }
 
 fn build_prog(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ebpf_fixtures/cuda_prog.c");
+    // GPUFRAG_BENCH_CUDA_PROG: the source elsewhere (a binary carried to a machine without
+    // this checkout at its build path).
+    let src = std::env::var_os("GPUFRAG_BENCH_CUDA_PROG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ebpf_fixtures/cuda_prog.c"));
     let out = dir.join("cuda_prog_bench");
     let st = Command::new("cc").args(["-O2", "-o"]).arg(&out).arg(&src).args(["-ldl", "-lpthread"]).status().expect("cc");
     assert!(st.success(), "compiling {}", src.display());

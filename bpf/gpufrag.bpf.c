@@ -313,6 +313,11 @@ static __always_inline int finish_call(struct pt_regs *ctx, __u32 fn)
 			struct obj_key dk = { .obj = c->arg[1], .tgid = tgid };
 			set_object_device(tgid, pool, (__s16)c->arg[1]);
 			bpf_map_update_elem(&device_pool, &dk, &pool, BPF_ANY);
+			/* Also as the process's last pool looked up (obj = -1): the pool of an allocation
+			 * from a thread whose device was never seen (PyTorch's autograd threads on the
+			 * H200; exact for a process on one device). */
+			dk.obj = (__u64)-1;
+			bpf_map_update_elem(&device_pool, &dk, &pool, BPF_ANY);
 		}
 		return 0;
 	default:
@@ -377,8 +382,15 @@ static __always_inline int finish_call(struct pt_regs *ctx, __u32 fn)
 		/* The pool, when the process asked for it (cuDeviceGetDefaultMemPool/cuDeviceGetMemPool); else 0. */
 		struct obj_key dk = { .obj = (__u64)(__s64)device, .tgid = tgid };
 		__u64 *pool = device >= 0 ? bpf_map_lookup_elem(&device_pool, &dk) : NULL;
-		if (pool)
+		if (!pool) {
+			dk.obj = (__u64)-1;
+			pool = bpf_map_lookup_elem(&device_pool, &dk);
+		}
+		if (pool) {
 			handle = *pool;
+			if (device < 0)
+				device = device_of_object(tgid, handle);
+		}
 		if (rc == 0)
 			addr = read_user_u64(c->arg[0]);
 		break;
@@ -655,6 +667,9 @@ int on_exit(struct bpf_raw_tracepoint_args *ctx)
 	if (live != 0)
 		return 0;
 	bpf_map_delete_elem(&traced, &tgid);
+	/* A later process with this pid must not inherit the last pool looked up. */
+	struct obj_key last_pool = { .obj = (__u64)-1, .tgid = tgid };
+	bpf_map_delete_elem(&device_pool, &last_pool);
 	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_PROCESS_EXIT, -1, GPUFRAG_F_SRC_EBPF);
 	if (!e)
 		return 0;

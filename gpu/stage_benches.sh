@@ -4,6 +4,7 @@
 set -eu
 cargo build --release --workspace
 out=$(cargo bench -p gpufrag-preload --bench shim_overhead --no-run --message-format=json 2>/dev/null; cargo bench -p gpufrag --bench ebpf_probe --no-run --message-format=json 2>/dev/null)
+T=${CARGO_TARGET_DIR:-target}/release
 D=.gpu/bench/release; rm -rf $D; mkdir -p $D/deps $D/simcuda
 for b in shim_overhead ebpf_probe; do
   exe=$(printf '%s\n' "$out" | python3 -c "import sys,json
@@ -13,7 +14,7 @@ for l in sys.stdin:
     if m.get('reason')=='compiler-artifact' and m['target']['name']=='$b' and m.get('executable'): print(m['executable'])" | tail -1)
   strip -o $D/deps/$b "$exe"
 done
-strip -o $D/libgpufrag_preload.so target/release/libgpufrag_preload.so
-strip -o $D/simcuda-workload target/release/simcuda-workload
-for f in target/release/simcuda/*; do strip -o $D/simcuda/$(basename $f) $f; done
+strip -o $D/libgpufrag_preload.so $T/libgpufrag_preload.so
+strip -o $D/simcuda-workload $T/simcuda-workload
+for f in $T/simcuda/*; do strip -o $D/simcuda/$(basename $f) $f; done
 du -sh .gpu/bench
