@@ -177,8 +177,10 @@ pub enum Anomaly {
 pub struct Figures {
     /// Held from the driver: segments, mapped VMM memory, pool caches.
     pub reserved: u64,
-    /// In live framework blocks once a caching allocator is seen; before that, every segment
-    /// (the driver's view: all of it is in use).
+    /// What the caching allocators hand out once one is seen: live framework blocks plus live
+    /// stream-ordered pool allocations (what `torch.cuda.memory_allocated()` counts, whichever
+    /// backend); the rest of the driver memory is `non_framework`. Before any caching allocator
+    /// is seen, every segment (the driver's view: all of it is in use).
     pub allocated: u64,
     /// Held by caching allocators and stream-ordered pools: framework-owned segments, pool
     /// allocations and pool caches. What `torch.cuda.memory_reserved()` reports.
@@ -292,6 +294,10 @@ pub struct AddressSpace {
     mapped_bytes: u64,
     pools: HashMap<u64, Pool>,
     pool_cached: u64,
+    /// Bytes of live pool allocations, all pools.
+    pool_used: u64,
+    /// A stream-ordered pool allocation was seen: a caching allocator (the driver's) is in use.
+    pools_seen: bool,
     totals: Totals,
     framework_seen: bool,
 }
@@ -317,7 +323,7 @@ impl AddressSpace {
         let t = &self.totals;
         Figures {
             reserved: t.segment_bytes + self.pool_cached,
-            allocated: if self.framework_seen { t.live_bytes } else { t.raw },
+            allocated: if self.framework_seen || self.pools_seen { t.live_bytes + self.pool_used } else { t.raw },
             framework_reserved: t.cache_bytes + self.pool_cached,
             non_framework: t.segment_bytes - t.cache_bytes,
             framework_segments: t.cache_segments,
@@ -468,7 +474,9 @@ impl AddressSpace {
         }
         if seg.kind == SegmentKind::Pool {
             let p = self.pools.entry(seg.owner).or_default();
-            p.used = p.used.saturating_sub(seg.size);
+            let used = p.used.saturating_sub(seg.size);
+            self.pool_used -= p.used - used;
+            p.used = used;
         }
         Some((seg, blocks))
     }
@@ -711,6 +719,8 @@ impl AddressSpace {
         p.cached -= reuse;
         p.used += size;
         self.pool_cached -= reuse;
+        self.pool_used += size;
+        self.pools_seen = true;
         let seg = Segment { start: addr, size, kind: SegmentKind::Pool, framework: false, live_blocks: 0, live_bytes: 0, owner: pool, stream };
         self.insert_segment(seg)
     }

@@ -58,6 +58,8 @@ pub struct NaiveSpace {
     pub handles: Vec<(u64, u64)>,
     pub pools: Vec<NaivePool>,
     pub framework_seen: bool,
+    /// A pool allocation was seen.
+    pub pools_seen: bool,
 }
 
 impl NaiveSpace {
@@ -188,7 +190,8 @@ impl NaiveSpace {
                 }
             }
         }
-        f.allocated = if self.framework_seen { live } else { raw };
+        let pool_used: u64 = self.pools.iter().map(|p| p.used).sum();
+        f.allocated = if self.framework_seen || self.pools_seen { live + pool_used } else { raw };
         f.reserved += pool_cached;
         f.releasable += pool_cached;
         f.framework_reserved += pool_cached;
@@ -353,6 +356,7 @@ impl NaiveSpace {
     }
 
     pub fn pool_alloc(&mut self, addr: u64, size: u64, pool: u64, stream: u64) -> Result<(), Anomaly> {
+        self.pools_seen = true;
         let p = self.pool(pool);
         let reuse = p.cached.min(size);
         p.cached -= reuse;
