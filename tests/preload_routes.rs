@@ -28,7 +28,19 @@ fn check_route(route: &str, alloc: EventKind, free: EventKind) -> Vec<Event> {
     assert_eq!(t.hello.exe_name(), "simcuda-workloa", "comm is truncated to 15 bytes by the kernel");
     assert!(t.eof, "the connection ends with the process");
     assert_eq!(t.dropped, 0);
-    let got: Vec<_> = t.events.iter().map(brief).collect();
+    // A pool's reserved bytes, sampled by the shim from the driver at the pool's first
+    // allocation and at exit, stand beside the calls: checked apart.
+    let (pool_samples, events): (Vec<Event>, Vec<Event>) = t.events.iter().partition(|e| e.kind() == Some(EventKind::PoolReserved));
+    if alloc == EventKind::PoolAlloc {
+        let pool = events[0].handle;
+        assert!(pool_samples.len() >= 2, "first allocation and exit: {pool_samples:#?}");
+        assert!(pool_samples.iter().all(|p| p.handle == pool && p.device == 0), "{pool_samples:#?}");
+        assert!(pool_samples[0].size >= s1, "the pool holds at least the first allocation: {pool_samples:#?}");
+        assert!(pool_samples[0].ts_ns > events[0].ts_ns, "sampled after the allocation it follows");
+    } else {
+        assert!(pool_samples.is_empty(), "{pool_samples:#?}");
+    }
+    let got: Vec<_> = events.iter().map(brief).collect();
     let want = vec![
         (alloc, a1, s1),
         (EventKind::DeviceInfo, 0, got.get(1).map_or(0, |g| g.2)),
@@ -39,7 +51,7 @@ fn check_route(route: &str, alloc: EventKind, free: EventKind) -> Vec<Event> {
     ];
     assert_eq!(got, want, "route {route}: events\n{:#?}", t.events);
 
-    for e in &t.events {
+    for e in &events {
         assert_eq!(e.pid, t.hello.pid);
         assert_ne!(e.tid, 0);
         assert_eq!(e.rc, 0);
@@ -47,13 +59,13 @@ fn check_route(route: &str, alloc: EventKind, free: EventKind) -> Vec<Event> {
         assert!(e.ts_ns > 0);
     }
     assert!(t.events.windows(2).all(|w| w[0].ts_ns <= w[1].ts_ns), "timestamps go forward");
-    let (e1, info, e2, f1, f2) = (&t.events[0], &t.events[1], &t.events[2], &t.events[3], &t.events[4]);
+    let (e1, info, e2, f1, f2) = (&events[0], &events[1], &events[2], &events[3], &events[4]);
     assert_eq!((e1.device, e2.device), (0, 0), "allocations name the current device");
     assert_eq!((e1.requested, e2.requested), (s1, s2));
     assert_eq!((f1.device, f2.device), (-1, -1), "frees leave the device to the consumer");
     assert_eq!(info.device, 0);
     assert!(info.size > 0 && info.flags & F_DEVICE_FREE_KNOWN != 0 && info.device_free < info.size);
-    t.events.clone()
+    events
 }
 
 #[test]

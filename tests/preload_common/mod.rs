@@ -124,7 +124,7 @@ pub struct Traced {
 impl Traced {
     /// The events without device-totals samples.
     pub fn memory_events(&self) -> Vec<Event> {
-        self.events.iter().filter(|e| e.kind() != Some(EventKind::DeviceInfo)).copied().collect()
+        self.events.iter().filter(|e| !matches!(e.kind(), Some(EventKind::DeviceInfo | EventKind::PoolReserved))).copied().collect()
     }
 }
 
