@@ -390,6 +390,75 @@ fn rules() -> impl Strategy<Value = AllocatorRules> {
     ]
 }
 
+/// One operation on a single expandable segment (a reserved range of [`SLOTS`] pages, mapped and
+/// unmapped page by page, blocks placed at the start of free runs as caching allocators do):
+/// dense enough that unmaps part segments with live blocks on both sides and maps join them.
+#[derive(Clone, Copy, Debug)]
+enum ExpOp {
+    Map { page: u64, pages: u64 },
+    /// Unmap whole pages inside the n-th free run (or at `page` when none fits).
+    UnmapFree { n: usize, page: u64, pages: u64 },
+    Alloc { n: usize, requested: u64, known: Option<u64> },
+    Free { n: usize },
+}
+
+impl ExpOp {
+    fn resolve(self, m: &NaiveSpace) -> Step {
+        match self {
+            ExpOp::Map { page, pages } => Step::Map { at: page * PAGE, size: pages * PAGE, framework: true },
+            ExpOp::UnmapFree { n, page, pages } => {
+                let fits: Vec<(u64, u64)> = m
+                    .free_runs()
+                    .into_iter()
+                    .filter_map(|(s, l)| {
+                        let lo = (s - BASE).next_multiple_of(PAGE);
+                        let hi = (s - BASE + l) / PAGE * PAGE;
+                        (hi > lo).then_some((lo, hi))
+                    })
+                    .collect();
+                match nth(&fits, n) {
+                    Some((lo, hi)) => Step::Unmap { at: lo, size: (pages * PAGE).min(hi - lo) },
+                    None => Step::Unmap { at: page * PAGE, size: pages * PAGE },
+                }
+            }
+            ExpOp::Alloc { n, requested, known } => {
+                let at = nth(&m.free_runs(), n).map_or(0, |(s, _)| s - BASE);
+                Step::BlockAlloc { at, requested, known }
+            }
+            ExpOp::Free { n } => Step::BlockFree { at: nth(&m.block_list(), n).map_or(0, |b| b.addr - BASE) },
+        }
+    }
+}
+
+fn exp_ops() -> impl Strategy<Value = Vec<ExpOp>> {
+    let op = prop_oneof![
+        2 => (0..SLOTS, 1..=6u64).prop_map(|(page, pages)| ExpOp::Map { page, pages }),
+        2 => (any::<usize>(), 0..SLOTS, 1..=3u64).prop_map(|(n, page, pages)| ExpOp::UnmapFree { n, page, pages }),
+        6 => (any::<usize>(), requested(), known()).prop_map(|(n, requested, known)| ExpOp::Alloc { n, requested, known }),
+        3 => any::<usize>().prop_map(|n| ExpOp::Free { n }),
+    ];
+    prop::collection::vec(op, 1..300)
+}
+
+/// Applies expandable-segment operations to a fresh map and model, comparing after every step.
+fn run_exp_ops(ops: &[ExpOp], rules: &AllocatorRules) -> Result<(), TestCaseError> {
+    let mut real = AddressSpace::new(rules.clone());
+    let mut model = NaiveSpace::new(rules.clone());
+    real.reserve(BASE, SLOTS * PAGE);
+    model.reserve(BASE, SLOTS * PAGE);
+    let mut done = Vec::with_capacity(ops.len());
+    for op in ops {
+        let step = op.resolve(&model);
+        done.push(step);
+        let context = || format!("after step {}: {step:?}\n{}", done.len() - 1, describe(&done, rules));
+        let r = step.apply_real(&mut real);
+        let m = step.apply_model(&mut model);
+        same_outcome(step, &r, &m, &context)?;
+        same_state(&real, &model, &context)?;
+    }
+    Ok(())
+}
+
 /// `cases` cases unless `PROPTEST_CASES` says otherwise (a long soak: `PROPTEST_CASES=100000
 /// cargo test --release --test map_model`); failures are kept as named tests below, not in a file.
 fn config(cases: u32) -> ProptestConfig {
@@ -403,6 +472,15 @@ proptest! {
     #[test]
     fn the_map_agrees_with_the_naive_model_after_every_step(rules in rules(), ops in ops()) {
         run_ops(&ops, &rules)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    #[test]
+    fn expandable_segments_cut_and_join_as_the_model_says(rules in rules(), ops in exp_ops()) {
+        run_exp_ops(&ops, &rules)?;
     }
 }
 

@@ -16,9 +16,9 @@
 //! neighbour even when their addresses touch) and keeps no per-range aggregates; interval-tree
 //! crates (`rust-lapper`, `iset`, `intervaltree`) answer overlap queries but keep neither the
 //! free-run order, the neighbour links nor the incremental totals. Every update is O(log n)
-//! (hash operations expected O(1)) with two exceptions, both on VMM mappings:
-//! [`AddressSpace::unmap`] re-lays the entries of the segment it cuts, and joining two mapped
-//! segments relabels the entries of the one with fewer.
+//! (hash operations expected O(1)); cutting and joining mapped (VMM) segments relabels the
+//! entries of the shorter side, amortised O(log n) per entry (small-to-large). Only an unmap
+//! through live blocks (an anomaly) re-lays the whole segment.
 //!
 //! A segment is *framework-owned* once a caching allocator is known to own it (the event says so,
 //! or a framework block was placed in it). Only there is free space "cache": stranded when the
@@ -633,10 +633,9 @@ impl AddressSpace {
 
     /// `cuMemUnmap` of `[addr, addr + size)`: cuts the mapped segments it covers, possibly in two.
     ///
-    /// One of the two updates that are not O(log n) (the other: mappings joined by
-    /// [`AddressSpace::map`]): the segment's blocks and free runs are taken out and laid into the
-    /// pieces that stay, O(entries of the segment) (PyTorch unmaps only free tails, so there are
-    /// few).
+    /// Free pages (the cut lies in one free run): the segment's list parts at that run and the
+    /// shorter side moves to a new slot, O(min(left, right)) (see `Tiling::split`). A cut through
+    /// live blocks drops them (an anomaly) and re-lays the pieces, O(entries of the segment).
     pub fn unmap(&mut self, addr: u64, size: u64) -> Result<(), Anomaly> {
         let end = addr + size;
         let mut at = addr;
@@ -669,6 +668,36 @@ impl AddressSpace {
 
     fn cut(&mut self, slot: u32, lo: u64, hi: u64) -> Result<(), Anomaly> {
         let old = self.slots[slot as usize].clone();
+        if old.framework {
+            // Free pages unmapped (the common case): the tiling parts in O(shorter side).
+            let new = self.new_slot(old.clone());
+            match self.tiling.split(slot, lo, hi, new) {
+                Some(moved) => {
+                    self.totals.sub(&old);
+                    self.mapped_bytes -= hi - lo;
+                    self.index.remove(&old.start);
+                    let (left_slot, right_slot) = if moved.moved_left { (new, slot) } else { (slot, new) };
+                    let (kept_blocks, kept_bytes) = (old.live_blocks - moved.blocks, old.live_bytes - moved.bytes);
+                    let (left_live, right_live) = if moved.moved_left {
+                        ((moved.blocks, moved.bytes), (kept_blocks, kept_bytes))
+                    } else {
+                        ((kept_blocks, kept_bytes), (moved.blocks, moved.bytes))
+                    };
+                    for (s, start, end, (live_blocks, live_bytes)) in [(left_slot, old.start, lo, left_live), (right_slot, hi, old.end(), right_live)] {
+                        if end > start {
+                            let piece = Segment { start, size: end - start, live_blocks, live_bytes, ..old.clone() };
+                            self.totals.add(&piece);
+                            self.slots[s as usize] = piece;
+                            self.index.insert(start, s);
+                        } else {
+                            self.spare_slots.push(s);
+                        }
+                    }
+                    return Ok(());
+                }
+                None => self.spare_slots.push(new),
+            }
+        }
         self.index.remove(&old.start);
         self.spare_slots.push(slot);
         self.totals.sub(&old);
@@ -902,6 +931,37 @@ mod tests {
         // the same request in a plain driver segment swallows the rest
         m.driver_alloc(BASE + (1 << 30), 22 * MIB, SegmentKind::Driver, true, 0).unwrap();
         assert_eq!(m.block_alloc(BASE + (1 << 30), big, None), Ok(22 * MIB));
+    }
+
+    /// Unmapping free pages parts the tiling at the cut (the shorter side moves): blocks on both
+    /// sides keep their extents, the free rest of the cut run stays free on its side, and the two
+    /// pieces join again when the hole is mapped back.
+    #[test]
+    fn unmapping_free_pages_parts_the_segment_and_mapping_them_joins_it() {
+        let mut m = AddressSpace::default();
+        m.reserve(BASE, 1 << 30);
+        m.map(BASE, 10 * MIB, true).unwrap();
+        for i in 0..3 {
+            m.block_alloc(BASE + i * MIB, MIB, Some(MIB)).unwrap();
+        }
+        m.block_alloc(BASE + 8 * MIB, MIB, Some(MIB)).unwrap();
+        // free run [3, 8) MiB; cut [4, 6): left keeps 3 blocks + [3, 4), right 1 block + [6, 8)
+        m.unmap(BASE + 4 * MIB, 2 * MIB).unwrap();
+        let f = m.figures();
+        assert_eq!((f.segments, f.blocks, f.allocated, f.reserved), (2, 4, 4 * MIB, 8 * MIB));
+        assert_eq!((f.largest_free_block, f.releasable, f.stranded), (2 * MIB, 4 * MIB, 0));
+        let segs: Vec<(u64, u64, u64)> = m.segments().map(|s| (s.start - BASE, s.size, s.live_blocks)).collect();
+        assert_eq!(segs, vec![(0, 4 * MIB, 3), (6 * MIB, 4 * MIB, 1)]);
+        // blocks on both sides free and merge within their piece only
+        m.block_free(BASE + 2 * MIB).unwrap();
+        m.block_free(BASE + 8 * MIB).unwrap();
+        assert_eq!(m.figures().largest_free_block, 4 * MIB, "[6, 10) MiB");
+        // mapped back, the hole joins both pieces into one run [2, 10)
+        m.map(BASE + 4 * MIB, 2 * MIB, true).unwrap();
+        let f = m.figures();
+        assert_eq!((f.segments, f.blocks, f.largest_free_block), (1, 2, 8 * MIB));
+        // a cut through a live block drops it (an anomaly), as before
+        assert!(m.unmap(BASE, MIB).is_err());
     }
 
     #[test]

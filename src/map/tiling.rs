@@ -104,6 +104,17 @@ pub(super) struct Tiling {
     top_stale: bool,
 }
 
+/// What [`Tiling::split`] moved to the new slot: which side, and its live blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Split {
+    /// The left side (below the cut) moved; else the right side did.
+    pub(super) moved_left: bool,
+    /// Live blocks of the side that moved.
+    pub(super) blocks: u64,
+    /// Their bytes.
+    pub(super) bytes: u64,
+}
+
 /// Where [`Tiling::run_at`] found an address.
 pub(super) enum Spot {
     /// In the free run with this entry.
@@ -448,6 +459,81 @@ impl Tiling {
         }
         self.settle();
         keep
+    }
+
+    /// Cuts `[lo, hi)` out of segment `seg` when one free run holds all of it (an unmap of free
+    /// pages, what PyTorch's expandable segments do): the entries left of the cut stay in one
+    /// list, those right of it form another, and what the run had outside the cut stays free on
+    /// its side. The side with fewer entries is relabelled into slot `new`, the other keeps `seg`.
+    /// Both sides are walked in step until the shorter one ends, so the cost is
+    /// O(min(left, right)) plus O(log n) index updates: over any sequence of cuts and joins
+    /// ([`Tiling::concat`] relabels the shorter list too) an entry is relabelled O(log n) times,
+    /// the small-to-large argument. `None`, with nothing changed, when no single free run of
+    /// `seg` holds the cut (a live block lies in it).
+    pub(super) fn split(&mut self, seg: u32, lo: u64, hi: u64, new: u32) -> Option<Split> {
+        let Spot::Run(i) = self.run_at(lo) else { return None };
+        let run = self.nodes[i as usize];
+        if run.seg != seg || run.end() < hi || lo >= hi {
+            return None;
+        }
+        let list = self.list(seg);
+        let (before, after) = (run.prev, run.next);
+        // In step from the run outwards: the first side to end is the shorter.
+        let (mut a, mut b, mut n) = (before, after, 0u32);
+        while a != NIL && b != NIL {
+            a = self.nodes[a as usize].prev;
+            b = self.nodes[b as usize].next;
+            n += 1;
+        }
+        let moved_left = a == NIL;
+        let (left_len, right_len) = if moved_left { (n, list.len - 1 - n) } else { (list.len - 1 - n, n) };
+        // Take the run out and part the list at its place.
+        self.at.remove(&run.block.addr);
+        self.runs.remove(&run.end());
+        self.gone(run.block.addr);
+        self.spare.push(i);
+        if before != NIL {
+            self.nodes[before as usize].next = NIL;
+        }
+        if after != NIL {
+            self.nodes[after as usize].prev = NIL;
+        }
+        let left = if before == NIL { EMPTY } else { List { head: list.head, tail: before, len: left_len } };
+        let right = if after == NIL { EMPTY } else { List { head: after, tail: list.tail, len: right_len } };
+        let (left_slot, right_slot) = if moved_left { (new, seg) } else { (seg, new) };
+        *self.list_mut(seg) = EMPTY;
+        *self.list_mut(new) = EMPTY;
+        *self.list_mut(left_slot) = left;
+        *self.list_mut(right_slot) = right;
+        // Relabel the shorter side and count its blocks.
+        let mut moved = Split { moved_left, blocks: 0, bytes: 0 };
+        let mut j = if moved_left { left.head } else { right.head };
+        while j != NIL {
+            let node = &mut self.nodes[j as usize];
+            node.seg = new;
+            if !node.free {
+                moved.blocks += 1;
+                moved.bytes += node.block.size;
+            }
+            j = node.next;
+        }
+        // What the run had outside the cut stays free, at the end of the left side and the start
+        // of the right one.
+        let add_run = |t: &mut Tiling, slot: u32, after: u32, start: u64, end: u64| {
+            let k = t.new_node(Node { block: Block { addr: start, size: end - start, requested: 0 }, free: true, seg: slot, prev: NIL, next: NIL });
+            t.link(after, k);
+            t.at.insert(start, k);
+            t.runs.insert(end, k);
+            t.push_len(end - start, start);
+        };
+        if run.block.addr < lo {
+            add_run(self, left_slot, left.tail, run.block.addr, lo);
+        }
+        if hi < run.end() {
+            add_run(self, right_slot, NIL, hi, run.end());
+        }
+        self.settle();
+        Some(moved)
     }
 
     /// The live block starting at `addr`.
