@@ -261,11 +261,22 @@ fn describe(steps: &[Step], rules: &AllocatorRules) -> String {
 
 /// Applies `ops` to a fresh map and a fresh model, comparing after every step.
 fn run_ops(ops: &[Op], rules: &AllocatorRules) -> Result<(), TestCaseError> {
-    let mut real = AddressSpace::new(rules.clone());
-    let mut model = NaiveSpace::new(rules.clone());
+    let (real, model) = (AddressSpace::new(rules.clone()), NaiveSpace::new(rules.clone()));
+    compare_steps(real, model, ops, rules, |op, m| op.resolve(m))
+}
+
+/// Resolves each operation against the model, applies the step to both sides and compares them
+/// after every step.
+fn compare_steps<O: Copy>(
+    mut real: AddressSpace,
+    mut model: NaiveSpace,
+    ops: &[O],
+    rules: &AllocatorRules,
+    resolve: impl Fn(O, &NaiveSpace) -> Step,
+) -> Result<(), TestCaseError> {
     let mut done = Vec::with_capacity(ops.len());
-    for op in ops {
-        let step = op.resolve(&model);
+    for &op in ops {
+        let step = resolve(op, &model);
         done.push(step);
         let context = || format!("after step {}: {step:?}\n{}", done.len() - 1, describe(&done, rules));
         let r = step.apply_real(&mut real);
@@ -440,23 +451,14 @@ fn exp_ops() -> impl Strategy<Value = Vec<ExpOp>> {
     prop::collection::vec(op, 1..300)
 }
 
-/// Applies expandable-segment operations to a fresh map and model, comparing after every step.
+/// Applies expandable-segment operations to a map and a model that both start with the
+/// reserved range, comparing after every step.
 fn run_exp_ops(ops: &[ExpOp], rules: &AllocatorRules) -> Result<(), TestCaseError> {
     let mut real = AddressSpace::new(rules.clone());
     let mut model = NaiveSpace::new(rules.clone());
     real.reserve(BASE, SLOTS * PAGE);
     model.reserve(BASE, SLOTS * PAGE);
-    let mut done = Vec::with_capacity(ops.len());
-    for op in ops {
-        let step = op.resolve(&model);
-        done.push(step);
-        let context = || format!("after step {}: {step:?}\n{}", done.len() - 1, describe(&done, rules));
-        let r = step.apply_real(&mut real);
-        let m = step.apply_model(&mut model);
-        same_outcome(step, &r, &m, &context)?;
-        same_state(&real, &model, &context)?;
-    }
-    Ok(())
+    compare_steps(real, model, ops, rules, |op, m| op.resolve(m))
 }
 
 /// `cases` cases unless `PROPTEST_CASES` says otherwise (a long soak: `PROPTEST_CASES=100000
