@@ -2,8 +2,9 @@
 //! builds and pushes, the device it names, and the device-totals samples.
 //!
 //! Hot-path rules, kept here once for every wrapper: no allocation, no lock, no syscall per event
-//! in the common case (the clock is the vDSO's `clock_gettime`, the thread id is cached in a
-//! const-initialised thread-local, the device comes from the real `cuCtxGetDevice`), no panic
+//! in the common case (the clock is the TSC or the vDSO's `clock_gettime`, see `clock`; the
+//! thread id is cached in a const-initialised thread-local, the device comes from the real
+//! `cuCtxGetDevice`), no panic
 //! across the C boundary (`Guard::record` catches it and turns tracing off), and a push that
 //! drops and counts when the ring is full rather than wait.
 //!
@@ -84,13 +85,10 @@ impl Guard {
     }
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds (glibc serves it from the vDSO: no syscall).
-#[inline]
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
+/// An event timestamp: TSC ticks or `CLOCK_MONOTONIC` ns, whichever the process chose.
+#[inline(always)]
+fn stamp() -> u64 {
+    crate::clock::stamp()
 }
 
 fn gettid() -> u32 {
@@ -126,7 +124,8 @@ fn thread_ids() -> (u32, u32) {
 struct Helper {
     name: &'static CStr,
     slot: AtomicUsize,
-    /// When a failed lookup may be retried (the driver may be loaded later).
+    /// When a failed lookup may be retried (the driver may be loaded later), in
+    /// `CLOCK_MONOTONIC_COARSE` ns.
     retry_at: AtomicU64,
 }
 
@@ -140,7 +139,7 @@ impl Helper {
         if p != 0 {
             return p;
         }
-        let now = now_ns();
+        let now = gpufrag_wire::clock::monotonic_coarse_ns();
         if now < self.retry_at.load(Ordering::Relaxed) {
             return 0;
         }
@@ -193,20 +192,30 @@ fn current_pool(device: i16) -> u64 {
     }
 }
 
+/// The sampling period in ns, as configured, and in stamps (ticks at the estimated rate, see
+/// `clock::refine_rate`; refreshed on the sampling path); the last sample's stamp.
 static SAMPLE_INTERVAL_NS: AtomicU64 = AtomicU64::new(200_000_000);
-static LAST_SAMPLE_NS: AtomicU64 = AtomicU64::new(0);
+static SAMPLE_INTERVAL: AtomicU64 = AtomicU64::new(200_000_000);
+static LAST_SAMPLE: AtomicU64 = AtomicU64::new(0);
 /// Devices 0..64 that have had their first-allocation sample.
 static SAMPLED_DEVICES: AtomicU64 = AtomicU64::new(0);
 
 /// Sets the periodic sampling interval (0: only first allocation and failures).
 pub fn set_sample_interval_ms(ms: u64) {
     SAMPLE_INTERVAL_NS.store(ms.saturating_mul(1_000_000), Ordering::Relaxed);
+    update_sample_interval();
+}
+
+/// The sampling period in stamps, from the configured ns and the current rate estimate.
+fn update_sample_interval() {
+    let ns = SAMPLE_INTERVAL_NS.load(Ordering::Relaxed);
+    SAMPLE_INTERVAL.store(if ns == 0 { 0 } else { crate::clock::stamps_for_ns(ns).max(1) }, Ordering::Relaxed);
 }
 
 /// The fork child starts its own sampling and its thread-id cache afresh.
 pub fn after_fork_in_child() {
     let _ = THREAD.try_with(|t| t.tid.set(0));
-    LAST_SAMPLE_NS.store(0, Ordering::Relaxed);
+    LAST_SAMPLE.store(0, Ordering::Relaxed);
     SAMPLED_DEVICES.store(0, Ordering::Relaxed);
     for (pool, device) in POOLS.iter().zip(&POOL_DEVICES) {
         pool.store(0, Ordering::Relaxed);
@@ -223,7 +232,7 @@ fn measure() -> Option<(u64, u64)> {
     (unsafe { f(&mut free, &mut total) } == 0).then_some((free as u64, total as u64))
 }
 
-/// An event of `kind` stamped now, by this thread.
+/// An event of `kind` stamped `ts_ns` (a stamp: ticks or ns), by this thread.
 #[inline]
 fn event(ts_ns: u64, kind: EventKind, device: i16, rc: i32) -> Event {
     Event {
@@ -302,7 +311,7 @@ fn pool_device(pool: u64) -> Option<i16> {
 /// Records a pool's reserved bytes as the driver reported them.
 pub fn pool_reserved(pool: u64, reserved: u64, device: Option<i16>) {
     let device = device.or_else(|| pool_device(pool)).unwrap_or_else(current_device);
-    let mut ev = event(now_ns(), EventKind::PoolReserved, device, 0);
+    let mut ev = event(stamp(), EventKind::PoolReserved, device, 0);
     ev.handle = pool;
     ev.size = reserved;
     push(&ev);
@@ -335,22 +344,25 @@ fn sample_pools(device: Option<i16>) {
 }
 
 /// Samples device totals after a successful allocation when the device is new or the period
-/// has passed (one relaxed load each in the common case).
+/// has passed (one relaxed load each in the common case; the period and `ts` are in stamps).
 #[inline]
-fn maybe_sample(ts_ns: u64, device: i16) {
+fn maybe_sample(ts: u64, device: i16) {
     let bit = if (0..64).contains(&device) { 1u64 << device } else { 0 };
     let first = bit != 0
         && SAMPLED_DEVICES.load(Ordering::Relaxed) & bit == 0
         && SAMPLED_DEVICES.fetch_or(bit, Ordering::Relaxed) & bit == 0;
-    let interval = SAMPLE_INTERVAL_NS.load(Ordering::Relaxed);
-    let last = LAST_SAMPLE_NS.load(Ordering::Relaxed);
+    let interval = SAMPLE_INTERVAL.load(Ordering::Relaxed);
+    let last = LAST_SAMPLE.load(Ordering::Relaxed);
     let due = interval != 0
-        && ts_ns.saturating_sub(last) >= interval
-        && LAST_SAMPLE_NS.compare_exchange(last, ts_ns, Ordering::Relaxed, Ordering::Relaxed).is_ok();
+        && ts.saturating_sub(last) >= interval
+        && LAST_SAMPLE.compare_exchange(last, ts, Ordering::Relaxed, Ordering::Relaxed).is_ok();
     if first || due {
+        if crate::clock::refine_rate() {
+            update_sample_interval();
+        }
         if let Some((free, total)) = measure() {
-            LAST_SAMPLE_NS.fetch_max(ts_ns, Ordering::Relaxed);
-            push_device_info(now_ns(), device, free, total);
+            LAST_SAMPLE.fetch_max(ts, Ordering::Relaxed);
+            push_device_info(stamp(), device, free, total);
         }
         sample_pools(Some(device));
     }
@@ -398,7 +410,7 @@ pub enum Pool {
 /// free bytes measured right then, followed by the `DeviceInfo` of that measurement.
 pub fn alloc(mut c: Call, device: Option<i16>, pool: Pool) {
     let device = device.unwrap_or_else(current_device);
-    let ts = now_ns();
+    let ts = stamp();
     if pool == Pool::CurrentOfDevice {
         c.handle = current_pool(device);
     }
@@ -424,8 +436,8 @@ pub fn alloc(mut c: Call, device: Option<i16>, pool: Pool) {
     }
     push(&ev);
     if let Some((free, total)) = measured {
-        LAST_SAMPLE_NS.fetch_max(ts, Ordering::Relaxed);
-        push_device_info(now_ns(), device, free, total);
+        LAST_SAMPLE.fetch_max(ts, Ordering::Relaxed);
+        push_device_info(stamp(), device, free, total);
     }
     sample_pools(Some(device));
 }
@@ -434,7 +446,7 @@ pub fn alloc(mut c: Call, device: Option<i16>, pool: Pool) {
 /// from the address or handle. A failed release is recorded with its `rc` (and `F_FAILED`) so
 /// the consumer can tell it changed nothing.
 pub fn release(c: Call) {
-    let mut ev = event(now_ns(), c.kind, -1, c.rc);
+    let mut ev = event(stamp(), c.kind, -1, c.rc);
     c.fill(&mut ev);
     push(&ev);
 }
@@ -472,7 +484,7 @@ pub fn release_around(guard: Option<Guard>, record: bool, c: Call, real: impl Fn
 
 /// Records any other call (`cuMemMap`, `cuMemPoolTrimTo`) on the current device.
 pub fn other(c: Call) {
-    let mut ev = event(now_ns(), c.kind, current_device(), c.rc);
+    let mut ev = event(stamp(), c.kind, current_device(), c.rc);
     c.fill(&mut ev);
     push(&ev);
 }
@@ -480,7 +492,7 @@ pub fn other(c: Call) {
 /// Records a framework annotation (`annotate`) on `device`, with extra `flags`, the device free
 /// bytes the framework measured, and for a failure the kind of request that failed.
 pub fn annotation(c: Call, device: i16, flags: u32, device_free: u64, failed_op: Option<EventKind>) {
-    let mut ev = event(now_ns(), c.kind, device, c.rc);
+    let mut ev = event(stamp(), c.kind, device, c.rc);
     c.fill(&mut ev);
     ev.flags |= flags;
     ev.device_free = device_free;
@@ -492,8 +504,8 @@ pub fn annotation(c: Call, device: i16, flags: u32, device_free: u64, failed_op:
 
 /// Records device totals the program itself asked for (`cuMemGetInfo`, `cudaMemGetInfo`).
 pub fn device_info(free: u64, total: u64) {
-    let ts = now_ns();
-    LAST_SAMPLE_NS.fetch_max(ts, Ordering::Relaxed);
+    let ts = stamp();
+    LAST_SAMPLE.fetch_max(ts, Ordering::Relaxed);
     push_device_info(ts, current_device(), free, total);
 }
 
@@ -503,7 +515,7 @@ pub fn process_exit() {
     if state::ring().is_some() && state::active() {
         // The driver may already be torn down: then the attribute read fails and nothing is sent.
         sample_pools(None);
-        push(&event(now_ns(), EventKind::ProcessExit, -1, 0));
+        push(&event(stamp(), EventKind::ProcessExit, -1, 0));
     }
 }
 

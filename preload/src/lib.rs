@@ -16,8 +16,9 @@
 //! annotation API (`annotate`, `include/gpufrag_annotate.h`).
 //!
 //! `table` holds the tracked ABIs and their real functions, `elf` finds symbols without `dlsym`,
-//! `hook` is what every wrapper does around the real call, `state` arms and disarms tracing
-//! (environment, ring, connection, fork, exec). The shim never aborts the process: any failure
+//! `hook` is what every wrapper does around the real call, `clock` stamps its events (TSC ticks
+//! or `CLOCK_MONOTONIC`), `state` arms and disarms tracing (environment, ring, connection, fork,
+//! exec). The shim never aborts the process: any failure
 //! leaves it a pure pass-through.
 
 #![allow(clippy::missing_safety_doc)]
@@ -26,6 +27,7 @@
 compile_error!("gpufrag-preload supports 64-bit Linux only");
 
 mod annotate;
+mod clock;
 mod cuda;
 mod dl;
 mod driver;

@@ -24,7 +24,8 @@
 //! default 16; 1 = every thread shares one ring), `GPUFRAG_NO_FOLLOW=1` with
 //! `GPUFRAG_CONSUMER_PID` (trace only a process whose parent is the consumer),
 //! `GPUFRAG_SAMPLE_MS` (device-totals sampling period, default 200, 0 = only at first allocation
-//! and at failures), `GPUFRAG_POOL_SAMPLES=0` (no reads of stream-ordered pools' reserved bytes
+//! and at failures), `GPUFRAG_CLOCK=monotonic` (stamp events with `CLOCK_MONOTONIC` even where
+//! the TSC is invariant; see `clock`), `GPUFRAG_POOL_SAMPLES=0` (no reads of stream-ordered pools' reserved bytes
 //! of the shim's own; the program's own reads are still recorded), `GPUFRAG_SHIM_DEBUG=1` (say
 //! on stderr what the constructor decided).
 
@@ -33,7 +34,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-use gpufrag_wire::hello::{Hello, HELLO_BYTES, HELLO_F_FORKED, SOURCE_SHIM};
+use gpufrag_wire::hello::{Hello, HELLO_BYTES, HELLO_F_FORKED, HELLO_F_TSC, SOURCE_SHIM};
 use gpufrag_wire::lanes::{region_bytes, Lanes, DEFAULT_LANES, DEFAULT_TOTAL_CAPACITY, MAX_LANES};
 
 use crate::hook;
@@ -119,6 +120,8 @@ impl Config {
         if no_follow && consumer.is_none() {
             debug!("GPUFRAG_NO_FOLLOW set without a valid GPUFRAG_CONSUMER_PID: following every process");
         }
+        let clock = crate::clock::init(std::env::var("GPUFRAG_CLOCK").ok().as_deref());
+        debug!("{clock}");
         let sample_ms = std::env::var("GPUFRAG_SAMPLE_MS").ok().and_then(|v| v.trim().parse::<u64>().ok());
         hook::set_sample_interval_ms(sample_ms.unwrap_or(200));
         hook::set_pool_sampling(std::env::var("GPUFRAG_POOL_SAMPLES").map_or(true, |v| v.trim() != "0"));
@@ -342,7 +345,8 @@ fn arm(cfg: &Config, forked: bool) -> bool {
         ppid,
         ring_bytes: len as u64,
         start_time: own_start_time().unwrap_or(0),
-        flags: if forked { HELLO_F_FORKED } else { 0 },
+        // A fork child keeps the parent's clock (same machine, same counter).
+        flags: if forked { HELLO_F_FORKED } else { 0 } | if crate::clock::tsc() { HELLO_F_TSC } else { 0 },
         source: SOURCE_SHIM,
         exe: own_comm(),
     };

@@ -1,9 +1,16 @@
 //! One traced process's connection: the peer-uid check, the hello with its memfd
 //! (`SCM_RIGHTS`), the shared mapping of its event region (K ring lanes, merged by timestamp as
 //! they are drained), and the framed messages a Python hook sends.
+//!
+//! A region stamped in TSC ticks (`HELLO_F_TSC`) is merged on the raw ticks and each event is
+//! converted to `CLOCK_MONOTONIC` ns right after the merge (`gpufrag_wire::clock`: the process's
+//! one calibration, made when the first such region appears, and a per-region clamp that keeps
+//! converted timestamps non-decreasing), so that everything downstream, recordings included,
+//! sees nanoseconds.
 
 use crate::event::Event;
-use crate::hello::{Hello, HELLO_BYTES, SOURCE_PYTHON, SOURCE_SHIM};
+use crate::hello::{Hello, HELLO_BYTES, HELLO_F_TSC, SOURCE_PYTHON, SOURCE_SHIM};
+use gpufrag_wire::clock::{self, Converter};
 use gpufrag_wire::lanes::{Lanes, Merge};
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -21,6 +28,8 @@ pub struct RingConn {
     len: usize,
     lanes: Lanes,
     merge: Merge,
+    /// For a region stamped in TSC ticks: its conversion to ns.
+    ticks: Option<Converter>,
 }
 
 // SAFETY: the mapping is owned by this value alone and the lanes view is Send.
@@ -31,13 +40,32 @@ impl RingConn {
     /// event waits until every lane has been looked at since it was read; see `Merge`); with
     /// `flush`, everything published before the call. `out` returns `false` to stop. The events
     /// handed over, and whether `out` wants more.
-    pub fn drain(&mut self, limit: usize, flush: bool, out: impl FnMut(Event) -> bool) -> (usize, bool) {
-        self.merge.drain(&self.lanes, limit, flush, out)
+    /// Timestamps are `CLOCK_MONOTONIC` ns (converted from ticks for a TSC region).
+    pub fn drain(&mut self, limit: usize, flush: bool, mut out: impl FnMut(Event) -> bool) -> (usize, bool) {
+        match &mut self.ticks {
+            None => self.merge.drain(&self.lanes, limit, flush, out),
+            Some(conv) => {
+                let model = clock::shared_model();
+                self.merge.drain(&self.lanes, limit, flush, |mut e| {
+                    e.ts_ns = conv.convert(&model, e.ts_ns);
+                    out(e)
+                })
+            }
+        }
     }
 
     /// Hands `out` every event left, waiting for nothing (the process is gone, or we stop).
-    pub fn finish(&mut self, out: impl FnMut(Event) -> bool) -> usize {
-        self.merge.finish(&self.lanes, out)
+    pub fn finish(&mut self, mut out: impl FnMut(Event) -> bool) -> usize {
+        match &mut self.ticks {
+            None => self.merge.finish(&self.lanes, out),
+            Some(conv) => {
+                let model = clock::shared_model();
+                self.merge.finish(&self.lanes, |mut e| {
+                    e.ts_ns = conv.convert(&model, e.ts_ns);
+                    out(e)
+                })
+            }
+        }
     }
 
     /// Pushes that found their lane full, all lanes together.
@@ -172,7 +200,8 @@ pub fn handshake(stream: UnixStream) -> io::Result<Accepted> {
             };
             stream.set_read_timeout(None)?;
             let merge = Merge::new(lanes.count());
-            Ok(Accepted::Ring(RingConn { hello, dropped_seen: 0, stream, base, len, lanes, merge }))
+            let ticks = (hello.flags & HELLO_F_TSC != 0).then(Converter::new);
+            Ok(Accepted::Ring(RingConn { hello, dropped_seen: 0, stream, base, len, lanes, merge, ticks }))
         }
         other => Err(io::Error::new(io::ErrorKind::InvalidData, format!("pid {}: unknown source {other}", hello.pid))),
     }

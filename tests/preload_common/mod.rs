@@ -1,7 +1,8 @@
 //! What the preload-shim tests share: where the built artifacts are (the shim, the simcuda
 //! stand-ins and `simcuda-workload`), a minimal consumer that speaks the shim's protocol (bind a
 //! Unix socket, accept, read the hello and its memfd, map the event region, drain its lanes
-//! merged by timestamp with the wire crate's `Merge`), and a runner that starts the workload
+//! merged by timestamp with the wire crate's `Merge`, and convert a TSC region's ticks to
+//! `CLOCK_MONOTONIC` ns with the wire crate's `clock`, as `gpufrag run` does), and a runner that starts the workload
 //! under `LD_PRELOAD` against it.
 //!
 //! The consumer is deliberately independent of `src/consumer/` so that the shim's own tests do
@@ -21,7 +22,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use gpufrag_wire::event::{Event, EventKind};
-use gpufrag_wire::hello::{Hello, HELLO_BYTES};
+use gpufrag_wire::clock::{self, Converter};
+use gpufrag_wire::hello::{Hello, HELLO_BYTES, HELLO_F_TSC};
 use gpufrag_wire::lanes::{Lanes, Merge};
 
 pub const MIB: u64 = 1 << 20;
@@ -137,6 +139,8 @@ struct Conn {
     len: usize,
     lanes: Lanes,
     merge: Merge,
+    /// A region stamped in TSC ticks: its conversion to ns.
+    ticks: Option<Converter>,
     traced: Traced,
 }
 
@@ -153,7 +157,11 @@ impl Drop for Conn {
 impl Conn {
     fn drain(&mut self, sink: &mut Option<Sink>) -> usize {
         let events = &mut self.traced.events;
-        let (n, _) = self.merge.drain(&self.lanes, usize::MAX, false, |e| {
+        let mut conv = self.ticks.map(|c| (c, clock::shared_model()));
+        let (n, _) = self.merge.drain(&self.lanes, usize::MAX, false, |mut e| {
+            if let Some((c, model)) = &mut conv {
+                e.ts_ns = c.convert(model, e.ts_ns);
+            }
             match sink {
                 Some(f) => f(&e),
                 None => events.push(e),
@@ -161,13 +169,20 @@ impl Conn {
             true
         });
         self.traced.received += n as u64;
+        if let Some((c, _)) = conv {
+            self.ticks = Some(c);
+        }
         n
     }
 
     /// Everything left, waiting for nothing.
     fn drain_all(&mut self, sink: &mut Option<Sink>) {
         let events = &mut self.traced.events;
-        let n = self.merge.finish(&self.lanes, |e| {
+        let mut conv = self.ticks.map(|c| (c, clock::shared_model()));
+        let n = self.merge.finish(&self.lanes, |mut e| {
+            if let Some((c, model)) = &mut conv {
+                e.ts_ns = c.convert(model, e.ts_ns);
+            }
             match sink {
                 Some(f) => f(&e),
                 None => events.push(e),
@@ -175,6 +190,9 @@ impl Conn {
             true
         });
         self.traced.received += n as u64;
+        if let Some((c, _)) = conv {
+            self.ticks = Some(c);
+        }
     }
 
     fn poll_eof(&mut self) {
@@ -265,7 +283,8 @@ fn open_conn(stream: UnixStream) -> std::io::Result<Conn> {
     };
     stream.set_nonblocking(true)?;
     let merge = Merge::new(lanes.count());
-    Ok(Conn { stream, map, len, lanes, merge, traced: Traced { hello, events: Vec::new(), dropped: 0, pushed: 0, eof: false, received: 0 } })
+    let ticks = (hello.flags & HELLO_F_TSC != 0).then(Converter::new);
+    Ok(Conn { stream, map, len, lanes, merge, ticks, traced: Traced { hello, events: Vec::new(), dropped: 0, pushed: 0, eof: false, received: 0 } })
 }
 
 /// A consumer on a Unix socket in its own temp dir, running on a thread.

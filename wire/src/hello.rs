@@ -6,8 +6,8 @@
 //!
 //! ```text
 //!  0 magic "GFHELLO1"  8 pid u32  12 ppid u32  16 ring bytes u64  24 start time (clock ticks
-//!  since boot, /proc/PID/stat field 22) u64  32 flags u32 (bit 0: follows a fork)  36 source u32
-//!  40 executable name, 24 bytes NUL-padded
+//!  since boot, /proc/PID/stat field 22) u64  32 flags u32 (bit 0: follows a fork; bit 1: events
+//!  stamped in TSC ticks)  36 source u32  40 executable name, 24 bytes NUL-padded
 //! ```
 
 /// Magic of a hello.
@@ -16,6 +16,9 @@ pub const HELLO_MAGIC: [u8; 8] = *b"GFHELLO1";
 pub const HELLO_BYTES: usize = 64;
 /// The process is a fork child (re-armed with its own ring).
 pub const HELLO_F_FORKED: u32 = 1;
+/// The region's events carry raw TSC ticks in `ts_ns`, not `CLOCK_MONOTONIC` ns: the consumer
+/// merges its lanes on them and converts each event after the merge ([`crate::clock`]).
+pub const HELLO_F_TSC: u32 = 2;
 /// Source: the LD_PRELOAD shim.
 pub const SOURCE_SHIM: u32 = 1;
 /// Source: a Python start-up hook sending allocator snapshots.

@@ -252,7 +252,9 @@ struct LaneState {
 ///
 /// Why that keeps causal order: say thread B's event y depends on thread A's event x (A pushed x,
 /// then B learned of it, e.g. got the pointer, and only then took y's timestamp). Then `ts_x <
-/// ts_y` (`CLOCK_MONOTONIC` is one clock for all CPUs), x was published before y was, so any
+/// ts_y` (the region's clock, `CLOCK_MONOTONIC` or the invariant TSC read after `lfence`, is one
+/// clock for all CPUs, read only once every earlier load has completed; a region's timestamps
+/// are all of one clock, see [`crate::clock`]), x was published before y was, so any
 /// look at A's lane after y was read finds x or a slot claimed before x; and every event claimed
 /// ahead of x in A's lane took its timestamp before it was claimed, so before `ts_y`. The merge
 /// therefore reaches x, and everything ahead of it, before y. Events with no such link may come

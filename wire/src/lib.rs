@@ -7,7 +7,10 @@
 //! - [`lanes`]: a traced process's region of several rings, one per group of threads, and the
 //!   consumer's timestamp merge of them.
 //! - [`hello`]: the first message a traced process sends the consumer over its Unix socket.
+//! - [`clock`]: the events' clock (`CLOCK_MONOTONIC` or TSC ticks) and the one conversion of
+//!   ticks to `CLOCK_MONOTONIC` ns.
 
+pub mod clock;
 pub mod event;
 pub mod hello;
 pub mod lanes;
