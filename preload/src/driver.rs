@@ -373,16 +373,17 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usi
 pub unsafe extern "C" fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CUresult {
     let real = real!(CuMemPoolGetAttribute, CuMemPoolGetAttributeFn);
     let guard = hook::enter();
+    let wanted = guard.is_some() && attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT && !value.is_null();
+    // Stamped before the read (see `hook::pool_reserved`).
+    let ts = if wanted { hook::stamp() } else { 0 };
     // SAFETY: the caller's arguments, unchanged.
     let rc = unsafe { real(pool, attr, value) };
-    if let Some(g) = guard {
-        if rc == 0 && attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT && !value.is_null() {
-            g.record(|| {
-                // SAFETY: the driver wrote a cuuint64_t there.
-                let reserved = unsafe { (value as *const u64).read_unaligned() };
-                hook::pool_reserved(pool as u64, reserved, None);
-            });
-        }
+    if let Some(g) = guard.filter(|_| wanted && rc == 0) {
+        g.record(|| {
+            // SAFETY: the driver wrote a cuuint64_t there.
+            let reserved = unsafe { (value as *const u64).read_unaligned() };
+            hook::pool_reserved(ts, pool as u64, reserved, None);
+        });
     }
     rc
 }

@@ -87,7 +87,7 @@ impl Guard {
 
 /// An event timestamp: TSC ticks or `CLOCK_MONOTONIC` ns, whichever the process chose.
 #[inline(always)]
-fn stamp() -> u64 {
+pub fn stamp() -> u64 {
     crate::clock::stamp()
 }
 
@@ -309,9 +309,14 @@ fn pool_device(pool: u64) -> Option<i16> {
 }
 
 /// Records a pool's reserved bytes as the driver reported them.
-pub fn pool_reserved(pool: u64, reserved: u64, device: Option<i16>) {
+///
+/// `ts` is a stamp taken *before* the read: another thread's allocation landing between the
+/// stamp and the read is then ordered after the sample, and the consumer serves it from the
+/// cache the sample already counts (stamped after the read, such an allocation would be ordered
+/// before a sample that may not include it, and the pool's figure would come out short).
+pub fn pool_reserved(ts: u64, pool: u64, reserved: u64, device: Option<i16>) {
     let device = device.or_else(|| pool_device(pool)).unwrap_or_else(current_device);
-    let mut ev = event(stamp(), EventKind::PoolReserved, device, 0);
+    let mut ev = event(ts, EventKind::PoolReserved, device, 0);
     ev.handle = pool;
     ev.size = reserved;
     push(&ev);
@@ -325,10 +330,11 @@ pub fn sample_pool(pool: u64, device: Option<i16>) {
     // SAFETY: CuMemPoolGetAttributeFn is cuMemPoolGetAttribute's C type.
     let Some(f) = (unsafe { table::real_fn::<CuMemPoolGetAttributeFn>(Sym::CuMemPoolGetAttribute) }) else { return };
     let mut reserved = 0u64;
+    let ts = stamp();
     // SAFETY: the attribute is a cuuint64_t, written into `reserved`.
     let rc = unsafe { f(pool as CUmemoryPool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, (&mut reserved as *mut u64).cast()) };
     if rc == 0 {
-        pool_reserved(pool, reserved, device);
+        pool_reserved(ts, pool, reserved, device);
     }
 }
 
