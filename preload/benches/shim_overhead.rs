@@ -350,11 +350,17 @@ fn parent(calls: usize) {
 fn ring_alone() {
     const PER: u64 = 100_000;
     println!("event lanes alone (in process, no consumer running): ns per push, {PER} pushes per thread; ns per event drained");
-    println!("{:>8} {:>12} {:>12} {:>14} {:>14}", "threads", "one ring", "lane each", "drain: pop", "drain: merge");
+    println!(
+        "{:>8} {:>12} {:>12} {:>14} {:>14} {:>14}",
+        "threads", "one ring", "lane each", "lane, no CAS", "drain: pop", "drain: merge"
+    );
     for threads in [1u64, 2, 8] {
         let mut row = Vec::new();
         let mut drain = Vec::new();
-        for lanes in [1u32, 16] {
+        // One ring shared (compare-and-swap), a lane each (compare-and-swap, as a shared lane
+        // pushes), a lane each pushed by its only producer (`push_exclusive`, what the shim's
+        // first K/2 threads do).
+        for (lanes, single) in [(1u32, false), (16, false), (16, true)] {
             let cap = (if lanes == 1 { PER * threads } else { PER }).next_power_of_two();
             let h = Arc::new(HeapLanes::new(lanes, cap));
             // A first lap touches every page, so that page faults are not measured.
@@ -373,7 +379,9 @@ fn ring_alone() {
                         let c0 = thread_cpu_ns();
                         for i in 0..PER {
                             let ev = Event { ts_ns: i, tid: t, ..Event::new(EventKind::MemAlloc, 1, 0) };
-                            assert!(h.lanes().push(t, &ev));
+                            // SAFETY: with `single`, thread t is lane t's only producer.
+                            let pushed = if single { unsafe { h.lanes().push_exclusive(t, &ev) } } else { h.lanes().push(t, &ev) };
+                            assert!(pushed);
                         }
                         thread_cpu_ns() - c0
                     })
@@ -402,6 +410,6 @@ fn ring_alone() {
             assert_eq!(n, threads * PER);
             drain.push(t0.elapsed().as_nanos() as f64 / n as f64);
         }
-        println!("{threads:>8} {:>9.1} ns {:>9.1} ns {:>11.1} ns {:>11.1} ns", row[0], row[1], drain[0], drain[1]);
+        println!("{threads:>8} {:>9.1} ns {:>9.1} ns {:>11.1} ns {:>11.1} ns {:>11.1} ns", row[0], row[1], row[2], drain[0], drain[1]);
     }
 }

@@ -97,8 +97,8 @@ fn gettid() -> u32 {
 }
 
 /// The calling thread's id and lane, from the per-thread cache. At the thread's first event the
-/// id is looked up and a lane assigned (round robin, so that up to K threads never share one; see
-/// `state::assign_lane`, which also brings the lane's pages into memory).
+/// id is looked up and a lane assigned (`state::assign_lane`: the first K/2 threads each have one
+/// to themselves; it also brings the lane's pages into memory).
 #[inline]
 fn thread_ids() -> (u32, u32) {
     THREAD
@@ -113,10 +113,9 @@ fn thread_ids() -> (u32, u32) {
             tid => (tid, t.lane.get()),
         })
         .unwrap_or_else(|_| {
-            // Thread-local storage already torn down (a destructor at thread exit): share a
-            // lane by thread id.
-            let tid = gettid();
-            (tid, tid)
+            // Thread-local storage already torn down (a destructor at thread exit): a shared
+            // lane, never one a thread has to itself.
+            (gettid(), state::LAST_LANE)
         })
 }
 
@@ -247,11 +246,19 @@ fn event(ts_ns: u64, kind: EventKind, device: i16, rc: i32) -> Event {
     }
 }
 
-/// Pushes into this thread's lane (never blocks; a full lane drops and counts).
+/// Pushes into this thread's lane (never blocks; a full lane drops and counts): without a locked
+/// instruction when the thread has the lane to itself (`state::assign_lane`).
 #[inline]
 fn push(ev: &Event) {
     if let Some(lanes) = state::ring() {
-        lanes.push(thread_ids().1, ev);
+        let lane = thread_ids().1;
+        if lane & state::LANE_EXCLUSIVE != 0 {
+            // SAFETY: assign_lane gives an exclusive lane to one thread only, and that thread
+            // pushes nowhere else.
+            unsafe { lanes.push_exclusive(lane & !state::LANE_EXCLUSIVE, ev) };
+        } else {
+            lanes.push(lane, ev);
+        }
     }
 }
 

@@ -215,34 +215,48 @@ pub fn ring() -> Option<&'static Lanes> {
     unsafe { p.as_ref() }
 }
 
-/// Lanes handed out so far (the next thread's lane is this modulo the lane count).
+/// Threads given a lane so far.
 static NEXT_LANE: AtomicU32 = AtomicU32::new(0);
 
-/// A lane for a thread's first event: round robin, so that up to K threads each have one to
-/// themselves (by thread id, two of eight threads share a lane of sixteen more often than not).
+/// Set in a lane number the thread has to itself: it pushes without a locked instruction
+/// (`Lanes::push_exclusive`).
+pub const LANE_EXCLUSIVE: u32 = 1 << 31;
+/// The last lane, whatever the count (a power of two): always one of the shared ones.
+pub const LAST_LANE: u32 = !LANE_EXCLUSIVE;
+
+/// A lane for a thread's first event. With K lanes, the first K/2 threads each get a lane of their
+/// own (`LANE_EXCLUSIVE`); later threads share the other K/2 round robin, pushing with a
+/// compare-and-swap (with one lane, every thread shares it). Threads that allocate are few in the
+/// programs traced (PyTorch: the main thread, one autograd thread per device, a few workers); a
+/// process with many keeps correct, only slower, pushes.
+///
 /// The first thread given a lane brings its pages into memory, so that no push takes a page fault
 /// (a fresh lane is untouched zeroes: lanes no thread uses cost nothing): one `madvise`
 /// (`MADV_POPULATE_WRITE`, Linux 5.14), else a load from each page.
 #[cold]
 pub fn assign_lane() -> u32 {
     let n = NEXT_LANE.fetch_add(1, Ordering::Relaxed);
-    let Some(lanes) = ring() else { return n };
-    let k = n as usize & (lanes.count() - 1);
+    // Not armed yet: the last lane, always a shared one (lane numbers are taken modulo the count).
+    let Some(lanes) = ring() else { return LAST_LANE };
+    let count = lanes.count() as u32;
+    let own = count / 2;
+    let lane = if n < own { n | LANE_EXCLUSIVE } else { own + (n - own) % (count - own) };
+    let k = (lane & !LANE_EXCLUSIVE) as usize;
     let bit = 1u64 << (k % 64);
     if POPULATED[k / 64].fetch_or(bit, Ordering::Relaxed) & bit != 0 {
-        return n;
+        return lane;
     }
     let (base, len) = lanes.lane_region(k);
     // SAFETY: the lane's bytes lie inside our mapping of the region; populating changes no data.
     if unsafe { libc::madvise(base.cast(), len, libc::MADV_POPULATE_WRITE) } == 0 {
-        return n;
+        return lane;
     }
     for off in (0..len).step_by(4096) {
         // SAFETY: a page-aligned word inside the mapped lane; an atomic load races with nothing,
         // and a read fault on a shared memfd mapping maps the page writable.
         let _ = unsafe { &*base.add(off).cast::<AtomicU64>() }.load(Ordering::Relaxed);
     }
-    n
+    lane
 }
 
 /// This process's pid (updated in a fork child).

@@ -177,6 +177,16 @@ impl Lanes {
         self.lane(lane as usize).push(ev)
     }
 
+    /// [`Lanes::push`] from the only producer of lane `lane` (see [`Ring::push_single`]).
+    ///
+    /// # Safety
+    /// No other thread may push into that lane while this one does.
+    #[inline]
+    pub unsafe fn push_exclusive(&self, lane: u32, ev: &Event) -> bool {
+        // SAFETY: per the caller's contract.
+        unsafe { self.lane(lane as usize).push_single(ev) }
+    }
+
     /// The pid the producer wrote into the header.
     pub fn producer_pid(&self) -> u32 {
         // SAFETY: inside the checked header.
