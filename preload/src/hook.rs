@@ -39,17 +39,30 @@ use crate::cuda::{
 use crate::state;
 use crate::table::{self, Sym};
 
-thread_local! {
-    /// Set while this thread is inside one of our wrappers.
-    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
-    /// This thread's id (0 until first needed) and its lane.
-    static THREAD: ThreadIds = const { ThreadIds { tid: Cell::new(0), lane: Cell::new(0) } };
-}
-
-/// A thread's id and the lane of the event region it pushes into, looked up at its first event.
-struct ThreadIds {
+/// A thread's state: inside a wrapper or not, its id and the lane of the event region it pushes
+/// into (looked up at its first event). Lives in `thread.c`'s initial-exec thread-local storage:
+/// reached from the thread pointer with no `__tls_get_addr` call, and valid until the thread is
+/// gone (no destructor).
+#[repr(C)]
+struct ThreadState {
+    in_hook: Cell<u32>,
     tid: Cell<u32>,
     lane: Cell<u32>,
+    _pad: u32,
+}
+
+extern "C" {
+    /// This thread's [`ThreadState`] (thread.c).
+    fn gpufrag_thread() -> *const ThreadState;
+}
+
+/// The calling thread's state. The reference must not outlive the thread: `ThreadState` is not
+/// `Sync`, so it cannot be handed to another one.
+#[inline(always)]
+fn this_thread() -> &'static ThreadState {
+    // SAFETY: thread.c returns the address of this thread's zero-initialised `gpufrag_thread`,
+    // laid out as ThreadState, valid for the thread's lifetime.
+    unsafe { &*gpufrag_thread() }
 }
 
 /// Held while a wrapper runs the real call and records it; dropping it re-arms the thread.
@@ -59,15 +72,14 @@ pub struct Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        let _ = IN_HOOK.try_with(|c| c.set(false));
+        this_thread().in_hook.set(0);
     }
 }
 
 /// Enters a wrapper: `Some` when this call should be recorded (tracing on, not nested).
 #[inline]
 pub fn enter() -> Option<Guard> {
-    let first = IN_HOOK.try_with(|c| !c.replace(true)).unwrap_or(false);
-    if !first {
+    if this_thread().in_hook.replace(1) != 0 {
         return None;
     }
     let guard = Guard { _thread_bound: PhantomData };
@@ -101,22 +113,17 @@ fn gettid() -> u32 {
 /// to themselves; it also brings the lane's pages into memory).
 #[inline]
 fn thread_ids() -> (u32, u32) {
-    THREAD
-        .try_with(|t| match t.tid.get() {
-            0 => {
-                let tid = gettid();
-                let lane = state::assign_lane();
-                t.tid.set(tid);
-                t.lane.set(lane);
-                (tid, lane)
-            }
-            tid => (tid, t.lane.get()),
-        })
-        .unwrap_or_else(|_| {
-            // Thread-local storage already torn down (a destructor at thread exit): a shared
-            // lane, never one a thread has to itself.
-            (gettid(), state::LAST_LANE)
-        })
+    let t = this_thread();
+    match t.tid.get() {
+        0 => {
+            let tid = gettid();
+            let lane = state::assign_lane();
+            t.tid.set(tid);
+            t.lane.set(lane);
+            (tid, lane)
+        }
+        tid => (tid, t.lane.get()),
+    }
 }
 
 /// A driver function the shim calls itself (never a tracked one), found once.
@@ -213,7 +220,7 @@ fn update_sample_interval() {
 
 /// The fork child starts its own sampling and its thread-id cache afresh.
 pub fn after_fork_in_child() {
-    let _ = THREAD.try_with(|t| t.tid.set(0));
+    this_thread().tid.set(0);
     LAST_SAMPLE.store(0, Ordering::Relaxed);
     SAMPLED_DEVICES.store(0, Ordering::Relaxed);
     for (pool, device) in POOLS.iter().zip(&POOL_DEVICES) {
