@@ -193,9 +193,12 @@ static __always_inline void submit_event(struct gpufrag_event *e)
 	bpf_ringbuf_submit(e, avail >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
-static __always_inline bool is_free_fn(__u32 fn)
+/* The calls whose event carries the time the call began (see finish_call): the releases, and a
+ * read of a pool's reserved bytes. */
+static __always_inline bool stamped_at_entry(__u32 fn)
 {
-	return fn == FN_MEM_FREE || fn == FN_ADDRESS_FREE || fn == FN_MEM_RELEASE || fn == FN_MEM_UNMAP || fn == FN_FREE_ASYNC;
+	return fn == FN_MEM_FREE || fn == FN_ADDRESS_FREE || fn == FN_MEM_RELEASE || fn == FN_MEM_UNMAP || fn == FN_FREE_ASYNC ||
+	       fn == FN_POOL_GET_ATTRIBUTE;
 }
 
 static __always_inline int save_call(struct pt_regs *ctx, __u32 fn)
@@ -212,7 +215,7 @@ static __always_inline int save_call(struct pt_regs *ctx, __u32 fn)
 	c->arg[2] = PT_REGS_PARM3(ctx);
 	c->arg[3] = PT_REGS_PARM4(ctx);
 	c->arg[4] = PT_REGS_PARM5(ctx);
-	c->entry_ns = is_free_fn(fn) ? bpf_ktime_get_ns() : 0;
+	c->entry_ns = stamped_at_entry(fn) ? bpf_ktime_get_ns() : 0;
 	c->valid = 1;
 	return 0;
 }
@@ -467,6 +470,10 @@ static __always_inline int finish_call(struct pt_regs *ctx, __u32 fn)
 		kind = GPUFRAG_EV_POOL_RESERVED;
 		handle = c->arg[0];
 		size = read_user_u64(c->arg[2]);
+		/* Stamped when the call began, before the driver read the figure: another thread's
+		 * allocation that lands meanwhile is ordered after this sample and served from the
+		 * cache it counts (the shim does the same). */
+		ts = c->entry_ns;
 		__s16 pd = device_of_object(tgid, handle);
 		if (pd >= 0)
 			device = pd;
