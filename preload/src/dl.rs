@@ -143,154 +143,99 @@ unsafe extern "C" fn dlvsym_impl(handle: *mut c_void, symbol: *const c_char, ver
     unsafe { swap_by_name(symbol, found) }
 }
 
+/// The body of the exported `dlsym` and `dlvsym` on x86_64 (they differ only in where they go):
+/// special handles (`RTLD_NEXT` = -1, `RTLD_DEFAULT` = 0) jump to the real function with the
+/// caller's return address intact (see the module comment); real handles jump to `$imp`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! loader_entry {
+    ($imp:path, $real:path) => {
+        core::arch::naked_asm!(
+            "cmp rdi, -1",
+            "je 2f",
+            "test rdi, rdi",
+            "je 2f",
+            "jmp {imp}",
+            "2:",
+            "mov rax, qword ptr [rip + {real}]",
+            "test rax, rax",
+            "jz 3f",
+            "jmp rax",
+            // Not found yet (a constructor that ran before ours): find it, keeping the arguments.
+            // Three pushes on top of the return address leave the stack 16-byte aligned for the call.
+            "3:",
+            "push rdi",
+            "push rsi",
+            "push rdx",
+            "call {resolve}",
+            "pop rdx",
+            "pop rsi",
+            "pop rdi",
+            "mov rax, qword ptr [rip + {real}]",
+            "test rax, rax",
+            "jz 4f",
+            "jmp rax",
+            "4:",
+            "xor eax, eax",
+            "ret",
+            imp = sym $imp,
+            real = sym $real,
+            resolve = sym resolve_loader,
+        )
+    };
+}
+
+/// The same on aarch64; the return address is `x30`, which the slow path saves and restores
+/// around the call that finds the real function.
+#[cfg(target_arch = "aarch64")]
+macro_rules! loader_entry {
+    ($imp:path, $real:path) => {
+        core::arch::naked_asm!(
+            "cmn x0, #1",
+            "b.eq 2f",
+            "cbz x0, 2f",
+            "b {imp}",
+            "2:",
+            "adrp x16, {real}",
+            "ldr x16, [x16, :lo12:{real}]",
+            "cbz x16, 3f",
+            "br x16",
+            "3:",
+            "stp x29, x30, [sp, #-48]!",
+            "stp x0, x1, [sp, #16]",
+            "str x2, [sp, #32]",
+            "bl {resolve}",
+            "ldp x0, x1, [sp, #16]",
+            "ldr x2, [sp, #32]",
+            "ldp x29, x30, [sp], #48",
+            "adrp x16, {real}",
+            "ldr x16, [x16, :lo12:{real}]",
+            "cbz x16, 4f",
+            "br x16",
+            "4:",
+            "mov x0, #0",
+            "ret",
+            imp = sym $imp,
+            real = sym $real,
+            resolve = sym resolve_loader,
+        )
+    };
+}
+
 /// The exported `dlsym`: special handles go straight to the real one with the caller's return
 /// address intact (see the module comment); real handles go to [`dlsym_impl`].
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    core::arch::naked_asm!(
-        "cmp rdi, -1",
-        "je 2f",
-        "test rdi, rdi",
-        "je 2f",
-        "jmp {imp}",
-        "2:",
-        "mov rax, qword ptr [rip + {real}]",
-        "test rax, rax",
-        "jz 3f",
-        "jmp rax",
-        // Not found yet (a constructor that ran before ours): find it, keeping the arguments.
-        // Three pushes on top of the return address leave the stack 16-byte aligned for the call.
-        "3:",
-        "push rdi",
-        "push rsi",
-        "push rdx",
-        "call {resolve}",
-        "pop rdx",
-        "pop rsi",
-        "pop rdi",
-        "mov rax, qword ptr [rip + {real}]",
-        "test rax, rax",
-        "jz 4f",
-        "jmp rax",
-        "4:",
-        "xor eax, eax",
-        "ret",
-        imp = sym dlsym_impl,
-        real = sym REAL_DLSYM,
-        resolve = sym resolve_loader,
-    )
+    loader_entry!(dlsym_impl, REAL_DLSYM)
 }
 
 /// The exported `dlvsym`, shaped like [`dlsym`].
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn dlvsym(handle: *mut c_void, symbol: *const c_char, version: *const c_char) -> *mut c_void {
-    core::arch::naked_asm!(
-        "cmp rdi, -1",
-        "je 2f",
-        "test rdi, rdi",
-        "je 2f",
-        "jmp {imp}",
-        "2:",
-        "mov rax, qword ptr [rip + {real}]",
-        "test rax, rax",
-        "jz 3f",
-        "jmp rax",
-        "3:",
-        "push rdi",
-        "push rsi",
-        "push rdx",
-        "call {resolve}",
-        "pop rdx",
-        "pop rsi",
-        "pop rdi",
-        "mov rax, qword ptr [rip + {real}]",
-        "test rax, rax",
-        "jz 4f",
-        "jmp rax",
-        "4:",
-        "xor eax, eax",
-        "ret",
-        imp = sym dlvsym_impl,
-        real = sym REAL_DLVSYM,
-        resolve = sym resolve_loader,
-    )
-}
-
-/// The exported `dlsym` on aarch64: as on x86_64; the return address is `x30`, which the slow
-/// path saves and restores around the call that finds the real function.
-#[cfg(target_arch = "aarch64")]
-#[unsafe(naked)]
-#[no_mangle]
-pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    core::arch::naked_asm!(
-        "cmn x0, #1",
-        "b.eq 2f",
-        "cbz x0, 2f",
-        "b {imp}",
-        "2:",
-        "adrp x16, {real}",
-        "ldr x16, [x16, :lo12:{real}]",
-        "cbz x16, 3f",
-        "br x16",
-        "3:",
-        "stp x29, x30, [sp, #-48]!",
-        "stp x0, x1, [sp, #16]",
-        "str x2, [sp, #32]",
-        "bl {resolve}",
-        "ldp x0, x1, [sp, #16]",
-        "ldr x2, [sp, #32]",
-        "ldp x29, x30, [sp], #48",
-        "adrp x16, {real}",
-        "ldr x16, [x16, :lo12:{real}]",
-        "cbz x16, 4f",
-        "br x16",
-        "4:",
-        "mov x0, #0",
-        "ret",
-        imp = sym dlsym_impl,
-        real = sym REAL_DLSYM,
-        resolve = sym resolve_loader,
-    )
-}
-
-/// The exported `dlvsym` on aarch64, shaped like its `dlsym`.
-#[cfg(target_arch = "aarch64")]
-#[unsafe(naked)]
-#[no_mangle]
-pub unsafe extern "C" fn dlvsym(handle: *mut c_void, symbol: *const c_char, version: *const c_char) -> *mut c_void {
-    core::arch::naked_asm!(
-        "cmn x0, #1",
-        "b.eq 2f",
-        "cbz x0, 2f",
-        "b {imp}",
-        "2:",
-        "adrp x16, {real}",
-        "ldr x16, [x16, :lo12:{real}]",
-        "cbz x16, 3f",
-        "br x16",
-        "3:",
-        "stp x29, x30, [sp, #-48]!",
-        "stp x0, x1, [sp, #16]",
-        "str x2, [sp, #32]",
-        "bl {resolve}",
-        "ldp x0, x1, [sp, #16]",
-        "ldr x2, [sp, #32]",
-        "ldp x29, x30, [sp], #48",
-        "adrp x16, {real}",
-        "ldr x16, [x16, :lo12:{real}]",
-        "cbz x16, 4f",
-        "br x16",
-        "4:",
-        "mov x0, #0",
-        "ret",
-        imp = sym dlvsym_impl,
-        real = sym REAL_DLVSYM,
-        resolve = sym resolve_loader,
-    )
+    loader_entry!(dlvsym_impl, REAL_DLVSYM)
 }
 
 /// The exported `dlsym` elsewhere: plain Rust (special handles resolve relative to the shim).
