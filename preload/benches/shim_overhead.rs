@@ -377,10 +377,11 @@ fn ring_alone() {
                     std::thread::spawn(move || {
                         barrier.wait();
                         let c0 = thread_cpu_ns();
+                        let limit = std::cell::Cell::new(0);
                         for i in 0..PER {
                             let ev = Event { ts_ns: i, tid: t, ..Event::new(EventKind::MemAlloc, 1, 0) };
                             // SAFETY: with `single`, thread t is lane t's only producer.
-                            let pushed = if single { unsafe { h.lanes().push_exclusive(t, &ev) } } else { h.lanes().push(t, &ev) };
+                            let pushed = if single { unsafe { h.lanes().push_exclusive(t, &ev, &limit) } } else { h.lanes().push(t, &ev) };
                             assert!(pushed);
                         }
                         thread_cpu_ns() - c0

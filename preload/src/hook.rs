@@ -49,6 +49,8 @@ struct ThreadState {
     tid: Cell<u32>,
     lane: Cell<u32>,
     _pad: u32,
+    /// How far the thread may push into its exclusive lane before it reads the consumer's head.
+    limit: Cell<u64>,
 }
 
 extern "C" {
@@ -120,6 +122,7 @@ fn thread_ids() -> (u32, u32) {
             let lane = state::assign_lane();
             t.tid.set(tid);
             t.lane.set(lane);
+            t.limit.set(0);
             (tid, lane)
         }
         tid => (tid, t.lane.get()),
@@ -261,8 +264,8 @@ fn push(ev: &Event) {
         let lane = thread_ids().1;
         if lane & state::LANE_EXCLUSIVE != 0 {
             // SAFETY: assign_lane gives an exclusive lane to one thread only, and that thread
-            // pushes nowhere else.
-            unsafe { lanes.push_exclusive(lane & !state::LANE_EXCLUSIVE, ev) };
+            // pushes nowhere else; its limit was reset when the lane was assigned.
+            unsafe { lanes.push_exclusive(lane & !state::LANE_EXCLUSIVE, ev, &this_thread().limit) };
         } else {
             lanes.push(lane, ev);
         }

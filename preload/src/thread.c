@@ -12,6 +12,7 @@ struct gpufrag_thread {
 	uint32_t tid;     /* 0 until the thread's first event */
 	uint32_t lane;    /* its lane, with the exclusive bit */
 	uint32_t pad;
+	uint64_t limit;   /* how far it may push into an exclusive lane (Ring::push_single) */
 };
 
 static __thread struct gpufrag_thread state __attribute__((tls_model("initial-exec")));

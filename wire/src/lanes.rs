@@ -177,14 +177,15 @@ impl Lanes {
         self.lane(lane as usize).push(ev)
     }
 
-    /// [`Lanes::push`] from the only producer of lane `lane` (see [`Ring::push_single`]).
+    /// [`Lanes::push`] from the only producer of lane `lane` (see [`Ring::push_single`]), with
+    /// that producer's `limit` for the lane.
     ///
     /// # Safety
     /// No other thread may push into that lane while this one does.
     #[inline]
-    pub unsafe fn push_exclusive(&self, lane: u32, ev: &Event) -> bool {
+    pub unsafe fn push_exclusive(&self, lane: u32, ev: &Event, limit: &std::cell::Cell<u64>) -> bool {
         // SAFETY: per the caller's contract.
-        unsafe { self.lane(lane as usize).push_single(ev) }
+        unsafe { self.lane(lane as usize).push_single(ev, limit) }
     }
 
     /// The pid the producer wrote into the header.

@@ -208,27 +208,37 @@ impl Ring {
     }
 
     /// Pushes one event from the ring's only producer; `false` (and `dropped` counted) when the
-    /// ring is full. Never blocks.
+    /// ring is full. Never blocks. `limit` is the producer's own memory of how far it may go
+    /// (start it at 0; keep one per ring).
     ///
-    /// The same slot protocol as [`Ring::push`] without its compare-and-swap on `tail`: a plain
-    /// store claims the slot. On x86 a locked instruction waits until every earlier store has
-    /// reached the cache, and the previous event's slot lines usually miss (the producer writes
-    /// each line once per lap), so the swap would put a cache miss in every push.
+    /// The same slots as [`Ring::push`], claimed without its two costs on x86: the
+    /// compare-and-swap on `tail` (a locked instruction waits until every earlier store has
+    /// reached the cache, and the previous event's slot lines usually miss: each is written once
+    /// per lap) and the load of the slot's sequence word (the consumer wrote that line last, when
+    /// it freed the slot, so the load is a miss to another core on the critical path). A plain
+    /// store claims the slot, and whether it is free comes from the consumer's `head`, read only
+    /// when `limit` is reached: once per lap or so.
     ///
     /// # Safety
     /// No other thread may push into this ring, by either method, for as long as this one does.
     #[inline]
-    pub unsafe fn push_single(&self, ev: &Event) -> bool {
+    pub unsafe fn push_single(&self, ev: &Event, limit: &std::cell::Cell<u64>) -> bool {
         let tail = self.tail();
         let pos = tail.load(Ordering::Relaxed);
-        if self.seq(pos).load(Ordering::Acquire) != self.lap(pos) {
-            // The consumer has not freed the slot a lap ago: full.
-            self.dropped().fetch_add(1, Ordering::Relaxed);
-            return false;
+        if pos >= limit.get() {
+            // Acquire: pairs with the Release of `pop`'s head store, so the consumer's read of the
+            // slot (and its freeing) happened before this producer writes it again.
+            let free_until = self.head().load(Ordering::Acquire).wrapping_add(self.capacity);
+            limit.set(free_until);
+            if pos >= free_until {
+                self.dropped().fetch_add(1, Ordering::Relaxed);
+                return false;
+            }
         }
         tail.store(pos.wrapping_add(1), Ordering::Relaxed);
         let off = self.slot_off(pos) + 8;
-        // SAFETY: the slot is free and this is its only producer; the event bytes lie inside it.
+        // SAFETY: slot `pos` was freed by the consumer (head passed pos − capacity) and this is its
+        // only producer; the event bytes lie inside the slot.
         unsafe { write_event(self.base.add(off), ev) };
         self.seq(pos).store(self.lap(pos).wrapping_add(1), Ordering::Release);
         true
@@ -254,7 +264,8 @@ impl Ring {
         let pos = self.published_head()?;
         let ev = self.read_slot(pos);
         self.seq(pos).store(self.lap(pos).wrapping_add(self.capacity), Ordering::Release);
-        self.head().store(pos.wrapping_add(1), Ordering::Relaxed);
+        // Release: a single producer learns from `head` alone that the slot is free again.
+        self.head().store(pos.wrapping_add(1), Ordering::Release);
         Some(ev)
     }
 
@@ -429,13 +440,14 @@ mod tests {
     fn single_producer_push_keeps_the_protocol() {
         let h = HeapRing::new(4);
         let r = h.ring();
+        let limit = std::cell::Cell::new(0);
         for lap in 0..3u64 {
             for i in 0..4 {
                 // SAFETY: this thread is the ring's only producer.
-                assert!(unsafe { r.push_single(&ev(lap * 10 + i)) });
+                assert!(unsafe { r.push_single(&ev(lap * 10 + i), &limit) });
             }
             // SAFETY: as above.
-            assert!(!unsafe { r.push_single(&ev(99)) });
+            assert!(!unsafe { r.push_single(&ev(99), &limit) });
             for i in 0..4 {
                 assert_eq!(r.pop().map(|e| e.addr), Some(lap * 10 + i));
             }
@@ -447,9 +459,10 @@ mod tests {
         const N: u64 = 200_000;
         let producer = std::thread::spawn(move || {
             let mut dropped = 0;
+            let limit = std::cell::Cell::new(0);
             for i in 0..N {
                 // SAFETY: the only producer.
-                while !unsafe { p.ring().push_single(&ev(i)) } {
+                while !unsafe { p.ring().push_single(&ev(i), &limit) } {
                     dropped += 1;
                     std::hint::spin_loop();
                 }
