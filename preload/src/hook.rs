@@ -3,8 +3,8 @@
 //!
 //! Hot-path rules, kept here once for every wrapper: no allocation, no lock, no syscall per event
 //! in the common case (the clock is the TSC or the vDSO's `clock_gettime`, see `clock`; the
-//! thread id is cached in a const-initialised thread-local, the device comes from the real
-//! `cuCtxGetDevice`), no panic
+//! thread id and lane are cached in thread.c's initial-exec thread-local, reached from the
+//! thread pointer without a call; the device comes from the real `cuCtxGetDevice`), no panic
 //! across the C boundary (`Guard::record` catches it and turns tracing off), and a push that
 //! drops and counts when the ring is full rather than wait.
 //!
@@ -58,13 +58,61 @@ extern "C" {
     fn gpufrag_thread() -> *const ThreadState;
 }
 
+/// Where `ThreadState` lies relative to the thread pointer: the same offset in every thread,
+/// since initial-exec storage sits in the static TLS block at a fixed distance from each
+/// thread's control block (what the compiler's own initial-exec accesses rely on). 0 until the
+/// first lookup: the x86_64 offset is negative, the aarch64 one at least 16.
+static TLS_OFFSET: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+
+/// The thread pointer, as glibc sets it: `%fs:0` (the control block's pointer to itself) on
+/// x86_64, `tpidr_el0` on aarch64.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn thread_pointer() -> usize {
+    let tp: usize;
+    // SAFETY: reads the thread control block's self-pointer, always mapped in a glibc thread.
+    unsafe { std::arch::asm!("mov {}, qword ptr fs:[0]", out(reg) tp, options(nostack, readonly, preserves_flags, pure)) };
+    tp
+}
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+fn thread_pointer() -> usize {
+    let tp: usize;
+    // SAFETY: reads the thread-pointer register.
+    unsafe { std::arch::asm!("mrs {}, tpidr_el0", out(reg) tp, options(nostack, nomem, preserves_flags, pure)) };
+    tp
+}
+
 /// The calling thread's state. The reference must not outlive the thread: `ThreadState` is not
 /// `Sync`, so it cannot be handed to another one.
+///
+/// Once the offset is known this is the thread pointer plus a constant, inlined: three
+/// instructions where a call into thread.c (through the GOT: C and Rust are not inlined into
+/// each other) cost five per wrapper.
 #[inline(always)]
 fn this_thread() -> &'static ThreadState {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    {
+        let off = TLS_OFFSET.load(Ordering::Relaxed);
+        if off != 0 {
+            // SAFETY: thread pointer + the offset measured in `this_thread_slow` is this thread's
+            // `gpufrag_thread` (the offset is the same in every thread, see TLS_OFFSET).
+            return unsafe { &*(thread_pointer().wrapping_add_signed(off) as *const ThreadState) };
+        }
+    }
+    this_thread_slow()
+}
+
+#[cold]
+#[inline(never)]
+fn this_thread_slow() -> &'static ThreadState {
     // SAFETY: thread.c returns the address of this thread's zero-initialised `gpufrag_thread`,
     // laid out as ThreadState, valid for the thread's lifetime.
-    unsafe { &*gpufrag_thread() }
+    let p = unsafe { gpufrag_thread() };
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    TLS_OFFSET.store((p as isize).wrapping_sub(thread_pointer() as isize), Ordering::Relaxed);
+    // SAFETY: as above.
+    unsafe { &*p }
 }
 
 /// Held while a wrapper runs the real call and records it; dropping it re-arms the thread.
@@ -553,5 +601,39 @@ pub unsafe fn out<T: Copy + Default>(p: *const T) -> T {
     } else {
         // SAFETY: non-null and valid per the caller's contract.
         unsafe { p.read() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The inlined lookup (thread pointer + the offset measured once) finds the same state as
+    /// thread.c's own initial-exec access, in every thread, and each thread's is its own.
+    #[test]
+    fn every_thread_finds_its_own_state_from_the_thread_pointer() {
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(9));
+        let check = |barrier: std::sync::Arc<std::sync::Barrier>| {
+            // SAFETY: thread.c's accessor, always valid.
+            let c = unsafe { gpufrag_thread() } as usize;
+            assert_eq!(this_thread() as *const ThreadState as usize, c);
+            assert_ne!(TLS_OFFSET.load(Ordering::Relaxed), 0, "the offset is known after a lookup");
+            assert_eq!(this_thread() as *const ThreadState as usize, c);
+            // Every thread alive at once, so that no state's memory is reused by a later thread.
+            barrier.wait();
+            c
+        };
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let b = std::sync::Arc::clone(&barrier);
+                std::thread::spawn(move || check(b))
+            })
+            .collect();
+        let mine = check(barrier);
+        let mut all: Vec<usize> = threads.into_iter().map(|t| t.join().expect("thread")).collect();
+        all.push(mine);
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 9, "each thread has a state of its own");
     }
 }
