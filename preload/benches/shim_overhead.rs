@@ -17,9 +17,18 @@
 //! events so that nothing is dropped (a dropped event costs the producer less than a recorded one
 //! and would flatter the figures), and periodic device sampling stays at its 200 ms default.
 //!
+//! Measurement: each round is a bare run then a shimmed one, and the figure is the median over
+//! rounds of each round's difference (with its range), so that the machine drifting between
+//! rounds moves both sides of a difference alike. Calls are timed with `lfence; rdtsc` where the
+//! TSC is invariant (a clock read through the hypervisor's clock page costs 26–32 ns on the H200
+//! host and adds its own jitter to both sides). The workers are pinned one per physical core,
+//! the consumer to a core of its own, the same CPUs in bare and shimmed runs.
+//!
 //! Knobs: `GPUFRAG_BENCH_RING` (events per lane), `GPUFRAG_BENCH_LANES` (lanes, 16; 1 = every
 //! thread on one ring, as before lanes), `GPUFRAG_BENCH_POLL_US` (0: drain as fast as events
-//! land), `GPUFRAG_BENCH_THREADS=1,2,8` (thread counts, default 1,8) and
+//! land), `GPUFRAG_BENCH_REPEATS` (rounds, 5), `GPUFRAG_BENCH_TIMER=clock` (time calls with
+//! `CLOCK_MONOTONIC`), `GPUFRAG_BENCH_PIN=0` (no pinning),
+//! `GPUFRAG_BENCH_THREADS=1,2,8` (thread counts, default 1,8) and
 //! `GPUFRAG_BENCH_DRIVERS=simcuda,fake,ring`. `ring` (not in the default set) measures the event
 //! lanes alone, in this process: nanoseconds per push with 1, 2 and 8 threads on one shared ring
 //! and on one lane each, and the consumer's cost per event, popped from one ring or merged.
@@ -48,7 +57,8 @@ type CuAlloc = unsafe extern "C" fn(*mut u64, usize) -> c_int;
 type CuFree = unsafe extern "C" fn(u64) -> c_int;
 
 const SIZE: usize = 2 << 20;
-const REPEATS: usize = 3;
+/// Rounds of a bare and a shimmed run.
+const REPEATS: usize = 5;
 /// Events per lane (22 MiB each).
 const RING: u64 = 1 << 18;
 /// Lanes (the shim's default).
@@ -107,25 +117,32 @@ fn child(threads: usize, calls: usize) {
         assert_eq!(retain(&mut ctx, 0), 0);
     }
     let ctx = ctx as usize;
+    let cpus = worker_cpus();
+    let timer = Timer::from_env();
+    let start = (Instant::now(), timer.now());
     let workers: Vec<_> = (0..threads)
-        .map(|_| {
+        .map(|i| {
+            let cpu = (!cpus.is_empty()).then(|| cpus[i % cpus.len()]);
             std::thread::spawn(move || {
+                if let Some(cpu) = cpu {
+                    pin_to(&[cpu]);
+                }
                 // SAFETY: the primary context retained above.
                 assert_eq!(unsafe { set(ctx as *mut c_void) }, 0);
                 let mut a = Vec::with_capacity(calls);
                 let mut f = Vec::with_capacity(calls);
                 for _ in 0..calls {
                     let mut p = 0u64;
-                    let t0 = Instant::now();
+                    let t0 = timer.now();
                     // SAFETY: a valid out-pointer; the context is current on this thread.
                     let rc = unsafe { alloc(&mut p, SIZE) };
-                    let t1 = Instant::now();
+                    let t1 = timer.now();
                     // SAFETY: freeing what was just allocated.
                     let rc2 = unsafe { free(p) };
-                    let t2 = Instant::now();
+                    let t2 = timer.now();
                     assert_eq!((rc, rc2), (0, 0));
-                    a.push((t1 - t0).as_nanos() as u32);
-                    f.push((t2 - t1).as_nanos() as u32);
+                    a.push((t1 - t0) as u32);
+                    f.push((t2 - t1) as u32);
                 }
                 (a, f)
             })
@@ -165,17 +182,110 @@ fn child(threads: usize, calls: usize) {
         .collect();
     let cpu: u64 = loops.into_iter().map(|l| l.join().expect("loop")).sum();
     let pair_ns = cpu as f64 / (threads * calls) as f64;
+    // Timer units per ns over the whole run (1 for the clock; the TSC's rate, measured).
+    let per_ns = (timer.now() - start.1) as f64 / start.0.elapsed().as_nanos() as f64;
     let q = |v: &mut Vec<u32>, p: f64| {
         v.sort_unstable();
-        v[((v.len() as f64 - 1.0) * p) as usize]
+        f64::from(v[((v.len() as f64 - 1.0) * p) as usize]) / per_ns
     };
     println!(
-        "alloc_p50={} alloc_p99={} free_p50={} free_p99={} pair_cpu={pair_ns:.1} first={first}",
+        "alloc_p50={:.1} alloc_p99={:.1} free_p50={:.1} free_p99={:.1} pair_cpu={pair_ns:.1} first={:.0} timer={}",
         q(&mut a, 0.5),
         q(&mut a, 0.99),
         q(&mut f, 0.5),
-        q(&mut f, 0.99)
+        q(&mut f, 0.99),
+        f64::from(first) / per_ns,
+        timer.name()
     );
+}
+
+/// The per-call timer: `lfence; rdtsc` (a few ns, no kernel clock code in the measured interval)
+/// where the TSC is invariant, else `CLOCK_MONOTONIC`; `GPUFRAG_BENCH_TIMER=clock` forces the
+/// latter. The same timer times the bare and the shimmed runs, so what it costs cancels in the
+/// difference; a cheaper one spreads the distribution less (the H200 host's kvm-clock read is
+/// 26–32 ns, with its own jitter).
+#[derive(Clone, Copy)]
+enum Timer {
+    Tsc,
+    Clock(Instant),
+}
+
+impl Timer {
+    fn from_env() -> Timer {
+        let clock = std::env::var("GPUFRAG_BENCH_TIMER").is_ok_and(|v| v == "clock");
+        if !clock && gpufrag_wire::clock::invariant_tsc() {
+            Timer::Tsc
+        } else {
+            Timer::Clock(Instant::now())
+        }
+    }
+
+    /// Timer units: TSC ticks or ns.
+    #[inline(always)]
+    fn now(&self) -> u64 {
+        match self {
+            Timer::Tsc => gpufrag_wire::clock::ticks(),
+            Timer::Clock(origin) => origin.elapsed().as_nanos() as u64,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Timer::Tsc => "tsc",
+            Timer::Clock(_) => "clock",
+        }
+    }
+}
+
+/// The CPUs the parent chose for the worker threads (`GPUFRAG_BENCH_CPUS`), in order.
+fn worker_cpus() -> Vec<usize> {
+    std::env::var("GPUFRAG_BENCH_CPUS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|c| c.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// Binds the calling thread to `cpus`.
+fn pin_to(cpus: &[usize]) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes inside it; sched_setaffinity
+    // reads it (pid 0: the calling thread).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            libc::CPU_SET(c, &mut set);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// Where the runs go: one logical CPU per physical core (never two workers, or a worker and the
+/// consumer, on SMT siblings), the consumer on the last core, the workers on the others from
+/// core 1 on (core 0 takes most device interrupts), wrapping around when there are more
+/// workers than cores. None when the machine has fewer than 3 cores or the topology cannot be
+/// read.
+fn cpu_plan() -> Option<(usize, Vec<usize>)> {
+    // SAFETY: a zeroed cpu_set_t, filled by sched_getaffinity for this thread.
+    let allowed: Vec<usize> = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return None;
+        }
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    };
+    let mut cores: Vec<((String, String), usize)> = Vec::new();
+    for &c in &allowed {
+        let read = |f: &str| std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu{c}/topology/{f}")).ok().map(|s| s.trim().to_string());
+        let key = (read("physical_package_id")?, read("core_id")?);
+        if !cores.iter().any(|(k, _)| *k == key) {
+            cores.push((key, c));
+        }
+    }
+    let firsts: Vec<usize> = cores.into_iter().map(|(_, c)| c).collect();
+    if firsts.len() < 3 {
+        return None;
+    }
+    let consumer = *firsts.last()?;
+    Some((consumer, firsts[1..firsts.len() - 1].to_vec()))
 }
 
 fn thread_cpu_ns() -> u64 {
@@ -258,11 +368,22 @@ fn parent(calls: usize) {
         Some(d) => drivers.push(("fake", d)),
         None => println!("(no C compiler: the lock-free fake driver is skipped)"),
     }
+    let repeats = std::env::var("GPUFRAG_BENCH_REPEATS").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&r| r > 0).unwrap_or(REPEATS);
+    // Pinning: the parent (so the consumer threads it starts) on one core, the child's workers
+    // each on a core of their own, the same CPUs for bare and shimmed runs.
+    let plan = if std::env::var("GPUFRAG_BENCH_PIN").is_ok_and(|v| v == "0") { None } else { cpu_plan() };
+    let pinning = match &plan {
+        Some((consumer, workers)) => {
+            pin_to(&[*consumer]);
+            format!("workers pinned to CPUs {workers:?}, consumer to CPU {consumer}")
+        }
+        None => "not pinned".to_string(),
+    };
     println!(
-        "shim overhead per call: {SIZE}-byte cuMemAlloc_v2 + cuMemFree_v2 via dlsym, {calls} calls per thread (half with more threads), median of {REPEATS} runs; {lanes} lanes of {ring} events, drained every {poll_us} us"
+        "shim overhead per call: {SIZE}-byte cuMemAlloc_v2 + cuMemFree_v2 via dlsym, {calls} calls per thread (half with more threads); {repeats} rounds of a bare run then a shimmed one, added = median over rounds of (shim - bare) [least..most]; {lanes} lanes of {ring} events, drained every {poll_us} us; {pinning}"
     );
     println!(
-        "{:>8} {:>7}  {:>5}  {:>9} {:>9} {:>8}  {:>9} {:>9} {:>8}",
+        "{:>8} {:>7}  {:>5}  {:>9} {:>9} {:>20}  {:>9} {:>9} {:>20}",
         "driver", "threads", "call", "bare p50", "shim p50", "added", "bare p99", "shim p99", "added"
     );
     let thread_counts: Vec<usize> = std::env::var("GPUFRAG_BENCH_THREADS")
@@ -277,9 +398,12 @@ fn parent(calls: usize) {
             let mut bare = Vec::new();
             let mut shimmed = Vec::new();
             let (mut received, mut dropped) = (0u64, 0u64);
-            for _ in 0..REPEATS {
+            for _ in 0..repeats {
                 for with_shim in [false, true] {
                     let mut cmd = Command::new(&exe);
+                    if let Some((_, workers)) = &plan {
+                        cmd.env("GPUFRAG_BENCH_CPUS", workers.iter().map(usize::to_string).collect::<Vec<_>>().join(","));
+                    }
                     cmd.args([threads.to_string(), per_thread.to_string()])
                         .env("GPUFRAG_BENCH_CHILD", "1")
                         .env("LD_LIBRARY_PATH", libs)
@@ -320,12 +444,19 @@ fn parent(calls: usize) {
                 ("alloc", |f| f.alloc_p50, |f| f.alloc_p99),
                 ("free", |f| f.free_p50, |f| f.free_p99),
             ];
+            // Each round's difference, then their median and range: a drift of the machine
+            // between rounds moves both runs of a round alike.
+            let added = |g: Get| -> String {
+                let d: Vec<f64> = bare.iter().zip(&shimmed).map(|(b, s)| g(s) - g(b)).collect();
+                let (lo, hi) = d.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+                format!("{:+.0} ns [{lo:+.0}..{hi:+.0}]", median(d))
+            };
             for (call, p50, p99) in rows {
                 let (b50, s50, b99, s99) = (m(&bare, p50), m(&shimmed, p50), m(&bare, p99), m(&shimmed, p99));
                 println!(
-                    "{driver:>8} {threads:>7}  {call:>5}  {b50:>6} ns {s50:>6} ns {:>+5} ns  {b99:>6} ns {s99:>6} ns {:>+5} ns",
-                    s50 - b50,
-                    s99 - b99
+                    "{driver:>8} {threads:>7}  {call:>5}  {b50:>6.0} ns {s50:>6.0} ns {:>20}  {b99:>6.0} ns {s99:>6.0} ns {:>20}",
+                    added(p50),
+                    added(p99)
                 );
             }
             let (bp, sp) = (m(&bare, |f| f.pair_cpu), m(&shimmed, |f| f.pair_cpu));
@@ -349,6 +480,30 @@ fn parent(calls: usize) {
 /// consumer's cost per event, from one ring (`pop`) or merged from the lanes (`Merge`).
 fn ring_alone() {
     const PER: u64 = 100_000;
+    // What a stamp costs here: the shim's `lfence; rdtsc` and the vDSO clock it replaced.
+    let per_read = |f: &dyn Fn() -> u64| {
+        const N: u64 = 5_000_000;
+        let c0 = thread_cpu_ns();
+        let mut x = 0u64;
+        for _ in 0..N {
+            x = x.wrapping_add(f());
+        }
+        std::hint::black_box(x);
+        (thread_cpu_ns() - c0) as f64 / N as f64
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__rdtscp, _rdtsc};
+        // SAFETY: RDTSC and RDTSCP exist on every x86_64 CPU this runs on (the shim checks the
+        // invariant-TSC bit before it relies on them; reading them is harmless either way).
+        #[allow(unused_unsafe)]
+        let (bare, p) = (per_read(&|| unsafe { _rdtsc() }), per_read(&|| unsafe { __rdtscp(&mut 0) }));
+        println!(
+            "one timestamp: lfence; rdtsc {:.1} ns (rdtsc alone {bare:.1}, rdtscp {p:.1}), clock_gettime(CLOCK_MONOTONIC) {:.1} ns",
+            per_read(&gpufrag_wire::clock::ticks),
+            per_read(&gpufrag_wire::clock::monotonic_ns)
+        );
+    }
     println!("event lanes alone (in process, no consumer running): ns per push, {PER} pushes per thread; ns per event drained");
     println!(
         "{:>8} {:>12} {:>12} {:>14} {:>14} {:>14}",
