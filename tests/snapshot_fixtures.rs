@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use gpufrag::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_DEVICE_FREE_KNOWN, F_SRC_SNAPSHOT};
+use gpufrag::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_DEVICE_FREE_KNOWN, F_FRAMEWORK_OWNED, F_SRC_SNAPSHOT};
 use gpufrag::snapshot::{self, Action, BlockState, Snapshot};
 
 const FIXTURES: [(&str, &str, usize, usize); 4] = [
@@ -276,7 +276,8 @@ fn seed_events_describe_segments_then_active_blocks() {
         for (e, g) in seed.iter().zip(&s.segments) {
             let want = if g.is_expandable { EventKind::Map } else { EventKind::MemAlloc };
             assert_eq!((e.kind(), e.addr, e.size, e.handle), (Some(want), g.address, g.total_size, 0), "{file}");
-            assert_eq!((e.flags, e.ts_ns), (F_SRC_SNAPSHOT, last_ts));
+            // Every segment of PyTorch's snapshot is the caching allocator's.
+            assert_eq!((e.flags, e.ts_ns), (F_SRC_SNAPSHOT | F_FRAMEWORK_OWNED, last_ts));
         }
         for (e, (_, b)) in seed[s.segments.len()..].iter().zip(&active) {
             assert_eq!(e.kind(), Some(EventKind::BlockAlloc));
@@ -285,4 +286,40 @@ fn seed_events_describe_segments_then_active_blocks() {
             assert_eq!(b.state, BlockState::ActiveAllocated, "{file}: no pending frees in these traces");
         }
     }
+}
+
+/// A snapshot PyTorch took without history recording (`torch.cuda.memory._snapshot()` after a
+/// GPT-2 run on the H200, its tensors gone: no trace, 203 segments of which 194 hold no block).
+/// Every segment is the caching allocator's, empty or not: `gpufrag analyze` must say what the
+/// segments say (releasable = what `empty_cache()` would return, the largest free block among
+/// all of them), which it did not when segments were taken to be the cache's only once a block
+/// was seen in them (non_framework 24,027,070,464, releasable 0, largest free block 8 MiB).
+#[test]
+fn a_snapshot_without_history_counts_its_empty_segments_as_cache() {
+    let file = "gpt2_cache_no_history.pickle";
+    let snap = load(file);
+    assert_eq!(snap.entry_count(), 0, "no history was recorded");
+    let st = snap.device_stats(0);
+    // What the segments themselves say (PyTorch's own sums; reserved and the largest free block
+    // are also what the script printed from memory_stats() and the same snapshot).
+    assert_eq!(st.all.reserved_bytes, 24_104_665_088);
+    assert_eq!(st.largest_free_block, 2_703_228_928);
+    assert_eq!(st.releasable_bytes, 24_027_070_464);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpufrag"))
+        .args(["analyze", "--json"])
+        .arg(fixture(file))
+        .output()
+        .expect("run gpufrag");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let d = &v["devices"][0];
+    let got = |k: &str| d[k].as_u64().unwrap_or_else(|| panic!("no {k} in {d}"));
+    assert_eq!(got("reserved"), st.all.reserved_bytes);
+    assert_eq!(got("framework_reserved"), st.all.reserved_bytes);
+    assert_eq!(got("non_framework"), 0);
+    assert_eq!(got("allocated"), st.all.allocated_bytes);
+    assert_eq!(got("stranded"), st.all.inactive_split_bytes);
+    assert_eq!(got("releasable"), st.releasable_bytes);
+    assert_eq!(got("largest_free_block"), st.largest_free_block);
+    assert_eq!(got("segments"), st.segment_entries);
 }

@@ -398,7 +398,7 @@ impl<'p> Walker<'p> {
         warnings: &mut Vec<String>,
     ) -> Result<SnapSegment, SnapshotError> {
         let d = self.dict(v, at, owner)?;
-        let [device, address, total_size, allocated, active, requested, stream, seg_type, pool_id, expandable, blocks] =
+        let [device, address, total_size, allocated, active, requested, stream, seg_type, pool_id, expandable, blocks, driver_only] =
             pick(
                 d,
                 [
@@ -413,6 +413,7 @@ impl<'p> Walker<'p> {
                     "segment_pool_id",
                     "is_expandable",
                     "blocks",
+                    "gpufrag_driver_only",
                 ],
             );
         let dev_at = Loc::Key(&at, "device");
@@ -445,6 +446,7 @@ impl<'p> Walker<'p> {
             },
         };
         let is_expandable = self.bool_opt(expandable, Loc::Key(&at, "is_expandable"), d)?;
+        let driver_only = self.bool_opt(driver_only, Loc::Key(&at, "gpufrag_driver_only"), d)?;
 
         let blocks_at = Loc::Key(&at, "blocks");
         let list = self.list(blocks.ok_or_else(|| self.missing(blocks_at, d))?, blocks_at, d)?;
@@ -484,6 +486,7 @@ impl<'p> Walker<'p> {
             pool,
             pool_id,
             is_expandable,
+            driver_only,
             blocks: out_blocks,
         })
     }
@@ -526,8 +529,8 @@ impl<'p> Walker<'p> {
         for (i, e) in list.items.iter().enumerate() {
             let e_at = Loc::Index(&at, i);
             let d = self.dict(e, e_at, list)?;
-            let [action, addr, size, stream, time_us, device_free, frames] =
-                pick(d, ["action", "addr", "size", "stream", "time_us", "device_free", "frames"]);
+            let [action, addr, size, stream, time_us, device_free, frames, driver_only] =
+                pick(d, ["action", "addr", "size", "stream", "time_us", "device_free", "frames", "gpufrag_driver_only"]);
             let name = self.str_req(action, Loc::Key(&e_at, "action"), d)?;
             let action = Action::from_name(name).unwrap_or_else(|| {
                 *unknown.entry(name).or_insert(0) += 1;
@@ -560,6 +563,7 @@ impl<'p> Walker<'p> {
                 time_us: self.u64_opt(time_us, Loc::Key(&e_at, "time_us"), d)?.unwrap_or(0),
                 device_free: self.u64_opt(device_free, Loc::Key(&e_at, "device_free"), d)?,
                 frames,
+                driver_only: self.bool_opt(driver_only, Loc::Key(&e_at, "gpufrag_driver_only"), d)?,
             });
         }
         for (name, n) in unknown {

@@ -6,8 +6,24 @@
 //! Block events carry the requested size and leave `size` 0: the block's real extent follows the
 //! caching allocator's rounding and split rules, which the map applies. Only seed events, which
 //! come from the snapshot's final block list, know the extent (`F_BLOCK_SIZE_KNOWN`).
+//!
+//! Segment events (`MemAlloc`, `Map`, and the inverses that recreate them) carry
+//! `F_FRAMEWORK_OWNED`: every segment a PyTorch snapshot lists, and every `segment_*` entry of
+//! its trace, is the caching allocator's, whether or not a block was ever seen in it (a snapshot
+//! taken without history recording has no trace at all, and the segments `empty_cache()` would
+//! return hold no block). Only what gpufrag's own export marks `driver_only` is plain driver
+//! memory.
 
-use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_DEVICE_FREE_KNOWN, F_FAILED, F_SRC_SNAPSHOT};
+use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_DEVICE_FREE_KNOWN, F_FAILED, F_FRAMEWORK_OWNED, F_SRC_SNAPSHOT};
+
+/// `F_FRAMEWORK_OWNED` unless the entry or segment is driver memory.
+fn owner_flags(driver_only: bool) -> u32 {
+    if driver_only {
+        0
+    } else {
+        F_FRAMEWORK_OWNED
+    }
+}
 
 use super::model::{Action, Snapshot, TraceEntry};
 
@@ -54,6 +70,9 @@ impl TraceEntry {
         e.addr = addr;
         e.size = size;
         e.requested = requested;
+        if matches!(kind, EventKind::MemAlloc | EventKind::Map) {
+            e.flags |= owner_flags(self.driver_only);
+        }
         Some(e)
     }
 
@@ -79,6 +98,9 @@ impl TraceEntry {
         e.addr = self.addr;
         e.size = size;
         e.requested = requested;
+        if matches!(kind, EventKind::MemAlloc | EventKind::Map) {
+            e.flags |= owner_flags(self.driver_only);
+        }
         Some(e)
     }
 }
@@ -110,10 +132,12 @@ impl Snapshot {
     }
 
     /// The final state described by `segments`, as events: first one per segment (a `MemAlloc` of
-    /// `total_size` for an ordinary segment, a `Map` for each mapped range of an expandable one),
-    /// then a `BlockAlloc` with its real extent (`F_BLOCK_SIZE_KNOWN`) for each active block
-    /// (allocated or pending free). Time stamps are the last trace entry's time on that device
-    /// (the snapshot itself is later), 0 when the device has no trace.
+    /// `total_size` for an ordinary segment, a `Map` for each mapped range of an expandable one;
+    /// the caching allocator's, see the module notes), then a `BlockAlloc` with its real extent
+    /// (`F_BLOCK_SIZE_KNOWN`) for each active block (allocated or pending free) of the caching
+    /// allocator's segments (a `driver_only` segment's one block only says it is in use). Time
+    /// stamps are the last trace entry's time on that device (the snapshot itself is later), 0
+    /// when the device has no trace.
     pub fn seed_events(&self) -> Vec<Event> {
         let ts = |device: i16| self.trace(device).and_then(|t| t.entries.last()).map_or(0, |e| e.time_us);
         let mut out = Vec::with_capacity(self.segments.len());
@@ -122,9 +146,10 @@ impl Snapshot {
             let mut e = base(kind, s.device, ts(s.device), s.stream);
             e.addr = s.address;
             e.size = s.total_size;
+            e.flags |= owner_flags(s.driver_only);
             out.push(e);
         }
-        for s in &self.segments {
+        for s in self.segments.iter().filter(|s| !s.driver_only) {
             for b in s.blocks.iter().filter(|b| b.state.is_active()) {
                 let mut e = base(EventKind::BlockAlloc, s.device, ts(s.device), s.stream);
                 e.addr = b.address;

@@ -95,6 +95,12 @@ pub struct SnapSegment {
     pub pool_id: (u64, u64),
     /// Part of an expandable segment: this entry is a mapped range, not a `cudaMalloc`.
     pub is_expandable: bool,
+    /// Driver memory no caching allocator owns (a raw `cudaMalloc`, a library's workspace, a
+    /// JAX mapping). Never in PyTorch's own snapshots, whose segments are all the caching
+    /// allocator's; gpufrag's export writes such memory as a segment with one allocated block
+    /// (so that memory_viz draws it in use) and the extra key `gpufrag_driver_only: True`, so
+    /// that its re-import counts it as `non_framework` again, as the capture did.
+    pub driver_only: bool,
     /// The blocks that tile the segment, in address order.
     pub blocks: Vec<SnapBlock>,
 }
@@ -261,4 +267,7 @@ pub struct TraceEntry {
     pub device_free: Option<u64>,
     /// How many Python/C++ stack frames the entry carried (dropped on load).
     pub frames: u32,
+    /// A `segment_*` entry about driver memory no caching allocator owns (see
+    /// [`SnapSegment::driver_only`]; gpufrag's export only, key `gpufrag_driver_only`).
+    pub driver_only: bool,
 }

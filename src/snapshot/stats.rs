@@ -37,11 +37,17 @@ pub struct PoolStats {
 }
 
 impl PoolStats {
-    fn add_segment(&mut self, s: &SnapSegment) {
+    /// Adds one segment. `count_blocks` false leaves its blocks out: a `driver_only` segment next
+    /// to the caching allocator's (its one block is driver memory in use, not an allocation of
+    /// the cache; the capture counted it as `non_framework`, and so does the replay).
+    fn add_segment(&mut self, s: &SnapSegment, count_blocks: bool) {
         if !s.is_expandable {
             self.segment += 1;
         }
         self.reserved_bytes = self.reserved_bytes.saturating_add(s.total_size);
+        if !count_blocks {
+            return;
+        }
         let live = s.has_active_block();
         for b in &s.blocks {
             match b.state {
@@ -184,11 +190,14 @@ impl Snapshot {
     /// What the final `segments` imply for `device` (all zero for a device it does not mention).
     pub fn device_stats(&self, device: i16) -> DeviceStats {
         let mut st = DeviceStats { device, ..DeviceStats::default() };
+        // As the map counts: driver memory is "allocated" only where no caching allocator is seen.
+        let cache_seen = self.device_segments(device).any(|s| !s.driver_only);
         for s in self.device_segments(device) {
-            st.all.add_segment(s);
+            let count_blocks = !s.driver_only || !cache_seen;
+            st.all.add_segment(s, count_blocks);
             match s.pool {
-                Pool::Small => st.small_pool.add_segment(s),
-                Pool::Large => st.large_pool.add_segment(s),
+                Pool::Small => st.small_pool.add_segment(s, count_blocks),
+                Pool::Large => st.large_pool.add_segment(s, count_blocks),
             }
             st.segment_entries += 1;
             if s.is_expandable {

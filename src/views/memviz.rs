@@ -13,9 +13,13 @@
 //! a `free_requested` + `free_completed` pair; a driver segment, pitch or managed allocation, or a
 //! pool allocation is a `segment_alloc` / `segment_free`; mapped VMM memory is `segment_map` /
 //! `segment_unmap` (with `is_expandable` segments); a failed allocation is an `oom` with
-//! `device_free`. A segment no caching allocator owns (a raw `cudaMalloc`) is exported with one
-//! `active_allocated` block covering it, so that memory_viz shows it in use and the figures stay
-//! the same. Events of several processes go to one file per process ([`export_all`]).
+//! `device_free`. A segment no caching allocator owns (a raw `cudaMalloc`, a library's workspace,
+//! a JAX mapping) is exported with one `active_allocated` block covering it, so that memory_viz
+//! shows it in use, and with the extra key `gpufrag_driver_only: True` (on the segment and on its
+//! `segment_*` trace entries; PyTorch's readers ignore keys they do not know), so that a re-import
+//! counts it as driver memory (`non_framework`) as the capture did, while every segment of
+//! PyTorch's own snapshots is the caching allocator's. Events of several processes go to one file
+//! per process ([`export_all`]).
 
 use super::pickle::Writer;
 use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN};
@@ -84,6 +88,22 @@ pub struct Entry {
     pub time_us: u64,
     /// For `oom`: device free bytes when known.
     pub device_free: Option<u64>,
+    /// A `segment_alloc` / `segment_free` of driver memory no caching allocator owned over its
+    /// whole life (set when the segment is freed; for segments still held, the export asks the
+    /// final state).
+    pub driver_only: bool,
+}
+
+/// What the log remembers of a segment it saw allocated.
+#[derive(Clone, Copy, Debug)]
+struct SegSeen {
+    device: i16,
+    size: u64,
+    /// The sequence number of its `segment_alloc` entry.
+    seq: u64,
+    /// A caching allocator owned it at some point (the event said so, it was adopted, or a
+    /// framework block was placed in it).
+    framework: bool,
 }
 
 /// The trace entries seen so far, bounded.
@@ -95,8 +115,10 @@ pub struct TraceLog {
     pub dropped: u64,
     /// (pid, block address) → (device, requested).
     blocks: HashMap<(u32, u64), (i16, u64)>,
-    /// (pid, segment address) → (device, size).
-    segments: HashMap<(u32, u64), (i16, u64)>,
+    /// (pid, segment address) → what was seen of it.
+    segments: HashMap<(u32, u64), SegSeen>,
+    /// Entries pushed so far, dropped ones included: the next entry's sequence number.
+    pushed: u64,
 }
 
 impl Default for TraceLog {
@@ -108,7 +130,12 @@ impl Default for TraceLog {
 impl TraceLog {
     /// A log keeping at most `capacity` entries.
     pub fn new(capacity: usize) -> TraceLog {
-        TraceLog { entries: VecDeque::new(), capacity: capacity.max(1), dropped: 0, blocks: HashMap::new(), segments: HashMap::new() }
+        TraceLog { entries: VecDeque::new(), capacity: capacity.max(1), dropped: 0, blocks: HashMap::new(), segments: HashMap::new(), pushed: 0 }
+    }
+
+    /// The sequence number of the oldest entry kept.
+    fn first_seq(&self) -> u64 {
+        self.pushed - self.entries.len() as u64
     }
 
     /// Entries kept, oldest first.
@@ -122,6 +149,21 @@ impl TraceLog {
             self.dropped += 1;
         }
         self.entries.push_back(e);
+        self.pushed += 1;
+    }
+
+    /// The segment of `state` that holds `addr` in `pid`'s space on `device`.
+    fn segment_of<'s>(state: &'s State, pid: u32, device: i16, addr: u64) -> Option<&'s crate::map::Segment> {
+        state.spaces.get(&(pid, device)).and_then(|s| s.map.segment_at(addr))
+    }
+
+    /// Notes that a caching allocator owns the segment that holds `addr`.
+    fn mark_framework(&mut self, state: &State, pid: u32, device: i16, addr: u64) {
+        if let Some(start) = Self::segment_of(state, pid, device, addr).map(|g| g.start) {
+            if let Some(seen) = self.segments.get_mut(&(pid, start)) {
+                seen.framework = true;
+            }
+        }
     }
 
     /// The device of an event whose source did not know it: the process's space that holds the
@@ -140,7 +182,7 @@ impl TraceLog {
     pub fn observe(&mut self, state: &State, ev: &Event) {
         let Some(kind) = ev.kind() else { return };
         let time_us = ev.ts_ns / 1000;
-        let base = |act, device, addr, size| Entry { pid: ev.pid, device, act, addr, size, stream: ev.stream, time_us, device_free: None };
+        let base = |act, device, addr, size| Entry { pid: ev.pid, device, act, addr, size, stream: ev.stream, time_us, device_free: None, driver_only: false };
         match kind {
             EventKind::AllocFailed => {
                 let device = if ev.device >= 0 { ev.device } else { 0 };
@@ -151,7 +193,12 @@ impl TraceLog {
                 let device = self.device_of(state, ev, None);
                 let requested = if ev.requested > 0 || ev.flags & F_BLOCK_SIZE_KNOWN == 0 { ev.requested } else { ev.size };
                 self.blocks.insert((ev.pid, ev.addr), (device, requested));
+                self.mark_framework(state, ev.pid, device, ev.addr);
                 self.push(base(Act::Alloc, device, ev.addr, requested));
+            }
+            EventKind::Adopt if ev.addr != 0 => {
+                let device = self.device_of(state, ev, None);
+                self.mark_framework(state, ev.pid, device, ev.addr);
             }
             EventKind::BlockFree => {
                 let known = self.blocks.remove(&(ev.pid, ev.addr));
@@ -162,15 +209,26 @@ impl TraceLog {
             }
             EventKind::MemAlloc | EventKind::MemAllocPitch | EventKind::MemAllocManaged | EventKind::PoolAlloc => {
                 let device = self.device_of(state, ev, None);
-                self.segments.insert((ev.pid, ev.addr), (device, ev.size));
+                // A pool allocation is what a stream-ordered cache hands out: never driver-only.
+                let framework = kind == EventKind::PoolAlloc
+                    || Self::segment_of(state, ev.pid, device, ev.addr).is_some_and(|g| g.framework);
+                let seen = SegSeen { device, size: ev.size, seq: self.pushed, framework };
+                self.segments.insert((ev.pid, ev.addr), seen);
                 self.push(base(Act::SegmentAlloc, device, ev.addr, ev.size));
             }
             EventKind::MemFree | EventKind::PoolFree => {
                 let known = self.segments.remove(&(ev.pid, ev.addr));
-                let device = self.device_of(state, ev, known.map(|k| k.0));
-                let size = known.map_or(ev.size, |k| k.1);
+                let device = self.device_of(state, ev, known.map(|k| k.device));
+                let size = known.map_or(ev.size, |k| k.size);
                 self.blocks.retain(|(p, a), _| !(*p == ev.pid && *a >= ev.addr && *a < ev.addr + size));
-                self.push(base(Act::SegmentFree, device, ev.addr, size));
+                let driver_only = known.is_some_and(|k| !k.framework);
+                if let Some(k) = known.filter(|_| driver_only) {
+                    if k.seq >= self.first_seq() {
+                        let i = (k.seq - self.first_seq()) as usize;
+                        self.entries[i].driver_only = true;
+                    }
+                }
+                self.push(Entry { driver_only, ..base(Act::SegmentFree, device, ev.addr, size) });
             }
             EventKind::Map => {
                 let device = self.device_of(state, ev, None);
@@ -197,6 +255,11 @@ fn write_frames(w: &mut Writer) {
     w.str("frames");
     w.begin_list();
     w.end();
+}
+
+/// Driver memory no caching allocator owns (pool allocations are a cache's).
+fn driver_only(seg: &crate::map::Segment) -> bool {
+    !seg.framework && seg.kind != SegmentKind::Pool
 }
 
 fn write_segment(w: &mut Writer, s: &ProcessDevice, seg: &crate::map::Segment) {
@@ -240,6 +303,10 @@ fn write_segment(w: &mut Writer, s: &ProcessDevice, seg: &crate::map::Segment) {
     w.tuple2_uint(0, 0);
     w.str("is_expandable");
     w.bool(seg.kind == SegmentKind::Mapped);
+    if driver_only(seg) {
+        w.str("gpufrag_driver_only");
+        w.bool(true);
+    }
     write_frames(w);
     w.str("blocks");
     w.begin_list();
@@ -290,8 +357,26 @@ pub fn snapshot_pickle(state: &State, log: Option<&TraceLog>, pid: Option<u32>) 
     let spaces: Vec<&ProcessDevice> = state.spaces.values().filter(|s| pid.map_or(true, |p| s.pid == p)).collect();
     let rules = spaces.first().map(|s| s.map.rules().clone()).unwrap_or_default();
     let expandable = spaces.iter().any(|s| s.map.segments().any(|g| g.kind == SegmentKind::Mapped && g.framework));
-    let entries: Vec<&Entry> = log.map(|l| l.entries().filter(|e| pid.map_or(true, |p| e.pid == p)).collect()).unwrap_or_default();
-    let max_device = spaces.iter().map(|s| s.device).chain(entries.iter().map(|e| e.device)).max().unwrap_or(0).max(0);
+    // Each kept entry with whether it is about driver-only memory: said at the segment's free,
+    // or, for memory still held (segments allocated in the log, mapped ranges), by the final state.
+    let held_driver_only = |e: &Entry| {
+        matches!(e.act, Act::SegmentAlloc | Act::SegmentMap | Act::SegmentUnmap)
+            && TraceLog::segment_of(state, e.pid, e.device, e.addr).is_some_and(driver_only)
+    };
+    let entries: Vec<(&Entry, bool)> = log
+        .map(|l| {
+            let open: std::collections::HashSet<u64> = l.segments.values().map(|s| s.seq).collect();
+            l.entries()
+                .zip(l.first_seq()..)
+                .filter(|(e, _)| pid.map_or(true, |p| e.pid == p))
+                .map(|(e, seq)| {
+                    let still_held = e.act != Act::SegmentAlloc || open.contains(&seq);
+                    (e, e.driver_only || (still_held && held_driver_only(e)))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let max_device = spaces.iter().map(|s| s.device).chain(entries.iter().map(|(e, _)| e.device)).max().unwrap_or(0).max(0);
 
     let mut w = Writer::new();
     w.begin_dict();
@@ -307,7 +392,7 @@ pub fn snapshot_pickle(state: &State, log: Option<&TraceLog>, pid: Option<u32>) 
     w.begin_list();
     for d in 0..=max_device {
         w.begin_list();
-        for e in entries.iter().filter(|e| e.device == d) {
+        for (e, driver_only) in entries.iter().filter(|(e, _)| e.device == d) {
             w.begin_dict();
             w.kv_str("action", e.act.name());
             w.kv_uint("addr", e.addr);
@@ -316,6 +401,10 @@ pub fn snapshot_pickle(state: &State, log: Option<&TraceLog>, pid: Option<u32>) 
             w.kv_uint("time_us", e.time_us);
             if let Some(free) = e.device_free {
                 w.kv_uint("device_free", free);
+            }
+            if *driver_only {
+                w.str("gpufrag_driver_only");
+                w.bool(true);
             }
             write_frames(&mut w);
             w.end();
