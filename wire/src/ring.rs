@@ -253,9 +253,7 @@ impl Ring {
         #[cfg(target_arch = "x86_64")]
         {
             let first = self.base.wrapping_add(self.slot_off(pos));
-            let last = first.wrapping_add(SLOT_BYTES - 1);
-            prefetch_for_write(first);
-            prefetch_for_write(last);
+            prefetch_for_write(first, first.wrapping_add(SLOT_BYTES - 1));
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = pos;
@@ -371,11 +369,12 @@ unsafe fn write_event(p: *mut u8, ev: &Event) {
     };
 }
 
-/// A write prefetch of `p`'s line (`prefetchw` where the CPU has it, else a read prefetch into
-/// every level). Prefetches never fault, so `p` need not be mapped.
+/// Write prefetches of the lines of `a` and `b` (`prefetchw` where the CPU has it, else read
+/// prefetches into every level; the CPU is asked once per process). Prefetches never fault, so
+/// neither address need be mapped.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn prefetch_for_write(p: *const u8) {
+fn prefetch_for_write(a: *const u8, b: *const u8) {
     /// 0: not yet asked, 1: no `prefetchw`, 2: `prefetchw` (CPUID 0x8000_0001 ECX bit 8, PRFCHW).
     static PRFCHW: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
     let mut has = PRFCHW.load(Ordering::Relaxed);
@@ -389,10 +388,15 @@ fn prefetch_for_write(p: *const u8) {
     }
     if has == 2 {
         // SAFETY: a prefetch is a hint: it reads nothing architecturally and cannot fault.
-        unsafe { std::arch::asm!("prefetchw byte ptr [{}]", in(reg) p, options(nostack, readonly, preserves_flags)) };
+        unsafe {
+            std::arch::asm!("prefetchw byte ptr [{}]", "prefetchw byte ptr [{}]", in(reg) a, in(reg) b, options(nostack, readonly, preserves_flags))
+        };
     } else {
         // SAFETY: as above; SSE is part of x86_64.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast()) };
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(a.cast());
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(b.cast());
+        }
     }
 }
 
