@@ -16,6 +16,8 @@
 
 use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_DEVICE_FREE_KNOWN, F_FAILED, F_FRAMEWORK_OWNED, F_SRC_SNAPSHOT};
 
+use super::model::{Action, Snapshot, TraceEntry};
+
 /// `F_FRAMEWORK_OWNED` unless the entry or segment is driver memory.
 fn owner_flags(driver_only: bool) -> u32 {
     if driver_only {
@@ -24,8 +26,6 @@ fn owner_flags(driver_only: bool) -> u32 {
         F_FRAMEWORK_OWNED
     }
 }
-
-use super::model::{Action, Snapshot, TraceEntry};
 
 /// `CUDA_ERROR_OUT_OF_MEMORY`.
 pub const CUDA_ERROR_OUT_OF_MEMORY: i32 = 2;
