@@ -6,7 +6,7 @@
 
 use crate::cli::attach::{probe_error, trace, LoopOptions};
 use crate::cli::run::Live;
-use crate::ebpf::session::{Session, SessionOptions, Target};
+use crate::ebpf::session::{Session, Target};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -30,15 +30,9 @@ pub struct Args {
     /// Keep exited processes' final maps (for the summary) instead of dropping them.
     #[arg(long)]
     pub keep_exited: bool,
-    /// Also probe this library up front: a libcuda.so* or a libc10_cuda.so* (by file name).
-    #[arg(long = "lib", alias = "libcuda", value_name = "PATH")]
-    pub libs: Vec<PathBuf>,
-    /// Ring buffer bytes (a power of two, at least 4096).
-    #[arg(long, value_name = "BYTES")]
-    pub ring_bytes: Option<u32>,
-    /// Milliseconds between scans of /proc for new processes and libraries.
-    #[arg(long, default_value_t = 250, value_name = "MS")]
-    pub scan_interval_ms: u64,
+    /// Probes.
+    #[command(flatten)]
+    pub probe: crate::cli::attach::ProbeArgs,
     /// Metrics export.
     #[command(flatten)]
     pub export: crate::export::ExportArgs,
@@ -49,23 +43,9 @@ pub struct Args {
 
 /// Runs `agent`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
-    if let Some(n) = args.ring_bytes {
-        if !n.is_power_of_two() || n < 4096 {
-            anyhow::bail!("--ring-bytes must be a power of two of at least 4096, not {n}");
-        }
-    }
-    let opts = SessionOptions {
-        target: Target::All,
-        libs: args.libs.clone(),
-        scan_interval: Duration::from_millis(args.scan_interval_ms.max(10)),
-        ring_bytes: args.ring_bytes,
-        forget_on_exit: !args.keep_exited,
-        drain_delay: Duration::ZERO,
-    };
+    let opts = args.probe.session_options(Target::All, !args.keep_exited, Duration::ZERO)?;
     let session = Session::start(opts, "gpufrag agent").map_err(probe_error)?;
-    let mut live = Live::new(args.record.as_deref(), args.quiet)?;
-    live.observers.extend(crate::export::observers(&args.export)?);
-    live.observers.extend(crate::views::observers(&args.views, args.summary_json.as_deref())?);
+    let live = Live::with_outputs(args.record.as_deref(), args.quiet, &args.export, &args.views, args.summary_json.as_deref())?;
     if !args.quiet {
         eprintln!("[gpufrag] agent: tracing every GPU process ({} probes)", session.link_count());
     }

@@ -11,7 +11,7 @@ use crate::cli::run::Live;
 use crate::ebpf::session::{Session, SessionOptions, Target};
 use crate::ebpf::ProbeError;
 use anyhow::Context;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,7 +34,24 @@ pub struct Args {
     /// No live status line and no summary on stderr (files are still written).
     #[arg(long, short)]
     pub quiet: bool,
-    /// Also probe this library up front, before the process maps it: a libcuda.so* or a
+    /// Probes.
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+    /// Testing: milliseconds to sleep between ring drains (forces overflow with a small ring).
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub drain_delay_ms: u64,
+    /// Metrics export.
+    #[command(flatten)]
+    pub export: crate::export::ExportArgs,
+    /// Reports and live views.
+    #[command(flatten)]
+    pub views: crate::views::ViewArgs,
+}
+
+/// The probe options `attach` and `agent` share.
+#[derive(clap::Args, Debug)]
+pub struct ProbeArgs {
+    /// Also probe this library up front, before a process maps it: a libcuda.so* or a
     /// libc10_cuda.so* (PyTorch's blocks), by file name. Repeatable.
     #[arg(long = "lib", alias = "libcuda", value_name = "PATH")]
     pub libs: Vec<PathBuf>,
@@ -45,15 +62,25 @@ pub struct Args {
     /// Milliseconds between scans of /proc for new processes and libraries.
     #[arg(long, default_value_t = 250, value_name = "MS")]
     pub scan_interval_ms: u64,
-    /// Testing: milliseconds to sleep between ring drains (forces overflow with a small ring).
-    #[arg(long, default_value_t = 0, hide = true)]
-    pub drain_delay_ms: u64,
-    /// Metrics export.
-    #[command(flatten)]
-    pub export: crate::export::ExportArgs,
-    /// Reports and live views.
-    #[command(flatten)]
-    pub views: crate::views::ViewArgs,
+}
+
+impl ProbeArgs {
+    /// The session these options describe, for `target`; an error names a bad `--ring-bytes`.
+    pub fn session_options(&self, target: Target, forget_on_exit: bool, drain_delay: Duration) -> anyhow::Result<SessionOptions> {
+        if let Some(n) = self.ring_bytes {
+            if !n.is_power_of_two() || n < 4096 {
+                anyhow::bail!("--ring-bytes must be a power of two of at least 4096, not {n}");
+            }
+        }
+        Ok(SessionOptions {
+            target,
+            libs: self.libs.clone(),
+            scan_interval: Duration::from_millis(self.scan_interval_ms.max(10)),
+            ring_bytes: self.ring_bytes,
+            forget_on_exit,
+            drain_delay,
+        })
+    }
 }
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -95,15 +122,7 @@ pub fn trace(mut session: Session, mut live: Live, opts: LoopOptions<'_>) -> any
     let mut last_status = Instant::now();
     loop {
         session.step(&mut live, Duration::from_millis(100));
-        if last_status.elapsed() >= Duration::from_millis(500) {
-            last_status = Instant::now();
-            live.tick();
-            if tty {
-                let mut e = std::io::stderr().lock();
-                let _ = write!(e, "\r\x1b[K{}", live.status_line());
-                let _ = e.flush();
-            }
-        }
+        live.status_tick(&mut last_status, tty);
         if INTERRUPTED.load(Ordering::Relaxed) || opts.duration.is_some_and(|d| started.elapsed() >= d) || !session.target_alive() {
             break;
         }
@@ -138,29 +157,16 @@ pub fn trace(mut session: Session, mut live: Live, opts: LoopOptions<'_>) -> any
 
 /// Runs `attach`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
-    if let Some(n) = args.ring_bytes {
-        if !n.is_power_of_two() || n < 4096 {
-            anyhow::bail!("--ring-bytes must be a power of two of at least 4096, not {n}");
-        }
-    }
-    let opts = SessionOptions {
-        target: Target::Pid { pid: args.pid, follow: args.follow },
-        libs: args.libs.clone(),
-        scan_interval: Duration::from_millis(args.scan_interval_ms.max(10)),
-        ring_bytes: args.ring_bytes,
-        forget_on_exit: false,
-        drain_delay: Duration::from_millis(args.drain_delay_ms),
-    };
+    let target = Target::Pid { pid: args.pid, follow: args.follow };
+    let opts = args.probe.session_options(target, false, Duration::from_millis(args.drain_delay_ms))?;
     let session = Session::start(opts, "gpufrag attach").map_err(probe_error)?;
-    let mut live = Live::new(args.record.as_deref(), args.quiet)?;
-    live.observers.extend(crate::export::observers(&args.export)?);
-    live.observers.extend(crate::views::observers(&args.views, args.summary_json.as_deref())?);
+    let live = Live::with_outputs(args.record.as_deref(), args.quiet, &args.export, &args.views, args.summary_json.as_deref())?;
     if !args.quiet {
         eprintln!("[gpufrag] attached to pid {} ({} probes)", args.pid, session.link_count());
         if !session.driver_probed() {
             eprintln!(
                 "[gpufrag] pid {} maps no libcuda yet and none was found where it would load one: waiting for it (scanning /proc every {} ms; --lib PATH probes a library up front)",
-                args.pid, args.scan_interval_ms
+                args.pid, args.probe.scan_interval_ms
             );
         }
     }

@@ -127,6 +127,36 @@ pub struct Live {
 const OOM_HOLD: Duration = Duration::from_millis(500);
 
 impl Live {
+    /// A live state with every output the command line asked for: the record file, the metrics
+    /// exporters, the reports and live views (`run`, `attach` and `agent` alike).
+    pub fn with_outputs(
+        record: Option<&Path>,
+        quiet: bool,
+        export: &crate::export::ExportArgs,
+        views: &crate::views::ViewArgs,
+        summary_json: Option<&Path>,
+    ) -> anyhow::Result<Live> {
+        let mut live = Live::new(record, quiet)?;
+        live.observers.extend(crate::export::observers(export)?);
+        live.observers.extend(crate::views::observers(views, summary_json)?);
+        Ok(live)
+    }
+
+    /// Once 500 ms have passed since `last`: the periodic work ([`Live::tick`]) and, on a
+    /// terminal (`tty`), the status line redrawn in place on stderr.
+    pub fn status_tick(&mut self, last: &mut Instant, tty: bool) {
+        if last.elapsed() < Duration::from_millis(500) {
+            return;
+        }
+        *last = Instant::now();
+        self.tick();
+        if tty {
+            let mut e = std::io::stderr().lock();
+            let _ = write!(e, "\r\x1b[K{}", self.status_line());
+            let _ = e.flush();
+        }
+    }
+
     /// A live state; `record` receives every applied event.
     pub fn new(record: Option<&Path>, quiet: bool) -> anyhow::Result<Live> {
         let record = match record {
@@ -344,9 +374,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         cmd.env("PYTHONPATH", prepend_path("PYTHONPATH", &dir));
         cmd.env("GPUFRAG_PY_INTERVAL", args.python_interval.to_string());
     }
-    let mut live = Live::new(args.record.as_deref(), args.quiet)?;
-    live.observers.extend(crate::export::observers(&args.export)?);
-    live.observers.extend(crate::views::observers(&args.views, args.summary_json.as_deref())?);
+    let mut live = Live::with_outputs(args.record.as_deref(), args.quiet, &args.export, &args.views, args.summary_json.as_deref())?;
     // SAFETY: installs plain handlers; forward_signal only calls kill.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
@@ -364,15 +392,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {}
         }
-        if last_status.elapsed() >= Duration::from_millis(500) {
-            last_status = Instant::now();
-            live.tick();
-            if tty {
-                let mut e = std::io::stderr().lock();
-                let _ = write!(e, "\r\x1b[K{}", live.status_line());
-                let _ = e.flush();
-            }
-        }
+        live.status_tick(&mut last_status, tty);
         if let Some(st) = child.try_wait()? {
             break st;
         }
