@@ -27,7 +27,6 @@
 
 use std::cell::Cell;
 use std::ffi::CStr;
-use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
 use gpufrag_wire::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_FAILED, F_SRC_SHIM};
@@ -115,24 +114,26 @@ fn this_thread_slow() -> &'static ThreadState {
     unsafe { &*p }
 }
 
-/// Held while a wrapper runs the real call and records it; dropping it re-arms the thread.
+/// Held while a wrapper runs the real call and records it; dropping it re-arms the thread. It
+/// holds the thread's state (found once at `enter`), so it cannot leave the thread.
 pub struct Guard {
-    _thread_bound: PhantomData<*const ()>,
+    thread: &'static ThreadState,
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        this_thread().in_hook.set(0);
+        self.thread.in_hook.set(0);
     }
 }
 
 /// Enters a wrapper: `Some` when this call should be recorded (tracing on, not nested).
 #[inline]
 pub fn enter() -> Option<Guard> {
-    if this_thread().in_hook.replace(1) != 0 {
+    let thread = this_thread();
+    if thread.in_hook.replace(1) != 0 {
         return None;
     }
-    let guard = Guard { _thread_bound: PhantomData };
+    let guard = Guard { thread };
     state::active().then_some(guard)
 }
 
@@ -162,8 +163,7 @@ fn gettid() -> u32 {
 /// id is looked up and a lane assigned (`state::assign_lane`: the first K/2 threads each have one
 /// to themselves; it also brings the lane's pages into memory).
 #[inline]
-fn thread_ids() -> (u32, u32) {
-    let t = this_thread();
+fn thread_ids(t: &ThreadState) -> (u32, u32) {
     match t.tid.get() {
         0 => {
             let tid = gettid();
@@ -295,7 +295,7 @@ fn event(ts_ns: u64, kind: EventKind, device: i16, rc: i32) -> Event {
     Event {
         ts_ns,
         pid: state::pid(),
-        tid: thread_ids().0,
+        tid: thread_ids(this_thread()).0,
         kind: kind as u16,
         device,
         rc,
@@ -309,11 +309,12 @@ fn event(ts_ns: u64, kind: EventKind, device: i16, rc: i32) -> Event {
 #[inline]
 fn push(ev: &Event) {
     if let Some(lanes) = state::ring() {
-        let lane = thread_ids().1;
+        let t = this_thread();
+        let lane = thread_ids(t).1;
         if lane & state::LANE_EXCLUSIVE != 0 {
             // SAFETY: assign_lane gives an exclusive lane to one thread only, and that thread
             // pushes nowhere else; its limit was reset when the lane was assigned.
-            unsafe { lanes.push_exclusive(lane & !state::LANE_EXCLUSIVE, ev, &this_thread().limit) };
+            unsafe { lanes.push_exclusive(lane & !state::LANE_EXCLUSIVE, ev, &t.limit) };
         } else {
             lanes.push(lane, ev);
         }
