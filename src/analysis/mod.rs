@@ -45,6 +45,18 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// Every verdict, in the order exported counts list them ([`Verdict::index`]).
+    pub const ALL: [Verdict; 3] = [Verdict::TrueOom, Verdict::Fragmentation, Verdict::Inconclusive];
+
+    /// This verdict's place in [`Verdict::ALL`].
+    pub fn index(self) -> usize {
+        match self {
+            Verdict::TrueOom => 0,
+            Verdict::Fragmentation => 1,
+            Verdict::Inconclusive => 2,
+        }
+    }
+
     /// The JSON / display name.
     pub fn name(self) -> &'static str {
         match self {
