@@ -5,7 +5,6 @@
 //! verdict with the numbers that prove it and the fix, the size distributions, and the
 //! [`summary::Summary`] that `analyze --json`, `run` and `attach` all write.
 
-pub mod histogram;
 pub mod render;
 pub mod summary;
 

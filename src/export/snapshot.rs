@@ -9,7 +9,7 @@
 //! process series in one export.
 
 use super::gpu::GpuIds;
-use crate::analysis::histogram::{SizeStats, BUCKET_BOUNDS};
+use crate::ingest::histogram::{SizeStats, BUCKET_BOUNDS};
 use crate::analysis::{OomInputs, Verdict};
 use crate::event::EventKind;
 use crate::ingest::State;
