@@ -106,6 +106,9 @@ fn exit_code_of(status: ExitStatus) -> u8 {
     }
 }
 
+/// Messages applied between two looks at the child and the clock.
+const RECV_BATCH: usize = 4096;
+
 /// Runs `run`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let preload = find_preload(args.preload.as_deref())?;
@@ -145,7 +148,15 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let mut last_status = Instant::now();
     let status = loop {
         match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(m) => live.handle(m),
+            Ok(m) => {
+                live.handle(m);
+                // What else is queued, before the periodic work and the look at the child: one
+                // `wait4` and one clock read per message cost this thread as much as applying
+                // the message, and it shares the machine with the drainer and the program.
+                for m in rx.try_iter().take(RECV_BATCH) {
+                    live.handle(m);
+                }
+            }
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {}
         }

@@ -136,7 +136,12 @@ impl Drop for Consumer {
 }
 
 fn accept_loop(listener: UnixListener, shared: Arc<Shared>, tx: Sender<Msg>) {
+    use std::os::fd::AsRawFd;
+    let mut prefaulters: Vec<conn::LanePrefaulter> = Vec::new();
     while !shared.stop.load(Ordering::Acquire) {
+        // The lanes threads are about to be given, brought into memory here, never by the
+        // drainer (a lane of 64 Ki events is 5.5 MiB to clear).
+        prefaulters.retain_mut(conn::LanePrefaulter::run);
         match listener.accept() {
             Ok((stream, _)) => {
                 let _ = stream.set_nonblocking(false);
@@ -145,11 +150,16 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>, tx: Sender<Msg>) {
                         shared.connections.fetch_add(1, Ordering::Relaxed);
                         shared.open.fetch_add(1, Ordering::Relaxed);
                         let hello = ring.hello;
+                        let mut prefaulter = ring.prefaulter();
                         if let Ok(mut rings) = shared.rings.lock() {
                             rings.push(ring);
                         }
                         if let Ok(mut p) = shared.pending.lock() {
                             p.push_back(Msg::Connected { hello });
+                        }
+                        // Lane 0 now: the process's first thread is about to need it.
+                        if prefaulter.run() {
+                            prefaulters.push(prefaulter);
                         }
                     }
                     Ok(conn::Accepted::Python(hello, stream)) => {
@@ -167,16 +177,31 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>, tx: Sender<Msg>) {
                     }
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // Wait for the next connection (accepted the moment it comes: the process is
+                // starting and its first events are on their way) or the next prefault check.
+                let mut p = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: one pollfd we own, a bounded timeout.
+                unsafe { libc::poll(&mut p, 1, ACCEPT_POLL_MS) };
+            }
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     }
 }
 
+/// How often the acceptor looks at stop requests and lanes handed out, at most (milliseconds).
+const ACCEPT_POLL_MS: libc::c_int = 5;
+
 /// Events drained from one process per pass before moving to the next.
 const BATCH: usize = 4096;
 
 fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
+    // The process's one TSC calibration blocks its first caller for 10 ms: make it now, before
+    // any process connects, not at the first drain of a region stamped in ticks (a process
+    // bursting events at start-up would fill its lane meanwhile).
+    if gpufrag_wire::clock::invariant_tsc() {
+        let _ = gpufrag_wire::clock::shared_model();
+    }
     let mut idle = 0u32;
     loop {
         let stopping = shared.stop.load(Ordering::Acquire);
