@@ -30,9 +30,11 @@ one() { # tag, then the command; keeps the RESULT lines, tagged
 # The extension first (cached for every later run), and what the installed header says.
 one compile python3 $G/scale_step.py compile
 grep -A60 '^HEADER' $L | head -80 > $W/header.txt
+# Without the extension, no tracker runs (each would spend a minute failing to build it again).
+TRACKER=tracker; grep -q 'probe=compile' $R || { TRACKER=""; echo "RESULT tracker unavailable: the extension did not build (log.txt)" | tee -a $R; }
 for r in $(seq 1 $ROUNDS); do
   for held in 100000 0; do
-    modes="bare run tracker history adaptive"; [ $held = 0 ] && modes="bare run tracker"
+    modes="bare run $TRACKER history adaptive"; [ $held = 0 ] && modes="bare run $TRACKER"
     for mode in $modes; do
       [ $(left) -gt 60 ] || { echo "RESULT skipped round=$r held=$held mode=$mode (time)" | tee -a $R; continue; }
       if [ $mode = run ]; then
