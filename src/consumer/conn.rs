@@ -59,7 +59,8 @@ impl Drop for Region {
 }
 
 /// Keeps one lane beyond those a process has handed out in memory ([`Prefault`]), through the
-/// consumer's mapping: run by the acceptor thread, so the drainer never waits on it.
+/// consumer's mapping: run by the consumer's prefault thread, so that neither the acceptor nor
+/// the drainer waits on it.
 pub struct LanePrefaulter {
     region: Arc<Region>,
     lanes: Lanes,
