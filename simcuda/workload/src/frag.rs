@@ -1,4 +1,4 @@
-//! The two fragmentation scenarios: `frag-oom`, the H200 run of `shared/gpu/frag_oom.py`
+//! The two fragmentation scenarios: `frag-oom`, the H200 run of the PyTorch program `frag_oom.py` that recorded `tests/fixtures/frag_oom.pickle`
 //! (memory stranded inside the caching allocator's segments makes a 2.5 GiB request fail while
 //! more than that is free in total), and `small-pages` (sub-2 MiB allocations share 2 MiB pages,
 //! so freeing every other 1 MiB allocation frees no page, and 2 MiB fails).
