@@ -123,7 +123,7 @@ pub fn small_pages(n: Option<u64>) -> Outcome {
     let (free0, _) = mem_info()?;
     let mut ptrs = Vec::new();
     let mut fill_rc = 0;
-    while n.map_or(true, |n| (ptrs.len() as u64) < n) {
+    while n.is_none_or(|n| (ptrs.len() as u64) < n) {
         match cuda_malloc(MIB) {
             Ok(p) => ptrs.push(p),
             Err(rc) if n.is_none() => {
