@@ -17,6 +17,7 @@ pub mod map;
 pub mod observe;
 pub mod record;
 pub mod rules;
+pub mod sim;
 pub mod snapshot;
 pub mod units;
 pub mod views;

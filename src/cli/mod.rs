@@ -9,6 +9,7 @@ pub mod attach;
 pub mod report;
 pub mod run;
 pub mod top;
+pub mod whatif;
 
 use clap::{Parser, Subcommand};
 use std::io::Write;
@@ -41,6 +42,9 @@ pub enum Command {
     Attach(attach::Args),
     /// Trace every GPU process of this node through eBPF; needs CAP_BPF and CAP_PERFMON.
     Agent(agent::Args),
+    /// Replay a trace under other allocator settings and memory limits (a simulation of
+    /// PyTorch's caching allocator, checked against the trace first).
+    Whatif(whatif::Args),
 }
 
 /// An error whose exit code is fixed: the input cannot be used (2).
@@ -74,6 +78,7 @@ pub fn main() -> ExitCode {
         Command::Top(args) => top::run(&args),
         Command::Attach(args) => attach::run(&args),
         Command::Agent(args) => agent::run(&args),
+        Command::Whatif(args) => whatif::run(&args),
     };
     match result {
         Ok(code) => code,
