@@ -80,8 +80,8 @@ pub struct Limits {
     pub device_total: u64,
 }
 
-/// The default device total when none is known: an H200's `cudaMemGetInfo` total.
-pub const DEFAULT_DEVICE_TOTAL: u64 = 150_754_820_096;
+/// The default device total when none is known: an H200's `cudaMemGetInfo` total (PyTorch 2.11, driver 580).
+pub const DEFAULT_DEVICE_TOTAL: u64 = 150_109_880_320;
 
 impl Default for Limits {
     fn default() -> Self {

@@ -39,6 +39,9 @@ fn op_text(op: &DeviceOp) -> String {
 /// Runs the self-check of `stream` under `limits` (the trace's own: its memory fraction if the
 /// caller knows it, and the device capacity the trace's first OOM implies).
 pub fn self_check(stream: &RequestStream, limits: &Limits) -> Check {
+    if !stream.unattributed.is_empty() {
+        return sequence_check(stream, limits);
+    }
     let mut a = Allocator::new(stream.conf.clone(), limits.clone(), Addresses::Replay);
     let mut ptrs: Vec<u64> = Vec::with_capacity(stream.requests.len() / 2 + 1);
     let (mut ops_compared, mut blocks_compared) = (0, 0);
@@ -168,9 +171,63 @@ fn compare_ops(stream: &RequestStream, r: usize, sim: &[DeviceOp], recorded: &[D
                     (Some(s), None) => format!("the simulation does {} where the trace records nothing", op_text(s)),
                     (None, None) => unreachable!(),
                 };
+                let limited = matches!(t, Some(DeviceOp::SegmentFree { .. } | DeviceOp::Unmap { .. }))
+                    && !matches!(s, Some(DeviceOp::SegmentFree { .. } | DeviceOp::Unmap { .. }));
+                let what = if limited {
+                    format!("{what}; the trace's allocator returned cached memory first, so a limit refused its first try: the program ran under a memory fraction or with less device memory than the simulation was given (pass --memory-limit or --device-memory)")
+                } else {
+                    what
+                };
                 return Some(Divergence { entry, what });
             }
         }
     }
     None
+}
+
+/// The self-check of a record whose driver calls are not attributed to requests: the whole
+/// sequence of driver calls (kind and size, in order) must match.
+fn sequence_check(stream: &RequestStream, limits: &Limits) -> Check {
+    let mut a = Allocator::new(stream.conf.clone(), limits.clone(), Addresses::Model);
+    let mut ptrs: Vec<u64> = Vec::new();
+    let mut sim_ops: Vec<(DeviceOp, usize)> = Vec::new();
+    for req in &stream.requests {
+        match *req {
+            Request::Alloc { size, stream: s, .. } => ptrs.push(a.malloc(size, s).unwrap_or(0)),
+            Request::FreeRequested { alloc, .. } => {
+                if ptrs[alloc as usize] != 0 {
+                    a.free_requested(ptrs[alloc as usize]);
+                }
+            }
+            Request::FreeCompleted { alloc, .. } => {
+                if ptrs[alloc as usize] != 0 {
+                    a.free_completed(ptrs[alloc as usize]);
+                }
+            }
+            Request::EmptyCache { .. } => a.empty_cache(),
+        }
+        sim_ops.extend(a.take_ops().into_iter().map(|o| (o, req.entry())));
+    }
+    let kind_size = |o: &DeviceOp| (o.name(), o.extent().1);
+    let n = sim_ops.len().max(stream.unattributed.len());
+    for k in 0..n {
+        let (s, t) = (sim_ops.get(k), stream.unattributed.get(k));
+        if s.map(|x| kind_size(&x.0)) == t.map(kind_size) {
+            continue;
+        }
+        let what = match (s, t) {
+            (Some((s, _)), Some(t)) => format!("driver call {k}: the record has {} of {} bytes, the simulation {} of {} bytes", t.name(), t.extent().1, s.name(), s.extent().1),
+            (None, Some(t)) => format!("driver call {k}: the record has {} of {} bytes, the simulation no more calls", t.name(), t.extent().1),
+            (Some((s, _)), None) => format!("driver call {k}: the simulation makes {} of {} bytes, the record no more calls", s.name(), s.extent().1),
+            (None, None) => unreachable!(),
+        };
+        return Check {
+            faithful: false,
+            divergence: Some(Divergence { entry: s.map(|x| x.1), what }),
+            ops_compared: k,
+            blocks_compared: 0,
+            limits: limits.clone(),
+        };
+    }
+    Check { faithful: true, divergence: None, ops_compared: n, blocks_compared: 0, limits: limits.clone() }
 }

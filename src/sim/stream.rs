@@ -88,6 +88,10 @@ pub struct RequestStream {
     pub peak_reserved: u64,
     /// What kind of source: "snapshot" or "record".
     pub source: &'static str,
+    /// Driver ops of a record whose block events were not written between its driver calls (the
+    /// Python hook hands PyTorch's history over at exit): in order, attributed to no request.
+    /// The self-check then compares the sequence of driver calls (kind and size) only.
+    pub unattributed: Vec<DeviceOp>,
     /// Things the reader should know.
     pub notes: Vec<String>,
 }
@@ -103,14 +107,17 @@ impl RequestStream {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StreamError {
     /// A snapshot with segments and no trace.
-    #[error("the snapshot has no allocation history (segments only): whatif needs every allocation from the first one; record it with torch.cuda.memory._record_memory_history(max_entries=1000000) before the first CUDA allocation, or capture the program with gpufrag run --record FILE")]
+    #[error("the snapshot has no allocation history (segments only): whatif needs every allocation from the first one; record it with torch.cuda.memory._record_memory_history(max_entries=1000000) before the first CUDA allocation, or trace the program from its start with gpufrag attach --record FILE (PyTorch's USDT probes see every block)")]
     NoHistory,
     /// Nothing at all.
     #[error("the trace holds no allocation: nothing to simulate")]
     Empty,
     /// The history does not start at the first allocation.
-    #[error("the trace does not start at the program's first allocation ({0}): the history was truncated by max_entries or began late, and its start cannot be rebuilt for another allocator setting; record again with a larger max_entries from before the first allocation (torch.cuda.memory._record_memory_history(max_entries=...)) or with gpufrag run --record")]
+    #[error("the trace does not start at the program's first allocation ({0}): the history was truncated by max_entries or began late, and its start cannot be rebuilt for another allocator setting; record again with a larger max_entries from before the first allocation (torch.cuda.memory._record_memory_history(max_entries=...)) or trace it from its start with gpufrag attach --record")]
     Truncated(String),
+    /// A record whose blocks are differences between periodic snapshots.
+    #[error("the record's blocks come from periodic snapshots of the allocator (gpufrag run's Python hook), which miss every block that lived between two of them: whatif needs each allocation; record the history with torch.cuda.memory._record_memory_history() and give whatif the snapshot, or trace the program with gpufrag attach --record (PyTorch's USDT probes see every block)")]
+    Sampled,
 }
 
 #[derive(Default)]
@@ -228,6 +235,7 @@ impl Builder {
             final_figures: None,
             peak_reserved: self.peak_reserved,
             source,
+            unattributed: Vec::new(),
             notes: Vec::new(),
         })
     }
@@ -313,6 +321,9 @@ pub fn from_events(events: &[Event]) -> Result<RequestStream, StreamError> {
             "the record holds no caching-allocator block events (BlockAlloc); record the program with gpufrag run --record, which sees PyTorch's blocks".into(),
         ));
     };
+    if events.iter().any(|e| e.pid == pid && e.device == device && e.kind == EventKind::BlockAlloc as u16 && e.flags & crate::event::F_BLOCK_SIZE_KNOWN != 0) {
+        return Err(StreamError::Sampled);
+    }
     // segments that ever held a block, or that the allocator claimed, are the allocator's
     let mut framework: Vec<(u64, u64)> = Vec::new();
     let mut segs: BTreeMap<u64, u64> = BTreeMap::new();
@@ -337,6 +348,13 @@ pub fn from_events(events: &[Event]) -> Result<RequestStream, StreamError> {
     framework.sort_unstable();
     framework.dedup();
     let is_framework = |addr: u64| framework.binary_search_by(|&(a, _)| a.cmp(&addr)).is_ok();
+    // a malloc makes at most one cudaMalloc before its block: two framework segments before the
+    // first block mean the blocks were written after the driver calls, not between them
+    let mine = |e: &&Event| e.pid == pid && e.device == device;
+    let first_block = events.iter().position(|e| mine(&e) && e.kind == EventKind::BlockAlloc as u16).unwrap_or(0);
+    let before = events[..first_block].iter().filter(mine).filter(|e| e.kind == EventKind::MemAlloc as u16 && is_framework(e.addr)).count();
+    let interleaved = before < 2;
+    let mut unattributed: Vec<DeviceOp> = Vec::new();
     let mut b = Builder::default();
     let (mut other, mut other_peak) = (0u64, 0u64);
     let mut other_segs: HashMap<u64, u64> = HashMap::new();
@@ -347,6 +365,29 @@ pub fn from_events(events: &[Event]) -> Result<RequestStream, StreamError> {
             Some(EventKind::BlockFree) => {
                 b.free(e.addr, i, false, false)?;
                 b.free(e.addr, i, true, true)?;
+            }
+            Some(EventKind::MemAlloc | EventKind::MemFree | EventKind::Map | EventKind::Unmap) if !interleaved => {
+                let op = match EventKind::from_u16(e.kind) {
+                    Some(EventKind::MemAlloc) if is_framework(e.addr) => DeviceOp::SegmentAlloc { addr: e.addr, size: e.size },
+                    Some(EventKind::MemFree) if framework.iter().any(|&(a, _)| a == e.addr) => {
+                        DeviceOp::SegmentFree { addr: e.addr, size: framework.iter().find(|&&(a, _)| a == e.addr).map_or(0, |f| f.1) }
+                    }
+                    Some(EventKind::Map) => DeviceOp::Map { addr: e.addr, size: e.size },
+                    Some(EventKind::Unmap) => DeviceOp::Unmap { addr: e.addr, size: e.size },
+                    _ => continue,
+                };
+                match (op, unattributed.last_mut()) {
+                    (DeviceOp::Map { addr, size }, Some(DeviceOp::Map { addr: a0, size: s0 })) if *a0 + *s0 == addr => *s0 += size,
+                    (DeviceOp::Unmap { addr, size }, Some(DeviceOp::Unmap { addr: a0, size: s0 })) if *a0 + *s0 == addr => *s0 += size,
+                    _ => unattributed.push(op),
+                }
+                match op {
+                    DeviceOp::SegmentAlloc { size, .. } | DeviceOp::Map { size, .. } => {
+                        b.reserved += size;
+                        b.peak_reserved = b.peak_reserved.max(b.reserved);
+                    }
+                    DeviceOp::SegmentFree { size, .. } | DeviceOp::Unmap { size, .. } => b.reserved = b.reserved.saturating_sub(size),
+                }
             }
             Some(EventKind::MemAlloc) if is_framework(e.addr) => b.op(DeviceOp::SegmentAlloc { addr: e.addr, size: e.size }, i)?,
             Some(EventKind::MemFree) if b.segments.contains_key(&e.addr) => {
@@ -401,6 +442,13 @@ pub fn from_events(events: &[Event]) -> Result<RequestStream, StreamError> {
     };
     let mut s = b.finish(conf, device, events.len(), "record")?;
     s.non_framework_peak = other_peak;
+    if !interleaved {
+        s.notes.push(format!(
+            "the record's block events were written after its driver calls ({} segment calls before the first block), not between them: the self-check compares the order and sizes of the driver calls only",
+            unattributed.len()
+        ));
+        s.unattributed = unattributed;
+    }
     s.notes.push(format!(
         "a record does not carry PYTORCH_CUDA_ALLOC_CONF: its own settings are taken to be {}",
         if expandable { "expandable_segments:True (it maps pages)" } else { "PyTorch's defaults" }
