@@ -188,9 +188,11 @@ impl Live {
             largest_free_block: o.figures.largest_free_block,
             framework: o.figures.framework_seen,
         };
+        // The live line as it stood at the failure stays on screen above the verdict.
         let clear = if std::io::stderr().is_terminal() { "\r\x1b[K" } else { "" };
         eprintln!(
-            "{clear}[gpufrag] OOM in pid {} on device {}: {} requested: {}\n[gpufrag]   {}\n[gpufrag]   fix: {}",
+            "{clear}{}\n[gpufrag] OOM in pid {} on device {}: {} requested: {}\n[gpufrag]   {}\n[gpufrag]   fix: {}",
+            self.status_line(),
             o.pid,
             o.device,
             h(o.requested),
