@@ -21,11 +21,10 @@ fn demo(scenario: &str, dir: &Path, round: usize) -> Value {
         .output()
         .expect("run gpufrag demo");
     // The demos end in an OOM: the workload's exit code says so; the summary is what counts.
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap_or_else(|e| {
+    serde_json::from_str(&std::fs::read_to_string(&summary).unwrap_or_else(|e| {
         panic!("{scenario}: no summary ({e}); stderr:\n{}", String::from_utf8_lossy(&out.stderr))
     }))
-    .expect("summary json");
-    s
+    .expect("summary json")
 }
 
 /// Busy threads, one per core, until dropped: the drainer then competes for the CPU with them
