@@ -17,6 +17,12 @@
 //! events so that nothing is dropped (a dropped event costs the producer less than a recorded one
 //! and would flatter the figures), and periodic device sampling stays at its 200 ms default.
 //!
+//! A thread's first call (issue 15): each round also runs the shim once with a consumer that
+//! prefaults no lane (each thread brings its own lane into memory at its first event, as before
+//! the consumer's `Prefault`), and the harness prints the first call's median over threads and
+//! its worst, bare, without and with prefaulting. `GPUFRAG_BENCH_START_MS` makes the child wait
+//! that long before its workers start (a program's start-up: `import torch` takes seconds).
+//!
 //! Measurement: each round is a bare run then a shimmed one, and the figure is the median over
 //! rounds of each round's difference (with its range), so that the machine drifting between
 //! rounds moves both sides of a difference alike. Calls are timed with `lfence; rdtsc` where the
