@@ -35,9 +35,9 @@ pub struct Args {
     /// Seconds between the Python hook's allocator snapshots.
     #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
     pub python_interval: f64,
-    /// Events each traced process's rings hold, all lanes together (a power of two; split evenly
-    /// over GPUFRAG_RING_LANES lanes, 16 by default); when full, events are dropped and counted,
-    /// never waited for.
+    /// Events each traced process's rings hold, all lanes together (a power of two, default
+    /// 1048576; split evenly over GPUFRAG_RING_LANES lanes, 16 by default); when full, events are
+    /// dropped and counted, never waited for.
     #[arg(long, value_name = "N")]
     pub ring_capacity: Option<u64>,
     /// The shim to preload (default: libgpufrag_preload.so next to this executable).
