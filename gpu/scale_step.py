@@ -125,23 +125,26 @@ if mode == "snapcost":
         n = blocks(); snap, pk, nb = time_snapshot()
         print(f"RESULT probe=snapshot history=context_none blocks={n} snapshot_ms={snap:.2f} pickle_ms={pk:.2f} bytes={nb}")
     torch.cuda.memory._record_memory_history(enabled=None)
-    # The tracker's cost per allocation + free pair (small tensors, the allocator's fast path).
+    del keep
+    # Cost per allocation + free pair (small tensors, the allocator's fast path): bare, with
+    # history (context=None), then with the tracker (history off), in that order.
     def pairs(n=200000):
         torch.cuda.synchronize(); t0 = time.perf_counter()
         for _ in range(n):
             t = torch.empty(256, device="cuda"); del t
         torch.cuda.synchronize(); return (time.perf_counter() - t0) / n * 1e9
-    try:
-        e = ext()
-        base = statistics.median(pairs() for _ in range(3))
-        e.attach(1 << 20)
-        with_t = statistics.median(pairs() for _ in range(3))
-        print(f"RESULT probe=pair_cost bare_ns={base:.0f} tracker_ns={with_t:.0f} added_ns={with_t - base:.0f}")
-    except Exception as ex:
-        print(f"RESULT probe=pair_cost error={type(ex).__name__}: {ex}".replace("\n", " "))
+    base = statistics.median(pairs() for _ in range(3))
     torch.cuda.memory._record_memory_history(enabled="all", context=None, max_entries=1000000)
     h = statistics.median(pairs() for _ in range(3))
-    print(f"RESULT probe=pair_cost_history_context_none ns={h:.0f}")
+    torch.cuda.memory._record_memory_history(enabled=None)
+    print(f"RESULT probe=pair_cost_history_context_none bare_ns={base:.0f} history_ns={h:.0f} added_ns={h - base:.0f}")
+    try:
+        e = ext()
+        e.attach(1 << 20)
+        with_t = statistics.median(pairs() for _ in range(3))
+        print(f"RESULT probe=pair_cost_tracker bare_ns={base:.0f} tracker_ns={with_t:.0f} added_ns={with_t - base:.0f}")
+    except Exception as ex:
+        print(f"RESULT probe=pair_cost_tracker error={type(ex).__name__}: {ex}".replace("\n", " "))
     sys.exit(0)
 
 from transformers import GPT2Config, GPT2LMHeadModel
