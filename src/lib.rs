@@ -19,6 +19,7 @@ pub mod map;
 pub mod observe;
 pub mod record;
 pub mod rules;
+pub mod sim;
 pub mod snapshot;
 pub mod source;
 pub mod units;
