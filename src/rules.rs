@@ -402,8 +402,7 @@ mod tests {
 
     #[test]
     fn power2_divisions_round_to_the_next_division() {
-        let mut r = AllocatorRules::default();
-        r.roundup_power2_divisions = [4; ROUNDUP_INTERVALS];
+        let r = AllocatorRules { roundup_power2_divisions: [4; ROUNDUP_INTERVALS], ..AllocatorRules::default() };
         // 1200 MiB lies in [1 GiB, 2 GiB): quarters of 256 MiB → 1280 MiB
         assert_eq!(r.round_size(1200 << 20), 1280 << 20);
         assert_eq!(r.round_size(1 << 30), 1 << 30);

@@ -11,6 +11,7 @@ pub mod run;
 pub mod top;
 pub mod whatif;
 
+use crate::input::UnusableInput;
 use clap::{Parser, Subcommand};
 use std::io::Write;
 use std::process::ExitCode;
@@ -47,12 +48,8 @@ pub enum Command {
     Whatif(whatif::Args),
 }
 
-/// An error whose exit code is fixed: the input cannot be used (2).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct UnusableInput(pub String);
-
-/// Exit code for an error: 2 for unusable input, 0 for a closed pipe, 1 otherwise.
+/// Exit code for an error: 2 when an [`UnusableInput`] is in its chain, 0 for a closed pipe, 1
+/// otherwise.
 pub fn exit_code(err: &anyhow::Error) -> u8 {
     for cause in err.chain() {
         if let Some(io) = cause.downcast_ref::<std::io::Error>() {
