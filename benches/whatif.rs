@@ -78,12 +78,12 @@ pub fn repeat(s: &RequestStream, times: f64) -> RequestStream {
 }
 
 fn scenario(conf: &str) -> Scenario {
-    Scenario { alloc_conf: conf.into(), conf: AllocConf::parse(conf).unwrap(), limits: Limits::default() }
+    Scenario { alloc_conf: conf.into(), conf: AllocConf::parse(conf).expect("a sweep setting parses"), limits: Limits::default() }
 }
 
 fn benches(c: &mut Criterion) {
     let snap = snapshot();
-    let base = sim::from_snapshot(&snap).unwrap();
+    let base = sim::from_snapshot(&snap).expect("gpt2_varlen has its full history");
     let big = repeat(&base, 253_000.0 / base.entries as f64);
     let events = snap.events();
     eprintln!("whatif bench: {} requests standing for {} entries", big.requests.len(), big.entries);

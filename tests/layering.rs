@@ -11,6 +11,7 @@
 //! analysis    analysis                          may import: foundation, state
 //! sources     snapshot record source consumer ebpf input
 //!                                               may import: foundation, state
+//! simulation  sim                               may import: foundation, state, analysis, sources
 //! outputs     observe export views              may import: all of the above
 //! pipeline    live                              may import: all of the above
 //! cli         cli                               may import: everything
@@ -31,9 +32,10 @@ const LAYERS: &[(&str, &[&str], &[&str])] = &[
     ("state", &["map", "ingest"], &["foundation"]),
     ("analysis", &["analysis"], &["foundation", "state"]),
     ("sources", &["snapshot", "record", "source", "consumer", "ebpf", "input"], &["foundation", "state"]),
-    ("outputs", &["observe", "export", "views"], &["foundation", "state", "analysis", "sources"]),
-    ("pipeline", &["live"], &["foundation", "state", "analysis", "sources", "outputs"]),
-    ("cli", &["cli"], &["foundation", "state", "analysis", "sources", "outputs", "pipeline"]),
+    ("simulation", &["sim"], &["foundation", "state", "analysis", "sources"]),
+    ("outputs", &["observe", "export", "views"], &["foundation", "state", "analysis", "sources", "simulation"]),
+    ("pipeline", &["live"], &["foundation", "state", "analysis", "sources", "simulation", "outputs"]),
+    ("cli", &["cli"], &["foundation", "state", "analysis", "sources", "simulation", "outputs", "pipeline"]),
 ];
 
 fn layer_of(module: &str) -> Option<&'static str> {
