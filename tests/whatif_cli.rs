@@ -169,3 +169,31 @@ fn a_trace_that_starts_after_the_first_allocation_is_refused() {
     let msg = err.to_string();
     assert!(msg.contains("does not start at the program's first allocation") && msg.contains("max_entries"), "{msg}");
 }
+
+#[test]
+fn analyze_and_report_name_the_setting_that_avoids_the_oom_from_the_simulation() {
+    let f = fixture("frag_oom.pickle");
+    let v = json(&["analyze", "--json", f.to_str().unwrap()]);
+    let fix = v["ooms"][0]["fix"].as_str().unwrap();
+    assert!(fix.starts_with("With expandable_segments:True this run peaks at 10.31 GiB reserved and the 2.50 GiB request"), "{fix}");
+    assert_eq!(v["whatif"]["best"]["alloc_conf"], "expandable_segments:True");
+    assert_eq!(v["whatif"]["best"]["peak_reserved"], 11_072_962_560u64);
+    assert_eq!(v["whatif"]["baseline"]["oom"], true);
+    assert_eq!(v["whatif"]["scenarios"], 12);
+    let dir = std::env::temp_dir().join(format!("gpufrag-whatif-report-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let html = dir.join("r.html");
+    let out = gpufrag(&["report", f.to_str().unwrap(), "-o", html.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("<table id=\"whatif\" data-scenarios=\"12\">"), "the report has the side-by-side table");
+    assert!(page.contains("<td id=\"whatif-best\">expandable_segments:True</td>"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_trace_without_an_oom_keeps_its_summary_as_it_was() {
+    let f = fixture("pinned_splits.pickle");
+    let v = json(&["analyze", "--json", f.to_str().unwrap()]);
+    assert!(v.get("whatif").is_none(), "no OOM, no simulated fix: {}", v["whatif"]);
+}
