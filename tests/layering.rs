@@ -10,7 +10,8 @@
 //! state       map, ingest                       may import: foundation
 //! sources     snapshot record source consumer ebpf input
 //!                                               may import: foundation, state
-//! analysis    analysis, sim                     may import: foundation, state, sources
+//! analysis    analysis                          may import: foundation, state, sources
+//! simulation  sim                               may import: foundation, state, analysis, sources
 //! outputs     observe export views              may import: all of the above
 //! pipeline    live                              may import: all of the above
 //! cli         cli                               may import: everything
@@ -31,10 +32,11 @@ const LAYERS: &[(&str, &[&str], &[&str])] = &[
     ("foundation", &["event", "hello", "ring", "units", "rules"], &[]),
     ("state", &["map", "ingest"], &["foundation"]),
     ("sources", &["snapshot", "record", "source", "consumer", "ebpf", "input"], &["foundation", "state"]),
-    ("analysis", &["analysis", "sim"], &["foundation", "state", "sources"]),
-    ("outputs", &["observe", "export", "views"], &["foundation", "state", "analysis", "sources"]),
-    ("pipeline", &["live"], &["foundation", "state", "analysis", "sources", "outputs"]),
-    ("cli", &["cli"], &["foundation", "state", "analysis", "sources", "outputs", "pipeline"]),
+    ("analysis", &["analysis"], &["foundation", "state", "sources"]),
+    ("simulation", &["sim"], &["foundation", "state", "analysis", "sources"]),
+    ("outputs", &["observe", "export", "views"], &["foundation", "state", "analysis", "sources", "simulation"]),
+    ("pipeline", &["live"], &["foundation", "state", "analysis", "sources", "simulation", "outputs"]),
+    ("cli", &["cli"], &["foundation", "state", "analysis", "sources", "simulation", "outputs", "pipeline"]),
 ];
 
 fn layer_of(module: &str) -> Option<&'static str> {

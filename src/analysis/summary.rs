@@ -38,6 +38,10 @@ pub struct Summary {
     /// final failure is an entry of `ooms`).
     #[serde(default)]
     pub driver_failures: u64,
+    /// What the simulation of the trace under other allocator settings gave (`gpufrag whatif`'s
+    /// sweep), when the trace had an OOM and its full allocation history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub whatif: Option<WhatIfSummary>,
     /// Allocation calls that failed with a code other than out-of-memory (no verdict: not OOMs),
     /// the first 20 of them; `notes` gives the count.
     #[serde(default)]
@@ -152,6 +156,38 @@ pub struct SegmentSummary {
     pub live_blocks: u64,
     /// The largest free run inside.
     pub largest_free_run: u64,
+}
+
+/// The simulated sweep of allocator settings for a trace that ran out of memory.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct WhatIfSummary {
+    /// Whether the simulation reproduced the trace under its own settings.
+    pub faithful: bool,
+    /// Settings simulated, the baseline included.
+    pub scenarios: usize,
+    /// The trace's own settings.
+    pub baseline: ScenarioBrief,
+    /// The best setting of the sweep.
+    pub best: ScenarioBrief,
+    /// The sentence.
+    pub recommendation: String,
+}
+
+/// One simulated setting, briefly.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ScenarioBrief {
+    /// The `PYTORCH_CUDA_ALLOC_CONF` string.
+    pub alloc_conf: String,
+    /// Whether a request failed.
+    pub oom: bool,
+    /// The first failing request's size.
+    pub first_oom_requested: Option<u64>,
+    /// Peak reserved bytes.
+    pub peak_reserved: u64,
+    /// Peak allocated bytes.
+    pub peak_allocated: u64,
+    /// `num_alloc_retries`.
+    pub num_alloc_retries: u64,
 }
 
 /// One failed allocation.
@@ -366,6 +402,7 @@ impl Summary {
             dropped: state.dropped,
             anomalies: state.anomaly_count,
             driver_failures,
+            whatif: None,
             failed_calls: state
                 .failed_calls
                 .iter()
