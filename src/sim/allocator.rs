@@ -28,13 +28,33 @@ const NONE: u32 = u32::MAX;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceOp {
     /// `cudaMalloc` of a segment.
-    SegmentAlloc { addr: u64, size: u64 },
+    SegmentAlloc {
+        /// Where.
+        addr: u64,
+        /// Bytes.
+        size: u64,
+    },
     /// `cudaFree` of a segment.
-    SegmentFree { addr: u64, size: u64 },
+    SegmentFree {
+        /// Where.
+        addr: u64,
+        /// Bytes.
+        size: u64,
+    },
     /// Pages mapped into an expandable segment.
-    Map { addr: u64, size: u64 },
+    Map {
+        /// Where.
+        addr: u64,
+        /// Bytes.
+        size: u64,
+    },
     /// Pages unmapped from an expandable segment.
-    Unmap { addr: u64, size: u64 },
+    Unmap {
+        /// Where.
+        addr: u64,
+        /// Bytes.
+        size: u64,
+    },
 }
 
 impl DeviceOp {

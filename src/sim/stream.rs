@@ -29,13 +29,35 @@ use std::collections::{BTreeMap, HashMap};
 pub enum Request {
     /// `malloc(size)` on `stream`; `traced` is where the trace's allocator put it, `None` when
     /// the request failed in the trace (its `oom` entry: `size` is then the rounded size).
-    Alloc { size: u64, stream: u64, entry: usize, traced: Option<u64> },
+    Alloc {
+        /// Bytes asked for.
+        size: u64,
+        /// The stream it is for.
+        stream: u64,
+        /// The trace entry it came from.
+        entry: usize,
+        /// The address the trace's allocator gave it.
+        traced: Option<u64>,
+    },
     /// `free` of the block of allocation number `alloc` (the n-th `Alloc`).
-    FreeRequested { alloc: u32, entry: usize },
+    FreeRequested {
+        /// Which allocation.
+        alloc: u32,
+        /// The trace entry it came from.
+        entry: usize,
+    },
     /// The block of allocation `alloc` is reusable (after its last stream use).
-    FreeCompleted { alloc: u32, entry: usize },
+    FreeCompleted {
+        /// Which allocation.
+        alloc: u32,
+        /// The trace entry it came from.
+        entry: usize,
+    },
     /// `torch.cuda.empty_cache()`.
-    EmptyCache { entry: usize },
+    EmptyCache {
+        /// The trace entry it came from.
+        entry: usize,
+    },
 }
 
 impl Request {
