@@ -8,9 +8,9 @@
 //! ```text
 //! foundation  event hello ring (the wire crate), units, rules
 //! state       map, ingest                       may import: foundation
-//! analysis    analysis                          may import: foundation, state
 //! sources     snapshot record source consumer ebpf input
 //!                                               may import: foundation, state
+//! analysis    analysis                          may import: foundation, state, sources
 //! simulation  sim                               may import: foundation, state, analysis, sources
 //! outputs     observe export views              may import: all of the above
 //! pipeline    live                              may import: all of the above
@@ -19,7 +19,8 @@
 //!
 //! Data flows sources → state → analysis → outputs; a source may read the state it feeds (the
 //! Python hook's blocks are diffed against it, eBPF coverage compares NVML with it) but never the
-//! analysis, an output, the pipeline or the command line.
+//! analysis, an output, the pipeline or the command line; the analysis may read inputs (the
+//! what-if simulation replays a snapshot's request stream).
 //!
 //! Rerun with `cargo test --release --test layering -- --nocapture` to see the graph.
 
@@ -30,8 +31,8 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, &[&str], &[&str])] = &[
     ("foundation", &["event", "hello", "ring", "units", "rules"], &[]),
     ("state", &["map", "ingest"], &["foundation"]),
-    ("analysis", &["analysis"], &["foundation", "state"]),
     ("sources", &["snapshot", "record", "source", "consumer", "ebpf", "input"], &["foundation", "state"]),
+    ("analysis", &["analysis"], &["foundation", "state", "sources"]),
     ("simulation", &["sim"], &["foundation", "state", "analysis", "sources"]),
     ("outputs", &["observe", "export", "views"], &["foundation", "state", "analysis", "sources", "simulation"]),
     ("pipeline", &["live"], &["foundation", "state", "analysis", "sources", "simulation", "outputs"]),

@@ -5,7 +5,7 @@
 use crate::ingest::histogram::{Distribution, SizeStats};
 use super::{fragmentation, largest_allocatable, OomInputs, Verdict};
 use crate::ingest::State;
-use crate::map::{Figures, SegmentKind};
+use crate::map::Figures;
 use serde::{Deserialize, Serialize};
 
 /// Version of this schema.
@@ -46,6 +46,14 @@ pub struct Summary {
     /// the first 20 of them; `notes` gives the count.
     #[serde(default)]
     pub failed_calls: Vec<FailedCallSummary>,
+    /// How a live command captured the trace: `shim` (`run`: the LD_PRELOAD shim, with the Python
+    /// hook's blocks) or `ebpf` (`attach`, `agent`); absent for a file (`analyze`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<String>,
+    /// eBPF capture: per process and device, the traced bytes beside NVML's used bytes; absent
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<Vec<crate::ingest::Coverage>>,
 }
 
 /// An allocation call that failed with a code other than out-of-memory.
@@ -223,16 +231,6 @@ pub struct OomSummary {
     pub driver_failures_before: u64,
 }
 
-fn segment_kind_name(k: SegmentKind) -> &'static str {
-    match k {
-        SegmentKind::Driver => "driver",
-        SegmentKind::Pitch => "pitch",
-        SegmentKind::Managed => "managed",
-        SegmentKind::Mapped => "mapped",
-        SegmentKind::Pool => "pool",
-    }
-}
-
 fn device_summary(
     device: i16,
     f: &Figures,
@@ -249,7 +247,7 @@ fn device_summary(
                 pid: s.pid,
                 address: g.start,
                 size: g.size,
-                kind: segment_kind_name(g.kind).to_string(),
+                kind: g.kind.name().to_string(),
                 stranded: g.stranded(),
                 live_blocks: g.live_blocks,
                 largest_free_run: m.free_runs_in(g.start, g.end()).map(|(_, l)| l).max().unwrap_or(0),
@@ -344,14 +342,7 @@ impl Summary {
         let ooms = finals
             .into_iter()
             .map(|(o, driver_failures_before)| {
-                let inputs = OomInputs {
-                    requested: o.requested,
-                    device_free: o.device_free.unwrap_or(0),
-                    stranded: o.figures.stranded,
-                    releasable: o.figures.releasable,
-                    largest_free_block: o.figures.largest_free_block,
-                    framework: o.figures.framework_seen,
-                };
+                let inputs = OomInputs::of(o);
                 OomSummary {
                     device: o.device,
                     pid: o.pid,
@@ -424,6 +415,8 @@ impl Summary {
                     op: c.op.map_or("unknown", |k| k.name()).to_string(),
                 })
                 .collect(),
+            capture: None,
+            coverage: None,
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::analysis::summary::{DeviceSummary, OomSummary, Summary};
 use crate::analysis::Verdict;
 use crate::ingest::{ProcessDevice, State};
 use crate::input::{self, UnusableInput};
-use crate::units::human_bytes;
+use crate::units::{human_bytes, thousands as group};
 use std::path::Path;
 
 /// Most per-process maps drawn when no allocation failed.
@@ -144,18 +144,6 @@ pub fn map_svgs(data: &ReportData, oom: Option<usize>) -> Vec<String> {
             map::svg(&MapSpec { space: Some(space), title, subtitle, bars: Bars::of_space(space, None, free) })
         })
         .collect()
-}
-
-fn group(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 fn bytes_td(field: &str, b: u64) -> String {
@@ -428,15 +416,4 @@ pub fn html(data: &ReportData, oom: Option<usize>) -> String {
     }
     put(&mut out, format_args!("<footer>gpufrag {} · figures defined in docs/metrics.md · hover a segment for its numbers</footer>\n</main>\n<script>{SCRIPT}</script>\n</body></html>\n", env!("CARGO_PKG_VERSION")));
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn thousands_are_grouped() {
-        assert_eq!(group(2_684_354_560), "2,684,354,560");
-        assert_eq!(group(12), "12");
-    }
 }
