@@ -18,7 +18,7 @@
 //!
 //! Environment: `GPUFRAG_SOCK` (the consumer's Unix socket path; `@name` for the abstract
 //! namespace), `GPUFRAG_RING_CAPACITY` (events the whole region holds, all lanes together, a
-//! power of two, default `lanes::DEFAULT_TOTAL_CAPACITY` = 256 Ki; each lane holds this divided
+//! power of two, default `lanes::DEFAULT_TOTAL_CAPACITY` = 1 Mi; each lane holds this divided
 //! by the lane count, at least 2: a thread alone in its lane can have that many events waiting
 //! before it drops), `GPUFRAG_RING_LANES` (lanes, a power of two up to `lanes::MAX_LANES`,
 //! default 16; 1 = every thread shares one ring), `GPUFRAG_NO_FOLLOW=1` with
@@ -232,12 +232,17 @@ pub const LAST_LANE: u32 = !LANE_EXCLUSIVE;
 ///
 /// The first thread given a lane brings its pages into memory, so that no push takes a page fault
 /// (a fresh lane is untouched zeroes: lanes no thread uses cost nothing): one `madvise`
-/// (`MADV_POPULATE_WRITE`, Linux 5.14), else a load from each page.
+/// (`MADV_POPULATE_WRITE`, Linux 5.14), else a load from each page. The count of lanes handed
+/// out is published in the region's header first: the consumer keeps the lane after it
+/// populated through its own mapping of the memfd (`gpufrag_wire::lanes::Prefault`), so the
+/// pages are usually allocated and cleared already and this only maps them.
 #[cold]
 pub fn assign_lane() -> u32 {
     let n = NEXT_LANE.fetch_add(1, Ordering::Relaxed);
     // Not armed yet: the last lane, always a shared one (lane numbers are taken modulo the count).
     let Some(lanes) = ring() else { return LAST_LANE };
+    // Tell the consumer, which brings the next lane into memory before another thread needs it.
+    lanes.note_assigned(n.saturating_add(1));
     let count = lanes.count() as u32;
     let own = count / 2;
     let lane = if n < own { n | LANE_EXCLUSIVE } else { own + (n - own) % (count - own) };
