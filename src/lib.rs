@@ -6,6 +6,7 @@
 //! events into maps. The `gpufrag` binary (src/main.rs) is a thin dispatcher over it.
 
 pub mod analysis;
+pub mod attribution;
 pub mod cli;
 pub mod consumer;
 pub mod ebpf;

@@ -243,14 +243,16 @@ impl Session {
                     }
                     if e.kind() == Some(EventKind::AllocFailed) && e.device_free().is_none() {
                         // The uprobe cannot ask the device; NVML now is the closest measure.
-                        if let Some((_, free)) = self.nvml.as_ref().and_then(|n| n.device_memory(e.device)) {
+                        // NVML's index of the process's GPU, not its CUDA ordinal.
+                        let gpu = live.attribution.node_device(e.pid, e.device);
+                        if let Some((_, free)) = self.nvml.as_ref().and_then(|n| n.device_memory(gpu)) {
                             e.device_free = free;
                             e.flags |= F_DEVICE_FREE_KNOWN;
                         }
                     }
                     live.handle(Msg::Event(e));
                 }
-                Action::Forget(pid) => live.state.forget(pid),
+                Action::Forget(pid) => live.forget(pid),
             }
         }
     }
@@ -263,6 +265,11 @@ impl Session {
         }
         let events = self.probes.poll(wait);
         let n = events.len();
+        // Who a new process is, read now: by the time its events leave the reorder window a
+        // short-lived one is gone.
+        for e in &events {
+            live.attribution.prefetch_now(e.pid);
+        }
         self.buffer(events);
         let ready = self.release(Some(now_ns().saturating_sub(REORDER_WINDOW_NS)));
         self.handle_events(live, ready);

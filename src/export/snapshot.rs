@@ -47,6 +47,8 @@ pub struct ProcessPoint {
     pub ooms: [u64; 3],
     /// Whether the process exited.
     pub exited: bool,
+    /// Its container and pod, when known (`container.id`, `k8s.*`).
+    pub identity: Option<Arc<crate::attribution::Identity>>,
 }
 
 /// What is known of a device.
@@ -387,7 +389,11 @@ impl Builder {
             if exited && self.exited_at.get(&pid).is_some_and(|t| now.duration_since(*t) > EXITED_KEEP) {
                 continue;
             }
-            let exe = self.exe_name(pid);
+            let identity = state.identities.get(&pid).cloned();
+            let exe = match &identity {
+                Some(id) => Arc::from(id.exe.as_str()),
+                None => self.exe_name(pid),
+            };
             let point = ProcessPoint {
                 pid,
                 exe,
@@ -398,6 +404,7 @@ impl Builder {
                 frees: s.frees,
                 ooms: ooms.get(&key).copied().unwrap_or_default(),
                 exited,
+                identity,
             };
             self.last.insert(key, point.clone());
             processes.push(point);
