@@ -97,14 +97,17 @@ pub fn render(s: &Summary) -> String {
     if s.processes.len() > 1 {
         for p in &s.processes {
             out.push('\n');
-            device(&mut out, &p.figures, &format!("process {} on device {}", p.pid, p.figures.device));
+            let who = super::summary::Summary::process_label(p);
+            let gpu = p.figures.hw_id.as_deref().map(|u| format!(" ({u})")).unwrap_or_default();
+            device(&mut out, &p.figures, &format!("process {} on device {}{gpu}", who.trim_start_matches("pid "), p.figures.device));
         }
     }
     if s.ooms.is_empty() {
         let _ = writeln!(out, "\nno failed allocation in this trace");
     }
     for (i, o) in s.ooms.iter().enumerate() {
-        let _ = writeln!(out, "\nOOM {} on device {} (pid {}): {} requested", i + 1, o.device, o.pid, h(o.requested));
+        let ctr = o.container_id.as_deref().map(|c| format!(", container {}", &c[..c.len().min(12)])).unwrap_or_default();
+        let _ = writeln!(out, "\nOOM {} on device {} (pid {}{ctr}): {} requested", i + 1, o.device, o.pid, h(o.requested));
         let _ = writeln!(out, "  verdict: {}", o.verdict.name());
         if o.driver_failures_before > 0 {
             let _ = writeln!(out, "  (after {} failed driver allocation(s): the allocator's own tries and retries)", o.driver_failures_before);

@@ -296,6 +296,17 @@ impl Summary {
         }
         for p in &mut self.processes {
             p.figures.hw_id = uuid(p.figures.device);
+        }
+        for o in &mut self.ooms {
+            o.hw_id = uuid(o.device);
+        }
+        self.identify(state);
+    }
+
+    /// Adds who each process is (`state.identities`: executable, container, pod) to the
+    /// processes and OOMs (the live views, which see the state but not the GPU table).
+    pub fn identify(&mut self, state: &State) {
+        for p in &mut self.processes {
             if let Some(id) = state.identities.get(&p.pid) {
                 p.exe = Some(id.exe.clone());
                 p.container_id = id.container_id.clone();
@@ -306,8 +317,18 @@ impl Summary {
             }
         }
         for o in &mut self.ooms {
-            o.hw_id = uuid(o.device);
             o.container_id = state.identities.get(&o.pid).and_then(|id| id.container_id.clone());
+        }
+    }
+
+    /// `pid P`, with its pod (`NAMESPACE/NAME`) or container (first 12 hex digits) when known:
+    /// how views name a process.
+    pub fn process_label(p: &ProcessSummary) -> String {
+        match (&p.k8s_namespace_name, &p.k8s_pod_name, &p.container_id) {
+            (Some(ns), Some(pod), _) => format!("pid {} {ns}/{pod}", p.pid),
+            (None, Some(pod), _) => format!("pid {} {pod}", p.pid),
+            (_, None, Some(c)) => format!("pid {} ctr {}", p.pid, &c[..c.len().min(12)]),
+            _ => format!("pid {}", p.pid),
         }
     }
 
