@@ -472,6 +472,39 @@ mod tests {
     }
 
     #[test]
+    fn a_containers_process_carries_its_container_and_pod_until_dropped_after_exit() {
+        let mut st = State::default();
+        st.apply(&alloc(10, 1 << 30, 4 << 20));
+        let id = crate::attribution::Identity {
+            exe: "train".into(),
+            container_id: Some("c0ffee".repeat(10) + "c0ff"),
+            pod_uid: Some("b3922967-14e1-4867-9388-461bac94b37e".into()),
+            pod_name: Some("trainer-0".into()),
+            namespace: Some("ml".into()),
+            ..Default::default()
+        };
+        st.identities.insert(10, Arc::new(id));
+        let store = Arc::new(Store::default());
+        let mut b = builder();
+        store.put(b.build(&st));
+        let r = Reader::new(store.clone());
+        let attrs = super::super::catalog::process_attrs(&r.view().processes[0]);
+        let keys: Vec<&str> = attrs.iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys, ["process.pid", "process.executable.name", "hw.id", "container.id", "k8s.pod.uid", "k8s.pod.name", "k8s.namespace.name"]);
+        assert_eq!(attrs[1].1.to_label(), "train");
+        r.collected(true);
+        // It exits and the state forgets it (the agent): exported once more, with its pod, then gone.
+        st.apply(&Event::new(EventKind::ProcessExit, 10, -1));
+        st.forget(10);
+        store.put(b.build(&st));
+        let v = r.view();
+        assert_eq!(v.processes.len(), 1);
+        assert!(v.processes[0].exited && v.processes[0].identity.as_ref().is_some_and(|i| i.pod_name.as_deref() == Some("trainer-0")));
+        r.collected(true);
+        assert!(r.view().processes.is_empty());
+    }
+
+    #[test]
     fn an_exited_process_is_exported_once_more_then_dropped() {
         let mut st = State::default();
         st.apply(&alloc(10, 1 << 30, 4 << 20));
