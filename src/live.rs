@@ -223,17 +223,12 @@ impl Live {
         if self.quiet {
             return;
         }
-        let inputs = crate::analysis::OomInputs {
-            requested: o.requested,
-            device_free: o.device_free.unwrap_or(0),
-            stranded: o.figures.stranded,
-            releasable: o.figures.releasable,
-            largest_free_block: o.figures.largest_free_block,
-            framework: o.figures.framework_seen,
-        };
+        let inputs = crate::analysis::OomInputs::of(o);
+        // The live line as it stood at the failure stays on screen above the verdict.
         let clear = if std::io::stderr().is_terminal() { "\r\x1b[K" } else { "" };
         eprintln!(
-            "{clear}[gpufrag] OOM in pid {} on device {}: {} requested: {}\n[gpufrag]   {}\n[gpufrag]   fix: {}",
+            "{clear}{}\n[gpufrag] OOM in pid {} on device {}: {} requested: {}\n[gpufrag]   {}\n[gpufrag]   fix: {}",
+            self.status_line(),
             o.pid,
             o.device,
             h(o.requested),

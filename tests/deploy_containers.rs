@@ -17,12 +17,12 @@
 //! Needs root, podman, runc and the base image; under CI=true (where .ci/run installs them and
 //! builds the image) their absence fails the test.
 
+mod tool_support;
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
-#[allow(dead_code)]
 mod export_support;
 
-use export_support::{free_port, http_get, in_ci, prometheus, require, Guard};
+use export_support::{free_port, http_get, prometheus, require, Guard};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -44,22 +44,22 @@ fn podman_ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// Why this machine cannot run the test, if it cannot.
-fn missing() -> Option<String> {
+/// What this machine lacks to run the test, and how to get it.
+fn missing() -> Option<(String, String)> {
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        return Some("the container test runs as root (rootful podman, eBPF)".into());
+        return Some(("root".into(), "run the test as root (rootful podman, eBPF)".into()));
     }
     for tool in ["podman", "runc"] {
         if Command::new(tool).arg("--version").output().map_or(true, |o| !o.status.success()) {
-            return Some(format!("{tool} not found; install it with `apt-get install podman runc` (.ci/run does)"));
+            return Some((tool.into(), "install it with `apt-get install podman runc`".into()));
         }
     }
     if !podman(&["image", "exists", BASE_IMAGE]).status.success() {
-        return Some(format!("no image {BASE_IMAGE}; build it with `bash scripts/container-base-image.sh` (.ci/run does)"));
+        return Some((format!("the image {BASE_IMAGE}"), "build it with `bash scripts/container-base-image.sh`".into()));
     }
     if let Some(why) = support::ebpf_refused() {
-        return Some(why);
+        return Some(("eBPF".into(), format!("{why}: run as root on a kernel with BPF and BTF")));
     }
     None
 }
@@ -176,11 +176,8 @@ fn uuids() -> Vec<String> {
 
 #[test]
 fn the_agent_container_attributes_two_workload_containers_and_killing_it_harms_neither() {
-    if let Some(why) = missing() {
-        if in_ci() {
-            panic!("{why}");
-        }
-        eprintln!("SKIPPED: {why}");
+    if let Some((what, how)) = missing() {
+        tool_support::missing(&what, &how);
         return;
     }
     let Some(prom_bin) = require("prometheus", prometheus(), "apt-get install prometheus") else { return };

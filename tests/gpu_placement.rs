@@ -6,6 +6,7 @@
 //! untouched) so that a verdict taken with another GPU's figures cannot pass: each request is
 //! more than its own GPU has free (a true OOM) but less than GPU 0 has (inconclusive there).
 
+mod tool_support;
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
 
@@ -39,7 +40,7 @@ fn own_free(out: &str) -> u64 {
     line.split(' ').find_map(|f| f.strip_prefix("device_free=")).and_then(|v| v.parse().ok()).expect("device_free")
 }
 
-fn oom_of<'a>(s: &'a Value, pid: u32) -> &'a Value {
+fn oom_of(s: &Value, pid: u32) -> &Value {
     s["ooms"].as_array().and_then(|o| o.iter().find(|o| o["pid"].as_u64() == Some(u64::from(pid)))).unwrap_or_else(|| panic!("no OOM of pid {pid} in {s:#}"))
 }
 

@@ -1,4 +1,5 @@
-//! Turns address maps into the figures of DESIGN.md and failed allocations into verdicts.
+//! Turns address maps into the figures of docs/metrics.md (the facts behind them: docs/design.md)
+//! and failed allocations into verdicts.
 //!
 //! The figures themselves are kept incrementally by the map ([`crate::map::Figures`]); this module
 //! adds what needs the device's view (device free, largest allocatable, fragmentation), the OOM
@@ -62,6 +63,21 @@ impl Verdict {
             Verdict::TrueOom => "true_oom",
             Verdict::Fragmentation => "fragmentation",
             Verdict::Inconclusive => "inconclusive",
+        }
+    }
+}
+
+impl OomInputs {
+    /// The numbers of a recorded failure: its request, the device free bytes it saw (0 when
+    /// unknown), and its process's figures at that moment.
+    pub fn of(o: &crate::ingest::OomRecord) -> OomInputs {
+        OomInputs {
+            requested: o.requested,
+            device_free: o.device_free.unwrap_or(0),
+            stranded: o.figures.stranded,
+            releasable: o.figures.releasable,
+            largest_free_block: o.figures.largest_free_block,
+            framework: o.figures.framework_seen,
         }
     }
 }

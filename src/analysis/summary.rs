@@ -5,7 +5,7 @@
 use crate::ingest::histogram::{Distribution, SizeStats};
 use super::{fragmentation, largest_allocatable, OomInputs, Verdict};
 use crate::ingest::State;
-use crate::map::{Figures, SegmentKind};
+use crate::map::Figures;
 use serde::{Deserialize, Serialize};
 
 /// Version of this schema.
@@ -38,10 +38,22 @@ pub struct Summary {
     /// final failure is an entry of `ooms`).
     #[serde(default)]
     pub driver_failures: u64,
+    /// What the simulation of the trace under other allocator settings gave (`gpufrag whatif`'s
+    /// sweep), when the trace had an OOM and its full allocation history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub whatif: Option<WhatIfSummary>,
     /// Allocation calls that failed with a code other than out-of-memory (no verdict: not OOMs),
     /// the first 20 of them; `notes` gives the count.
     #[serde(default)]
     pub failed_calls: Vec<FailedCallSummary>,
+    /// How a live command captured the trace: `shim` (`run`: the LD_PRELOAD shim, with the Python
+    /// hook's blocks) or `ebpf` (`attach`, `agent`); absent for a file (`analyze`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<String>,
+    /// eBPF capture: per process and device, the traced bytes beside NVML's used bytes; absent
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<Vec<crate::ingest::Coverage>>,
 }
 
 /// An allocation call that failed with a code other than out-of-memory.
@@ -169,6 +181,38 @@ pub struct SegmentSummary {
     pub largest_free_run: u64,
 }
 
+/// The simulated sweep of allocator settings for a trace that ran out of memory.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct WhatIfSummary {
+    /// Whether the simulation reproduced the trace under its own settings.
+    pub faithful: bool,
+    /// Settings simulated, the baseline included.
+    pub scenarios: usize,
+    /// The trace's own settings.
+    pub baseline: ScenarioBrief,
+    /// The best setting of the sweep.
+    pub best: ScenarioBrief,
+    /// The sentence.
+    pub recommendation: String,
+}
+
+/// One simulated setting, briefly.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ScenarioBrief {
+    /// The `PYTORCH_CUDA_ALLOC_CONF` string.
+    pub alloc_conf: String,
+    /// Whether a request failed.
+    pub oom: bool,
+    /// The first failing request's size.
+    pub first_oom_requested: Option<u64>,
+    /// Peak reserved bytes.
+    pub peak_reserved: u64,
+    /// Peak allocated bytes.
+    pub peak_allocated: u64,
+    /// `num_alloc_retries`.
+    pub num_alloc_retries: u64,
+}
+
 /// One failed allocation.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct OomSummary {
@@ -216,16 +260,6 @@ pub struct OomSummary {
     pub container_id: Option<String>,
 }
 
-fn segment_kind_name(k: SegmentKind) -> &'static str {
-    match k {
-        SegmentKind::Driver => "driver",
-        SegmentKind::Pitch => "pitch",
-        SegmentKind::Managed => "managed",
-        SegmentKind::Mapped => "mapped",
-        SegmentKind::Pool => "pool",
-    }
-}
-
 fn device_summary(
     device: i16,
     f: &Figures,
@@ -242,7 +276,7 @@ fn device_summary(
                 pid: s.pid,
                 address: g.start,
                 size: g.size,
-                kind: segment_kind_name(g.kind).to_string(),
+                kind: g.kind.name().to_string(),
                 stranded: g.stranded(),
                 live_blocks: g.live_blocks,
                 largest_free_run: m.free_runs_in(g.start, g.end()).map(|(_, l)| l).max().unwrap_or(0),
@@ -389,14 +423,7 @@ impl Summary {
         let ooms = finals
             .into_iter()
             .map(|(o, driver_failures_before)| {
-                let inputs = OomInputs {
-                    requested: o.requested,
-                    device_free: o.device_free.unwrap_or(0),
-                    stranded: o.figures.stranded,
-                    releasable: o.figures.releasable,
-                    largest_free_block: o.figures.largest_free_block,
-                    framework: o.figures.framework_seen,
-                };
+                let inputs = OomInputs::of(o);
                 OomSummary {
                     device: o.device,
                     pid: o.pid,
@@ -458,6 +485,7 @@ impl Summary {
             dropped: state.dropped,
             anomalies: state.anomaly_count,
             driver_failures,
+            whatif: None,
             failed_calls: state
                 .failed_calls
                 .iter()
@@ -470,6 +498,8 @@ impl Summary {
                     op: c.op.map_or("unknown", |k| k.name()).to_string(),
                 })
                 .collect(),
+            capture: None,
+            coverage: None,
         }
     }
 }

@@ -11,7 +11,6 @@
 use super::gpu::GpuIds;
 use crate::ingest::histogram::{SizeStats, BUCKET_BOUNDS};
 use crate::analysis::{OomInputs, Verdict};
-use crate::event::EventKind;
 use crate::ingest::State;
 use crate::map::Figures;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -339,17 +338,10 @@ impl Builder {
         // again, and reports the OOM itself if that fails too): not counted.
         let mut ooms: BTreeMap<(u32, i16), [u64; Verdict::ALL.len()]> = BTreeMap::new();
         for o in &state.ooms {
-            if o.figures.framework_seen && o.op != Some(EventKind::BlockAlloc) {
+            if o.is_framework_retry() {
                 continue;
             }
-            let inputs = OomInputs {
-                requested: o.requested,
-                device_free: o.device_free.unwrap_or(0),
-                stranded: o.figures.stranded,
-                releasable: o.figures.releasable,
-                largest_free_block: o.figures.largest_free_block,
-                framework: o.figures.framework_seen,
-            };
+            let inputs = OomInputs::of(o);
             ooms.entry((o.pid, o.device)).or_default()[inputs.verdict().index()] += 1;
         }
         // Allocation sizes count every process ever traced (the histogram is cumulative): the
@@ -461,7 +453,7 @@ pub fn read_exe_name(pid: u32) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::event::Event;
+    use crate::event::{Event, EventKind};
 
     fn alloc(pid: u32, addr: u64, size: u64) -> Event {
         Event { addr, size, ..Event::new(EventKind::MemAlloc, pid, 0) }
