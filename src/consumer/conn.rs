@@ -10,7 +10,7 @@
 //! sees nanoseconds.
 
 use crate::event::Event;
-use crate::hello::{Hello, HELLO_BYTES, HELLO_F_TSC, SOURCE_PYTHON, SOURCE_SHIM};
+use crate::hello::{Hello, HELLO_BYTES, HELLO_ENV_MAX, HELLO_F_ENV, HELLO_F_TSC, SOURCE_PYTHON, SOURCE_SHIM};
 use gpufrag_wire::clock::{self, Converter};
 use gpufrag_wire::lanes::{Lanes, Merge, Prefault, SPARE_LANES};
 use std::io::{self, Read};
@@ -25,6 +25,8 @@ pub struct RingConn {
     pub hello: Hello,
     /// Drops already reported.
     pub dropped_seen: u64,
+    /// The environment block that followed the hello (NUL-separated `KEY=VALUE`), if any.
+    pub env: Option<Vec<u8>>,
     stream: UnixStream,
     region: Arc<Region>,
     lanes: Lanes,
@@ -202,6 +204,19 @@ fn recv_hello(s: &UnixStream) -> io::Result<(Hello, Option<OwnedFd>)> {
     Ok((hello, fd))
 }
 
+/// Reads the environment block that follows a hello with `HELLO_F_ENV`.
+fn recv_env(mut s: &UnixStream, pid: u32) -> io::Result<Vec<u8>> {
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len)?;
+    let len = usize::from(u16::from_le_bytes(len));
+    if len > HELLO_ENV_MAX {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("pid {pid}: environment block of {len} bytes, more than {HELLO_ENV_MAX}")));
+    }
+    let mut env = vec![0u8; len];
+    s.read_exact(&mut env)?;
+    Ok(env)
+}
+
 /// Checks the peer and reads its hello; maps a shim's ring.
 pub fn handshake(stream: UnixStream) -> io::Result<Accepted> {
     // SAFETY: geteuid cannot fail.
@@ -218,6 +233,7 @@ pub fn handshake(stream: UnixStream) -> io::Result<Accepted> {
             Ok(Accepted::Python(hello, stream))
         }
         SOURCE_SHIM => {
+            let env = if hello.flags & HELLO_F_ENV != 0 { Some(recv_env(&stream, hello.pid)?) } else { None };
             let fd = fd.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("pid {}: hello without its ring", hello.pid)))?;
             // SAFETY: fstat fills one stat we own.
             let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -247,7 +263,7 @@ pub fn handshake(stream: UnixStream) -> io::Result<Accepted> {
             let merge = Merge::new(lanes.count());
             let ticks = (hello.flags & HELLO_F_TSC != 0).then(Converter::new);
             let region = Arc::new(Region { base, len });
-            Ok(Accepted::Ring(RingConn { hello, dropped_seen: 0, stream, region, lanes, merge, ticks }))
+            Ok(Accepted::Ring(RingConn { hello, dropped_seen: 0, env, stream, region, lanes, merge, ticks }))
         }
         other => Err(io::Error::new(io::ErrorKind::InvalidData, format!("pid {}: unknown source {other}", hello.pid))),
     }

@@ -148,16 +148,22 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>, tx: Sender<Msg>, pre
             Ok((stream, _)) => {
                 let _ = stream.set_nonblocking(false);
                 match conn::handshake(stream) {
-                    Ok(conn::Accepted::Ring(ring)) => {
+                    Ok(conn::Accepted::Ring(mut ring)) => {
                         shared.connections.fetch_add(1, Ordering::Relaxed);
                         shared.open.fetch_add(1, Ordering::Relaxed);
                         let hello = ring.hello;
                         let _ = prefault.send(ring.prefaulter());
+                        let mut read = crate::attribution::ProcRead::read(std::path::Path::new("/proc"), hello.pid);
+                        // The shim's own values, read when it armed: the process may be gone now.
+                        if let Some(env) = ring.env.take() {
+                            read.environ = Ok(env);
+                        }
+                        let proc = Some(Box::new(read));
                         if let Ok(mut rings) = shared.rings.lock() {
                             rings.push(ring);
                         }
                         if let Ok(mut p) = shared.pending.lock() {
-                            p.push_back(Msg::Connected { hello });
+                            p.push_back(Msg::Connected { hello, proc });
                         }
                     }
                     Ok(conn::Accepted::Python(hello, stream)) => {
@@ -222,7 +228,15 @@ fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
     let mut idle = 0u32;
     loop {
         let stopping = shared.stop.load(Ordering::Acquire);
-        let pending: Vec<Msg> = shared.pending.lock().map(|mut p| p.drain(..).collect()).unwrap_or_default();
+        let (hellos, pending): (Vec<Msg>, Vec<Msg>) =
+            shared.pending.lock().map(|mut p| p.drain(..).collect::<Vec<Msg>>()).unwrap_or_default().into_iter().partition(|m| matches!(m, Msg::Connected { .. }));
+        // A process's hello goes before its events (who it is, and which GPUs it sees, decide
+        // where its events are filed).
+        for m in hellos {
+            if tx.send(m).is_err() {
+                return;
+            }
+        }
         let mut moved = 0usize;
         let mut closed = Vec::new();
         if let Ok(mut rings) = shared.rings.lock() {
