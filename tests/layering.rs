@@ -7,10 +7,11 @@
 //!
 //! ```text
 //! foundation  event hello ring (the wire crate), units, rules
-//! state       map, ingest                       may import: foundation
+//! state       map, ingest, attribution          may import: foundation
 //! sources     snapshot record source consumer ebpf input
 //!                                               may import: foundation, state
-//! analysis    analysis, sim                     may import: foundation, state, sources
+//! analysis    analysis                          may import: foundation, state, sources
+//! simulation  sim                               may import: foundation, state, analysis, sources
 //! outputs     observe export views              may import: all of the above
 //! pipeline    live                              may import: all of the above
 //! cli         cli                               may import: everything
@@ -29,12 +30,13 @@ use std::path::{Path, PathBuf};
 /// Each layer, its top-level modules, and the layers it may import from (besides itself).
 const LAYERS: &[(&str, &[&str], &[&str])] = &[
     ("foundation", &["event", "hello", "ring", "units", "rules"], &[]),
-    ("state", &["map", "ingest"], &["foundation"]),
+    ("state", &["map", "ingest", "attribution"], &["foundation"]),
     ("sources", &["snapshot", "record", "source", "consumer", "ebpf", "input"], &["foundation", "state"]),
-    ("analysis", &["analysis", "sim"], &["foundation", "state", "sources"]),
-    ("outputs", &["observe", "export", "views"], &["foundation", "state", "analysis", "sources"]),
-    ("pipeline", &["live"], &["foundation", "state", "analysis", "sources", "outputs"]),
-    ("cli", &["cli"], &["foundation", "state", "analysis", "sources", "outputs", "pipeline"]),
+    ("analysis", &["analysis"], &["foundation", "state", "sources"]),
+    ("simulation", &["sim"], &["foundation", "state", "analysis", "sources"]),
+    ("outputs", &["observe", "export", "views"], &["foundation", "state", "analysis", "sources", "simulation"]),
+    ("pipeline", &["live"], &["foundation", "state", "analysis", "sources", "simulation", "outputs"]),
+    ("cli", &["cli"], &["foundation", "state", "analysis", "sources", "simulation", "outputs", "pipeline"]),
 ];
 
 fn layer_of(module: &str) -> Option<&'static str> {

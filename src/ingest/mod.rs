@@ -170,6 +170,10 @@ pub struct State {
     pub unknown_kinds: u64,
     /// Processes that exited.
     pub exited: BTreeMap<u32, u64>,
+    /// Who each process is (name, container, pod), as the live front end read it from `/proc`
+    /// when the process was first seen ([`crate::attribution`]). Not carried by events: a
+    /// replayed record has none.
+    pub identities: BTreeMap<u32, std::sync::Arc<crate::attribution::Identity>>,
     rules: AllocatorRules,
 }
 
@@ -206,6 +210,7 @@ impl State {
     /// process's OOM records, anomalies and exit time stay.
     pub fn forget(&mut self, pid: u32) {
         self.spaces.retain(|&(p, _), _| p != pid);
+        self.identities.remove(&pid);
     }
 
     /// The map of (pid, device), created on first use.
