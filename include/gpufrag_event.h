@@ -2,8 +2,9 @@
  *
  * Every capture source (the LD_PRELOAD shim, the eBPF probes, the snapshot importer) produces this
  * fixed-size record and everything downstream consumes only it. The Rust twin is
- * `gpufrag::event::Event` (src/event.rs); tests/event_layout.rs compiles this header and fails if the
- * size or any field offset differs. Change both together, never one.
+ * `gpufrag_wire::event::Event` (wire/src/event.rs, re-exported as `gpufrag::event`);
+ * tests/event_layout.rs compiles this header and fails if the size, a field offset, a kind or a
+ * flag bit differs. Change both together, never one.
  */
 #ifndef GPUFRAG_EVENT_H
 #define GPUFRAG_EVENT_H

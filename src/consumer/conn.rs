@@ -275,9 +275,15 @@ pub const PY_MAGIC: u32 = u32::from_le_bytes(*b"GFPY");
 pub const PY_SNAPSHOT: u32 = 1;
 /// Frame: the out-of-memory observer fired (`<qQQQ`: device, requested, device allocated, device free).
 pub const PY_OOM: u32 = 2;
+/// Bytes of a [`PY_OOM`] frame's body.
+pub const PY_OOM_BYTES: usize = 32;
 /// Frame: CUDA is up and PyTorch's native caching allocator manages this process's memory
 /// (`<q`: the current device).
 pub const PY_ARMED: u32 = 3;
+/// Bytes of a [`PY_ARMED`] frame's body.
+pub const PY_ARMED_BYTES: usize = 8;
+/// Bytes of a frame's header (`<4sIQ`: magic, frame type, body length).
+pub const PY_HEADER_BYTES: usize = 16;
 /// Largest frame accepted.
 const PY_MAX_FRAME: u64 = 1 << 31;
 
@@ -285,7 +291,7 @@ const PY_MAX_FRAME: u64 = 1 << 31;
 pub fn python_reader(hello: Hello, mut stream: UnixStream, mut emit: impl FnMut(crate::source::Msg)) {
     let name = format!("python hook of pid {}", hello.pid);
     loop {
-        let mut head = [0u8; 16];
+        let mut head = [0u8; PY_HEADER_BYTES];
         if stream.read_exact(&mut head).is_err() {
             return;
         }
@@ -304,7 +310,7 @@ pub fn python_reader(hello: Hello, mut stream: UnixStream, mut emit: impl FnMut(
                 Ok(s) => emit(crate::source::Msg::Blocks { pid: hello.pid, snapshot: Box::new(s) }),
                 Err(e) => emit(crate::source::Msg::Warning(e.to_string())),
             },
-            PY_OOM if body.len() == 32 => {
+            PY_OOM if body.len() == PY_OOM_BYTES => {
                 let q = |o: usize| {
                     let mut w = [0u8; 8];
                     w.copy_from_slice(&body[o..o + 8]);
@@ -312,7 +318,7 @@ pub fn python_reader(hello: Hello, mut stream: UnixStream, mut emit: impl FnMut(
                 };
                 emit(crate::source::Msg::PyOom { pid: hello.pid, device: q(0) as i64 as i16, requested: q(8), device_free: q(24) });
             }
-            PY_ARMED if body.len() == 8 => {
+            PY_ARMED if body.len() == PY_ARMED_BYTES => {
                 let mut w = [0u8; 8];
                 w.copy_from_slice(&body);
                 emit(crate::source::Msg::Armed { pid: hello.pid, device: i64::from_le_bytes(w) as i16 });

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use conn::RingConn;
+pub use conn::{RingConn, PY_ARMED, PY_ARMED_BYTES, PY_HEADER_BYTES, PY_MAGIC, PY_OOM, PY_OOM_BYTES, PY_SNAPSHOT};
 use crate::source::{now_ns, Msg};
 
 struct Shared {
