@@ -8,6 +8,7 @@
 //! figures are then reported as inexact.
 
 use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
+use crate::framework::Framework;
 use crate::map::{AddressSpace, Anomaly, Figures, SegmentKind};
 use crate::rules::AllocatorRules;
 use crate::analysis::histogram::SizeStats;
@@ -33,11 +34,13 @@ pub struct ProcessDevice {
     pub allocs: u64,
     /// Frees seen.
     pub frees: u64,
+    /// The caching allocator whose blocks (or adoption) were seen first; `None`: segments only.
+    pub framework: Option<Framework>,
 }
 
 impl ProcessDevice {
     fn new(pid: u32, device: i16, rules: AllocatorRules) -> ProcessDevice {
-        ProcessDevice { pid, device, map: AddressSpace::new(rules), block_sizes: SizeStats::default(), segment_sizes: SizeStats::default(), allocs: 0, frees: 0 }
+        ProcessDevice { pid, device, map: AddressSpace::new(rules), block_sizes: SizeStats::default(), segment_sizes: SizeStats::default(), allocs: 0, frees: 0, framework: None }
     }
 }
 
@@ -269,12 +272,15 @@ impl State {
                     }
                     EventKind::BlockAlloc => {
                         let known = (ev.flags & F_BLOCK_SIZE_KNOWN != 0).then_some(ev.size);
-                        m.block_alloc(ev.addr, ev.requested, known).map(|size| {
+                        let framework = Framework::from_flags(ev.flags);
+                        s.framework.get_or_insert(framework);
+                        m.block_alloc_by(ev.addr, ev.requested, known, framework).map(|size| {
                             s.allocs += 1;
                             s.block_sizes.record(size);
                         })
                     }
                     EventKind::Adopt if ev.addr == 0 => {
+                        s.framework.get_or_insert(Framework::from_flags(ev.flags));
                         m.note_framework();
                         Ok(())
                     }

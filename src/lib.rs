@@ -6,10 +6,13 @@
 //! events into maps. The `gpufrag` binary (src/main.rs) is a thin dispatcher over it.
 
 pub mod analysis;
+pub mod bfc;
 pub mod cli;
 pub mod consumer;
+pub mod cupy_pool;
 pub mod ebpf;
 pub mod export;
+pub mod framework;
 pub use gpufrag_wire::{event, hello, ring};
 pub mod ingest;
 pub mod input;

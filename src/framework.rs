@@ -1,0 +1,81 @@
+//! Which caching allocator carves a process's segments into blocks: PyTorch's, XLA's BFC (JAX,
+//! TensorFlow) or CuPy's memory pool. A block or adopt event names its allocator in two flag bits
+//! (`F_ALLOC_XLA_BFC`, `F_ALLOC_CUPY`; neither = PyTorch, the one every older source meant), the
+//! address map applies that allocator's rules (src/rules.rs, src/bfc.rs, src/cupy_pool.rs), and
+//! the outputs name it: a bounded set of values, fit for a metric attribute.
+
+use crate::event::{F_ALLOC_CUPY, F_ALLOC_XLA_BFC};
+
+/// A caching allocator family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Framework {
+    /// PyTorch's `CUDACachingAllocator`.
+    Pytorch,
+    /// XLA's `tsl::BFCAllocator` (JAX; TensorFlow's GPU allocator).
+    Xla,
+    /// CuPy's `MemoryPool`.
+    Cupy,
+}
+
+impl Framework {
+    /// Every value, in order.
+    pub const ALL: [Framework; 3] = [Framework::Pytorch, Framework::Xla, Framework::Cupy];
+
+    /// The allocator a block or adopt event's flags name.
+    pub fn from_flags(flags: u32) -> Framework {
+        if flags & F_ALLOC_XLA_BFC != 0 {
+            Framework::Xla
+        } else if flags & F_ALLOC_CUPY != 0 {
+            Framework::Cupy
+        } else {
+            Framework::Pytorch
+        }
+    }
+
+    /// The flag bits that name this allocator on the wire.
+    pub fn flags(self) -> u32 {
+        match self {
+            Framework::Pytorch => 0,
+            Framework::Xla => F_ALLOC_XLA_BFC,
+            Framework::Cupy => F_ALLOC_CUPY,
+        }
+    }
+
+    /// The name used in JSON, metric attributes and on screen.
+    pub fn name(self) -> &'static str {
+        match self {
+            Framework::Pytorch => "pytorch",
+            Framework::Xla => "xla",
+            Framework::Cupy => "cupy",
+        }
+    }
+
+    /// The allocator's own name, for sentences.
+    pub fn allocator(self) -> &'static str {
+        match self {
+            Framework::Pytorch => "PyTorch's caching allocator",
+            Framework::Xla => "XLA's BFC allocator",
+            Framework::Cupy => "CuPy's memory pool",
+        }
+    }
+}
+
+impl std::fmt::Display for Framework {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_round_trip_and_no_flag_means_pytorch() {
+        for f in Framework::ALL {
+            assert_eq!(Framework::from_flags(f.flags() | 0b111), f);
+        }
+        assert_eq!(Framework::from_flags(0), Framework::Pytorch);
+    }
+}
