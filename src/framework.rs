@@ -7,7 +7,7 @@
 use crate::event::{F_ALLOC_CUPY, F_ALLOC_XLA_BFC};
 
 /// A caching allocator family.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Framework {
     /// PyTorch's `CUDACachingAllocator`.

@@ -125,6 +125,10 @@ pub struct ProcessSummary {
     pub allocs: u64,
     /// Frees seen.
     pub frees: u64,
+    /// The caching allocator seen in this process: `pytorch`, `xla` or `cupy`; `null` when only
+    /// driver segments were seen.
+    #[serde(default)]
+    pub framework: Option<crate::framework::Framework>,
 }
 
 /// One segment in a table.
@@ -185,6 +189,9 @@ pub struct OomSummary {
     /// allocator's own attempts and retries), folded into it.
     #[serde(default)]
     pub driver_failures_before: u64,
+    /// The caching allocator whose request failed (or that manages the process), when known.
+    #[serde(default)]
+    pub framework: Option<crate::framework::Framework>,
 }
 
 fn segment_kind_name(k: SegmentKind) -> &'static str {
@@ -272,6 +279,7 @@ impl Summary {
                     figures: device_summary(device, &s.map.figures(), totals.free, totals.total, std::slice::from_ref(s)),
                     allocs: s.allocs,
                     frees: s.frees,
+                    framework: s.framework,
                 });
             }
         }
@@ -308,14 +316,7 @@ impl Summary {
         let ooms = finals
             .into_iter()
             .map(|(o, driver_failures_before)| {
-                let inputs = OomInputs {
-                    requested: o.requested,
-                    device_free: o.device_free.unwrap_or(0),
-                    stranded: o.figures.stranded,
-                    releasable: o.figures.releasable,
-                    largest_free_block: o.figures.largest_free_block,
-                    framework: o.figures.framework_seen,
-                };
+                let inputs = OomInputs::of(o);
                 OomSummary {
                     device: o.device,
                     pid: o.pid,
@@ -334,6 +335,7 @@ impl Summary {
                     explanation: inputs.explanation(),
                     fix: inputs.fix(),
                     driver_failures_before,
+                    framework: o.framework,
                 }
             })
             .collect();

@@ -12,7 +12,7 @@
 
 pub mod histogram;
 
-use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
+use crate::event::{Event, EventKind, F_ALLOC_XLA_BFC, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
 use crate::framework::Framework;
 use crate::map::{AddressSpace, Anomaly, Figures, SegmentKind};
 use crate::rules::AllocatorRules;
@@ -68,6 +68,9 @@ pub struct OomRecord {
     pub device_free: Option<u64>,
     /// The process's figures on that device at that moment.
     pub figures: Figures,
+    /// The caching allocator whose request failed (a block allocation), or the one managing the
+    /// process's memory (a driver call); `None` when none was seen.
+    pub framework: Option<Framework>,
 }
 
 impl OomRecord {
@@ -150,6 +153,9 @@ pub struct State {
     pub unknown_kinds: u64,
     /// Processes that exited.
     pub exited: BTreeMap<u32, u64>,
+    /// XLA BFC block events outside every device segment of their process: XLA's pinned host
+    /// memory allocator is a BFC allocator too (the probes see both); not device memory, skipped.
+    pub host_bfc_blocks: u64,
     rules: AllocatorRules,
 }
 
@@ -227,8 +233,11 @@ impl State {
                     }
                     return;
                 }
-                let figures = self.space(pid, device).map.figures();
+                let space = self.space(pid, device);
+                let figures = space.map.figures();
+                let framework = if ev.failed_op() == Some(EventKind::BlockAlloc) { Some(Framework::from_flags(ev.flags)) } else { space.framework };
                 self.ooms.push(OomRecord {
+                    framework,
                     ts_ns: ev.ts_ns,
                     pid,
                     device,
@@ -243,6 +252,12 @@ impl State {
             _ if ev.rc != 0 => Ok(()), // a failed call changes nothing; sources send AllocFailed for OOMs
             // free(NULL) is a no-op for the driver and for caching allocators alike.
             EventKind::MemFree | EventKind::PoolFree | EventKind::BlockFree if ev.addr == 0 => Ok(()),
+            EventKind::BlockAlloc | EventKind::BlockFree
+                if ev.flags & F_ALLOC_XLA_BFC != 0 && !self.spaces.get(&(pid, device)).is_some_and(|s| s.map.holds(ev.addr)) =>
+            {
+                self.host_bfc_blocks += 1;
+                Ok(())
+            }
             _ => {
                 let s = self.space(pid, device);
                 let m = &mut s.map;
