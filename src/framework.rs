@@ -61,6 +61,39 @@ impl Framework {
     }
 }
 
+/// A framework's own statistics as its Python API reports them (`jax.Device.memory_stats()`,
+/// CuPy's `MemoryPool.used_bytes()` / `total_bytes()` / `free_bytes()`), sent by the Python hook
+/// under `gpufrag run`: figures that name their source, next to the ones gpufrag computes.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FrameworkReport {
+    /// Process.
+    #[serde(default)]
+    pub pid: u32,
+    /// The allocator reported on.
+    pub framework: Framework,
+    /// The call that gave the figures.
+    pub source: String,
+    /// `periodic`, `oom` (read right after an out-of-memory error) or `exit`.
+    pub when: String,
+    /// Device ordinal.
+    pub device: i16,
+    /// The figures, by the framework's own names (bytes, counts).
+    pub stats: std::collections::BTreeMap<String, u64>,
+}
+
+impl FrameworkReport {
+    /// The figures on one line, in the framework's own names.
+    pub fn line(&self) -> String {
+        let keys: &[&str] = match self.framework {
+            Framework::Xla => &["bytes_in_use", "largest_free_block_bytes", "pool_bytes", "bytes_limit", "peak_bytes_in_use", "num_allocs"],
+            Framework::Cupy => &["used_bytes", "total_bytes", "free_bytes"],
+            Framework::Pytorch => &[],
+        };
+        let figs: Vec<String> = keys.iter().filter_map(|k| self.stats.get(*k).map(|v| format!("{k}={v}"))).collect();
+        format!("pid {} device {}: {} ({}, {}): {}", self.pid, self.device, self.framework.allocator(), self.source, self.when, figs.join(" "))
+    }
+}
+
 impl std::fmt::Display for Framework {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())

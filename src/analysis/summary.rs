@@ -42,6 +42,11 @@ pub struct Summary {
     /// the first 20 of them; `notes` gives the count.
     #[serde(default)]
     pub failed_calls: Vec<FailedCallSummary>,
+    /// The frameworks' own statistics, as their Python APIs reported them under `gpufrag run`
+    /// (JAX's `memory_stats()`, CuPy's pool): latest per process, device and framework, and the
+    /// one read at an out-of-memory error (`when: "oom"`).
+    #[serde(default)]
+    pub framework_stats: Vec<crate::framework::FrameworkReport>,
 }
 
 /// An allocation call that failed with a code other than out-of-memory.
@@ -377,6 +382,7 @@ impl Summary {
             dropped: state.dropped,
             anomalies: state.anomaly_count,
             driver_failures,
+            framework_stats: Vec::new(),
             failed_calls: state
                 .failed_calls
                 .iter()
