@@ -4,6 +4,7 @@
 //! address [`map`] with the caching allocator's [`rules`], the [`analysis`] that turns a map into
 //! figures and OOM verdicts, the PyTorch [`snapshot`] importer, and the [`ingest`] state that feeds
 //! events into maps. The `gpufrag` binary (src/main.rs) is a thin dispatcher over it.
+#![warn(missing_docs)]
 
 pub mod analysis;
 pub mod bfc;
@@ -21,6 +22,7 @@ pub mod map;
 pub mod observe;
 pub mod record;
 pub mod rules;
+pub mod sim;
 pub mod snapshot;
 pub mod source;
 pub mod units;

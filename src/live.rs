@@ -213,9 +213,11 @@ impl Live {
             return;
         }
         let inputs = crate::analysis::OomInputs::of(o);
+        // The live line as it stood at the failure stays on screen above the verdict.
         let clear = if std::io::stderr().is_terminal() { "\r\x1b[K" } else { "" };
         eprintln!(
-            "{clear}[gpufrag] OOM in pid {} on device {}: {} requested: {}\n[gpufrag]   {}\n[gpufrag]   fix: {}",
+            "{clear}{}\n[gpufrag] OOM in pid {} on device {}: {} requested: {}\n[gpufrag]   {}\n[gpufrag]   fix: {}",
+            self.status_line(),
             o.pid,
             o.device,
             h(o.requested),

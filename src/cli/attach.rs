@@ -6,7 +6,7 @@
 //!
 //! The loop itself ([`trace`]) is shared with `gpufrag agent`.
 
-use crate::analysis::render::render;
+use crate::analysis::render::render_after_live;
 use crate::live::Live;
 use crate::ebpf::session::{Session, SessionOptions, Target};
 use crate::ebpf::ProbeError;
@@ -153,7 +153,7 @@ pub fn trace(mut session: Session, mut live: Live, opts: LoopOptions<'_>) -> any
         eprint!("\r\x1b[K");
     }
     if !opts.quiet {
-        eprint!("\n[gpufrag] summary\n{}", render(&summary));
+        eprint!("\n[gpufrag] summary\n{}", render_after_live(&summary));
     }
     if let Some(p) = opts.summary_json {
         let mut v = serde_json::to_value(&summary)?;

@@ -9,6 +9,7 @@ pub mod attach;
 pub mod report;
 pub mod run;
 pub mod top;
+pub mod whatif;
 
 use crate::input::UnusableInput;
 use clap::{Parser, Subcommand};
@@ -42,6 +43,9 @@ pub enum Command {
     Attach(attach::Args),
     /// Trace every GPU process of this node through eBPF; needs CAP_BPF and CAP_PERFMON.
     Agent(agent::Args),
+    /// Replay a trace under other allocator settings and memory limits (a simulation of
+    /// PyTorch's caching allocator, checked against the trace first).
+    Whatif(whatif::Args),
 }
 
 /// Exit code for an error: 2 when an [`UnusableInput`] is in its chain, 0 for a closed pipe, 1
@@ -71,6 +75,7 @@ pub fn main() -> ExitCode {
         Command::Top(args) => top::run(&args),
         Command::Attach(args) => attach::run(&args),
         Command::Agent(args) => agent::run(&args),
+        Command::Whatif(args) => whatif::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -3,7 +3,7 @@
 //! prints each OOM verdict the moment it happens and the summary at exit, and exits with CMD's
 //! own code.
 
-use crate::analysis::render::render;
+use crate::analysis::render::render_after_live;
 use crate::consumer::Consumer;
 use crate::live::Live;
 use anyhow::{bail, Context};
@@ -49,6 +49,9 @@ pub struct Args {
     /// Reports and live views.
     #[command(flatten)]
     pub views: crate::views::ViewArgs,
+    /// Whether CMD's own stdout and stderr are shown (the demo hides the simulator's lines).
+    #[arg(skip = true)]
+    pub program_output: bool,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub cmd: Vec<OsString>,
@@ -115,6 +118,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     cmd.env("LD_PRELOAD", prepend_path("LD_PRELOAD", &preload));
     cmd.env("GPUFRAG_SOCK", consumer.socket_path());
     cmd.env("GPUFRAG_CONSUMER_PID", std::process::id().to_string());
+    if !args.program_output {
+        cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    }
     if args.no_follow {
         cmd.env("GPUFRAG_NO_FOLLOW", "1");
     }
@@ -173,7 +179,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         eprint!("\r\x1b[K");
     }
     if !args.quiet {
-        eprint!("\n[gpufrag] summary\n{}", render(&summary));
+        eprint!("\n[gpufrag] summary\n{}", render_after_live(&summary));
     }
     if let Some(p) = &args.summary_json {
         let f = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
