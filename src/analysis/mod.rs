@@ -91,7 +91,9 @@ pub struct OomInputs {
 }
 
 impl OomInputs {
-    /// The inputs of a recorded OOM.
+    /// The numbers of a recorded failure: its request, the device free bytes it saw (0 when
+    /// unknown, and not counted for XLA's pool), its process's figures at that moment, and the
+    /// allocator that failed.
     pub fn of(o: &crate::ingest::OomRecord) -> OomInputs {
         OomInputs {
             requested: o.requested,

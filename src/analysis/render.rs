@@ -2,20 +2,8 @@
 //! device, the segments that strand the most, and every OOM with its verdict and fix.
 
 use super::summary::{DeviceSummary, Summary};
-use crate::units::human_bytes as h;
+use crate::units::{human_bytes as h, thousands as group};
 use std::fmt::Write;
-
-fn group(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
 
 fn line(out: &mut String, name: &str, bytes: u64) {
     let _ = writeln!(out, "  {name:<21}{:>12}  ({} B)", h(bytes), group(bytes));
@@ -137,16 +125,4 @@ fn render_ooms(s: &Summary, explain: bool) -> String {
         }
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn thousands_are_grouped() {
-        assert_eq!(group(0), "0");
-        assert_eq!(group(999), "999");
-        assert_eq!(group(2_684_354_560), "2,684,354,560");
-    }
 }

@@ -5,7 +5,7 @@
 use crate::ingest::histogram::{Distribution, SizeStats};
 use super::{fragmentation, largest_allocatable, OomInputs, Verdict};
 use crate::ingest::State;
-use crate::map::{Figures, SegmentKind};
+use crate::map::Figures;
 use serde::{Deserialize, Serialize};
 
 /// Version of this schema.
@@ -38,6 +38,10 @@ pub struct Summary {
     /// final failure is an entry of `ooms`).
     #[serde(default)]
     pub driver_failures: u64,
+    /// What the simulation of the trace under other allocator settings gave (`gpufrag whatif`'s
+    /// sweep), when the trace had an OOM and its full allocation history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub whatif: Option<WhatIfSummary>,
     /// Allocation calls that failed with a code other than out-of-memory (no verdict: not OOMs),
     /// the first 20 of them; `notes` gives the count.
     #[serde(default)]
@@ -47,6 +51,14 @@ pub struct Summary {
     /// one read at an out-of-memory error (`when: "oom"`).
     #[serde(default)]
     pub framework_stats: Vec<crate::framework::FrameworkReport>,
+    /// How a live command captured the trace: `shim` (`run`: the LD_PRELOAD shim, with the Python
+    /// hook's blocks) or `ebpf` (`attach`, `agent`); absent for a file (`analyze`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<String>,
+    /// eBPF capture: per process and device, the traced bytes beside NVML's used bytes; absent
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<Vec<crate::ingest::Coverage>>,
 }
 
 /// An allocation call that failed with a code other than out-of-memory.
@@ -155,6 +167,38 @@ pub struct SegmentSummary {
     pub largest_free_run: u64,
 }
 
+/// The simulated sweep of allocator settings for a trace that ran out of memory.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct WhatIfSummary {
+    /// Whether the simulation reproduced the trace under its own settings.
+    pub faithful: bool,
+    /// Settings simulated, the baseline included.
+    pub scenarios: usize,
+    /// The trace's own settings.
+    pub baseline: ScenarioBrief,
+    /// The best setting of the sweep.
+    pub best: ScenarioBrief,
+    /// The sentence.
+    pub recommendation: String,
+}
+
+/// One simulated setting, briefly.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ScenarioBrief {
+    /// The `PYTORCH_CUDA_ALLOC_CONF` string.
+    pub alloc_conf: String,
+    /// Whether a request failed.
+    pub oom: bool,
+    /// The first failing request's size.
+    pub first_oom_requested: Option<u64>,
+    /// Peak reserved bytes.
+    pub peak_reserved: u64,
+    /// Peak allocated bytes.
+    pub peak_allocated: u64,
+    /// `num_alloc_retries`.
+    pub num_alloc_retries: u64,
+}
+
 /// One failed allocation.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct OomSummary {
@@ -199,16 +243,6 @@ pub struct OomSummary {
     pub framework: Option<crate::framework::Framework>,
 }
 
-fn segment_kind_name(k: SegmentKind) -> &'static str {
-    match k {
-        SegmentKind::Driver => "driver",
-        SegmentKind::Pitch => "pitch",
-        SegmentKind::Managed => "managed",
-        SegmentKind::Mapped => "mapped",
-        SegmentKind::Pool => "pool",
-    }
-}
-
 fn device_summary(
     device: i16,
     f: &Figures,
@@ -225,7 +259,7 @@ fn device_summary(
                 pid: s.pid,
                 address: g.start,
                 size: g.size,
-                kind: segment_kind_name(g.kind).to_string(),
+                kind: g.kind.name().to_string(),
                 stranded: g.stranded(),
                 live_blocks: g.live_blocks,
                 largest_free_run: m.free_runs_in(g.start, g.end()).map(|(_, l)| l).max().unwrap_or(0),
@@ -383,6 +417,7 @@ impl Summary {
             anomalies: state.anomaly_count,
             driver_failures,
             framework_stats: Vec::new(),
+            whatif: None,
             failed_calls: state
                 .failed_calls
                 .iter()
@@ -395,6 +430,8 @@ impl Summary {
                     op: c.op.map_or("unknown", |k| k.name()).to_string(),
                 })
                 .collect(),
+            capture: None,
+            coverage: None,
         }
     }
 }

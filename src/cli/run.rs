@@ -5,7 +5,6 @@
 
 use crate::analysis::render::render_after_live;
 use crate::consumer::Consumer;
-use crate::live::Live;
 use anyhow::{bail, Context};
 use std::ffi::OsString;
 use std::io::IsTerminal;
@@ -17,21 +16,15 @@ use std::time::{Duration, Instant};
 /// Arguments of `run`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Write the summary as JSON (the schema of `analyze --json`).
-    #[arg(long, value_name = "PATH")]
-    pub summary_json: Option<PathBuf>,
-    /// Write every event to a record file that `gpufrag analyze` replays to the same figures.
-    #[arg(long, value_name = "PATH")]
-    pub record: Option<PathBuf>,
+    /// The summary JSON, the record file, quiet.
+    #[command(flatten)]
+    pub out: super::LiveArgs,
     /// Trace only CMD itself, not the processes it starts.
     #[arg(long)]
     pub no_follow: bool,
     /// Do not load the Python start-up hook (no PyTorch block-level figures).
     #[arg(long)]
     pub no_python_hook: bool,
-    /// No live status line and no summary on stderr (files are still written).
-    #[arg(long, short)]
-    pub quiet: bool,
     /// Seconds between the Python hook's allocator snapshots.
     #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
     pub python_interval: f64,
@@ -137,7 +130,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         cmd.env("PYTHONPATH", prepend_path("PYTHONPATH", &dir));
         cmd.env("GPUFRAG_PY_INTERVAL", args.python_interval.to_string());
     }
-    let mut live = Live::with_outputs(args.record.as_deref(), args.quiet, &args.export, &args.views, args.summary_json.as_deref())?;
+    let mut live = args.out.live(&args.export, &args.views)?;
     // SAFETY: installs plain handlers; forward_signal only calls kill.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
@@ -146,7 +139,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     let mut child = cmd.spawn().with_context(|| format!("starting {}", args.cmd[0].to_string_lossy()))?;
     CHILD.store(child.id() as i32, Ordering::Relaxed);
-    let tty = std::io::stderr().is_terminal() && !args.quiet;
+    let tty = std::io::stderr().is_terminal() && !args.out.quiet;
     let rx = consumer.receiver().clone();
     let mut last_status = Instant::now();
     let status = loop {
@@ -174,14 +167,15 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     live.finish();
     let source = args.cmd.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
-    let summary = live.summary(&source)?;
+    let mut summary = live.summary(&source)?;
+    summary.capture = Some("shim".into());
     if tty {
         eprint!("\r\x1b[K");
     }
-    if !args.quiet {
+    if !args.out.quiet {
         eprint!("\n[gpufrag] summary\n{}", render_after_live(&summary));
     }
-    if let Some(p) = &args.summary_json {
+    if let Some(p) = &args.out.summary_json {
         let f = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
         serde_json::to_writer_pretty(f, &summary)?;
     }

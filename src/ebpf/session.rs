@@ -373,7 +373,7 @@ impl Session {
             self.nvml_used.retain(|&(p, _), _| p != pid);
         }
         for ((pid, d), used) in now {
-            let traced = super::processes::traced_bytes(state, pid, d);
+            let traced = state.traced_bytes(pid, d);
             self.nvml_used.insert((pid, d), (used, traced));
         }
         self.table.nvml_devices.clear();

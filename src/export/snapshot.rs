@@ -11,7 +11,6 @@
 use super::gpu::GpuIds;
 use crate::ingest::histogram::{SizeStats, BUCKET_BOUNDS};
 use crate::analysis::{OomInputs, Verdict};
-use crate::event::EventKind;
 use crate::ingest::State;
 use crate::map::Figures;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -337,7 +336,7 @@ impl Builder {
         // again, and reports the OOM itself if that fails too): not counted.
         let mut ooms: BTreeMap<(u32, i16), [u64; Verdict::ALL.len()]> = BTreeMap::new();
         for o in &state.ooms {
-            if o.figures.framework_seen && o.op != Some(EventKind::BlockAlloc) {
+            if o.is_framework_retry() {
                 continue;
             }
             let inputs = OomInputs::of(o);
