@@ -446,7 +446,7 @@ pub fn read_exe_name(pid: u32) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::event::Event;
+    use crate::event::{Event, EventKind};
 
     fn alloc(pid: u32, addr: u64, size: u64) -> Event {
         Event { addr, size, ..Event::new(EventKind::MemAlloc, pid, 0) }
