@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! foundation  event hello ring (the wire crate), units, rules
-//! state       map, ingest                       may import: foundation
+//! state       map, ingest, attribution          may import: foundation
 //! sources     snapshot record source consumer ebpf input
 //!                                               may import: foundation, state
 //! analysis    analysis                          may import: foundation, state, sources
@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 /// Each layer, its top-level modules, and the layers it may import from (besides itself).
 const LAYERS: &[(&str, &[&str], &[&str])] = &[
     ("foundation", &["event", "hello", "ring", "units", "rules"], &[]),
-    ("state", &["map", "ingest"], &["foundation"]),
+    ("state", &["map", "ingest", "attribution"], &["foundation"]),
     ("sources", &["snapshot", "record", "source", "consumer", "ebpf", "input"], &["foundation", "state"]),
     ("analysis", &["analysis"], &["foundation", "state", "sources"]),
     ("simulation", &["sim"], &["foundation", "state", "analysis", "sources"]),

@@ -197,3 +197,16 @@ fn a_trace_without_an_oom_keeps_its_summary_as_it_was() {
     let v = json(&["analyze", "--json", f.to_str().unwrap()]);
     assert!(v.get("whatif").is_none(), "no OOM, no simulated fix: {}", v["whatif"]);
 }
+
+#[test]
+fn device_memory_answers_whether_it_fits_on_a_bigger_card() {
+    // frag_oom ran out of device memory against a balloon; on an 80 GB card nothing fails
+    let f = fixture("frag_oom.pickle");
+    let v = json(&["whatif", f.to_str().unwrap(), "--json", "--device-memory", "80GB", "--alloc-conf", ""]);
+    assert_eq!(v["faithful"], true, "the self-check keeps the trace's own device limit");
+    assert_eq!(v["device_memory"], 85_899_345_920u64);
+    for s in v["scenarios"].as_array().unwrap() {
+        assert_eq!(s["oom"], false, "{s}");
+        assert_eq!(s["peak_reserved"], 13_170_114_560u64, "{s}");
+    }
+}

@@ -7,6 +7,8 @@
 //! first request that failed. And the simulation of every kept trace under its own settings must
 //! reproduce it (the self-check).
 
+#![allow(clippy::unwrap_used)] // the JSON ground truth is read in helpers, outside #[test] functions
+
 use gpufrag::rules::AllocConf;
 use gpufrag::sim::{self, Limits, Scenario};
 use gpufrag::snapshot;

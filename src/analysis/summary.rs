@@ -81,8 +81,13 @@ pub struct FailedCallSummary {
 /// Figures of one device, or of one process on one device.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct DeviceSummary {
-    /// CUDA ordinal.
+    /// The device: under `run`, `attach` and `agent` the node's GPU index (NVML's order), the
+    /// process's CUDA ordinal placed through its `CUDA_VISIBLE_DEVICES` and
+    /// `NVIDIA_VISIBLE_DEVICES`; in a snapshot, PyTorch's device index.
     pub device: i16,
+    /// The GPU's UUID (`hw.id`), when the live front end knew it (NVML).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hw_id: Option<String>,
     /// Bytes held from the driver.
     pub reserved: u64,
     /// Bytes in live framework blocks (every segment's bytes where no framework is seen).
@@ -146,6 +151,24 @@ pub struct ProcessSummary {
     /// driver segments were seen.
     #[serde(default)]
     pub framework: Option<crate::framework::Framework>,
+    /// Base name of its executable, when the live front end read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exe: Option<String>,
+    /// `container.id`: the container it runs in, from its cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    /// `k8s.pod.uid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k8s_pod_uid: Option<String>,
+    /// `k8s.pod.name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k8s_pod_name: Option<String>,
+    /// `k8s.namespace.name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k8s_namespace_name: Option<String>,
+    /// `k8s.container.name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k8s_container_name: Option<String>,
 }
 
 /// One segment in a table.
@@ -241,6 +264,12 @@ pub struct OomSummary {
     /// The caching allocator whose request failed (or that manages the process), when known.
     #[serde(default)]
     pub framework: Option<crate::framework::Framework>,
+    /// The GPU's UUID (`hw.id`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hw_id: Option<String>,
+    /// `container.id` of the failing process, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
 }
 
 fn device_summary(
@@ -278,6 +307,7 @@ fn device_summary(
     }
     DeviceSummary {
         device,
+        hw_id: None,
         reserved: f.reserved,
         allocated: f.allocated,
         framework_reserved: f.framework_reserved,
@@ -303,6 +333,51 @@ fn device_summary(
 }
 
 impl Summary {
+    /// Adds who each process is (`state.identities`) and each device's UUID (`attribution`'s
+    /// node GPUs) to the figures: the live front ends call this; a replayed record has neither.
+    pub fn attribute(&mut self, state: &State, attribution: &crate::attribution::Attribution) {
+        let uuid = |d: i16| attribution.gpu_uuid(d).map(str::to_string);
+        for d in &mut self.devices {
+            d.hw_id = uuid(d.device);
+        }
+        for p in &mut self.processes {
+            p.figures.hw_id = uuid(p.figures.device);
+        }
+        for o in &mut self.ooms {
+            o.hw_id = uuid(o.device);
+        }
+        self.identify(state);
+    }
+
+    /// Adds who each process is (`state.identities`: executable, container, pod) to the
+    /// processes and OOMs (the live views, which see the state but not the GPU table).
+    pub fn identify(&mut self, state: &State) {
+        for p in &mut self.processes {
+            if let Some(id) = state.identities.get(&p.pid) {
+                p.exe = Some(id.exe.clone());
+                p.container_id = id.container_id.clone();
+                p.k8s_pod_uid = id.pod_uid.clone();
+                p.k8s_pod_name = id.pod_name.clone();
+                p.k8s_namespace_name = id.namespace.clone();
+                p.k8s_container_name = id.container_name.clone();
+            }
+        }
+        for o in &mut self.ooms {
+            o.container_id = state.identities.get(&o.pid).and_then(|id| id.container_id.clone());
+        }
+    }
+
+    /// `pid P`, with its pod (`NAMESPACE/NAME`) or container (first 12 hex digits) when known:
+    /// how views name a process.
+    pub fn process_label(p: &ProcessSummary) -> String {
+        match (&p.k8s_namespace_name, &p.k8s_pod_name, &p.container_id) {
+            (Some(ns), Some(pod), _) => format!("pid {} {ns}/{pod}", p.pid),
+            (None, Some(pod), _) => format!("pid {} {pod}", p.pid),
+            (_, None, Some(c)) => format!("pid {} ctr {}", p.pid, &c[..c.len().min(12)]),
+            _ => format!("pid {}", p.pid),
+        }
+    }
+
     /// The summary of `state`, for `source`.
     pub fn from_state(state: &State, source: &str) -> Summary {
         let mut devices = Vec::new();
@@ -319,6 +394,12 @@ impl Summary {
                     allocs: s.allocs,
                     frees: s.frees,
                     framework: s.framework,
+                    exe: None,
+                    container_id: None,
+                    k8s_pod_uid: None,
+                    k8s_pod_name: None,
+                    k8s_namespace_name: None,
+                    k8s_container_name: None,
                 });
             }
         }
@@ -375,6 +456,8 @@ impl Summary {
                     fix: inputs.fix(),
                     driver_failures_before,
                     framework: o.framework,
+                    hw_id: None,
+                    container_id: None,
                 }
             })
             .collect();

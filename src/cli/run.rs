@@ -28,9 +28,9 @@ pub struct Args {
     /// Seconds between the Python hook's allocator snapshots.
     #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
     pub python_interval: f64,
-    /// Events each traced process's rings hold, all lanes together (a power of two; split evenly
-    /// over GPUFRAG_RING_LANES lanes, 16 by default); when full, events are dropped and counted,
-    /// never waited for.
+    /// Events each traced process's rings hold, all lanes together (a power of two, default
+    /// 1048576; split evenly over GPUFRAG_RING_LANES lanes, 16 by default); when full, events are
+    /// dropped and counted, never waited for.
     #[arg(long, value_name = "N")]
     pub ring_capacity: Option<u64>,
     /// The shim to preload (default: libgpufrag_preload.so next to this executable).
@@ -102,6 +102,9 @@ fn exit_code_of(status: ExitStatus) -> u8 {
     }
 }
 
+/// Messages applied between two looks at the child and the clock.
+const RECV_BATCH: usize = 4096;
+
 /// Runs `run`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let preload = find_preload(args.preload.as_deref())?;
@@ -144,7 +147,15 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let mut last_status = Instant::now();
     let status = loop {
         match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(m) => live.handle(m),
+            Ok(m) => {
+                live.handle(m);
+                // What else is queued, before the periodic work and the look at the child: one
+                // `wait4` and one clock read per message cost this thread as much as applying
+                // the message, and it shares the machine with the drainer and the program.
+                for m in rx.try_iter().take(RECV_BATCH) {
+                    live.handle(m);
+                }
+            }
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {}
         }

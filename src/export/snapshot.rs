@@ -46,6 +46,8 @@ pub struct ProcessPoint {
     pub ooms: [u64; Verdict::ALL.len()],
     /// Whether the process exited.
     pub exited: bool,
+    /// Its container and pod, when known (`container.id`, `k8s.*`).
+    pub identity: Option<Arc<crate::attribution::Identity>>,
 }
 
 /// What is known of a device.
@@ -377,7 +379,11 @@ impl Builder {
             if exited && self.exited_at.get(&pid).is_some_and(|t| now.duration_since(*t) > EXITED_KEEP) {
                 continue;
             }
-            let exe = self.exe_name(pid);
+            let identity = state.identities.get(&pid).cloned();
+            let exe = match &identity {
+                Some(id) => Arc::from(id.exe.as_str()),
+                None => self.exe_name(pid),
+            };
             let point = ProcessPoint {
                 pid,
                 exe,
@@ -388,6 +394,7 @@ impl Builder {
                 frees: s.frees,
                 ooms: ooms.get(&key).copied().unwrap_or_default(),
                 exited,
+                identity,
             };
             self.last.insert(key, point.clone());
             processes.push(point);
@@ -454,6 +461,39 @@ mod tests {
 
     fn builder() -> Builder {
         Builder::new(GpuIds::without_nvml())
+    }
+
+    #[test]
+    fn a_containers_process_carries_its_container_and_pod_until_dropped_after_exit() {
+        let mut st = State::default();
+        st.apply(&alloc(10, 1 << 30, 4 << 20));
+        let id = crate::attribution::Identity {
+            exe: "train".into(),
+            container_id: Some("c0ffee".repeat(10) + "c0ff"),
+            pod_uid: Some("b3922967-14e1-4867-9388-461bac94b37e".into()),
+            pod_name: Some("trainer-0".into()),
+            namespace: Some("ml".into()),
+            ..Default::default()
+        };
+        st.identities.insert(10, Arc::new(id));
+        let store = Arc::new(Store::default());
+        let mut b = builder();
+        store.put(b.build(&st));
+        let r = Reader::new(store.clone());
+        let attrs = super::super::catalog::process_attrs(&r.view().processes[0]);
+        let keys: Vec<&str> = attrs.iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys, ["process.pid", "process.executable.name", "hw.id", "container.id", "k8s.pod.uid", "k8s.pod.name", "k8s.namespace.name"]);
+        assert_eq!(attrs[1].1.to_label(), "train");
+        r.collected(true);
+        // It exits and the state forgets it (the agent): exported once more, with its pod, then gone.
+        st.apply(&Event::new(EventKind::ProcessExit, 10, -1));
+        st.forget(10);
+        store.put(b.build(&st));
+        let v = r.view();
+        assert_eq!(v.processes.len(), 1);
+        assert!(v.processes[0].exited && v.processes[0].identity.as_ref().is_some_and(|i| i.pod_name.as_deref() == Some("trainer-0")));
+        r.collected(true);
+        assert!(r.view().processes.is_empty());
     }
 
     #[test]

@@ -179,6 +179,10 @@ pub struct State {
     /// XLA BFC block events outside every device segment of their process: XLA's pinned host
     /// memory allocator is a BFC allocator too (the probes see both); not device memory, skipped.
     pub host_bfc_blocks: u64,
+    /// Who each process is (name, container, pod), as the live front end read it from `/proc`
+    /// when the process was first seen ([`crate::attribution`]). Not carried by events: a
+    /// replayed record has none.
+    pub identities: BTreeMap<u32, std::sync::Arc<crate::attribution::Identity>>,
     rules: AllocatorRules,
 }
 
@@ -215,6 +219,7 @@ impl State {
     /// process's OOM records, anomalies and exit time stay.
     pub fn forget(&mut self, pid: u32) {
         self.spaces.retain(|&(p, _), _| p != pid);
+        self.identities.remove(&pid);
     }
 
     /// The map of (pid, device), created on first use.

@@ -56,7 +56,7 @@ pub fn apply_to_summary(summary: &mut Summary, stream: impl FnOnce() -> Result<R
     let best = rank(&outcomes)[0].index;
     let sentence = recommendation(&outcomes);
     for o in summary.ooms.iter_mut().filter(|o| o.device == stream.device) {
-        o.fix = format!("{sentence} (simulated: gpufrag whatif {})", summary.source);
+        o.fix = format!("{sentence} (simulated over {} allocator settings: gpufrag whatif FILE)", outcomes.len());
     }
     summary.whatif = Some(WhatIfSummary {
         faithful: true,

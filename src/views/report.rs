@@ -272,7 +272,7 @@ fn tables(out: &mut String, s: &Summary) {
         out.push_str("<h3>Per process</h3>\n<table id=\"processes-table\">\n");
         out.push_str(head);
         for p in &s.processes {
-            device_row(out, &format!("pid {} · device {}", p.pid, p.figures.device), &p.figures, &format!(" data-pid=\"{}\"", p.pid));
+            device_row(out, &format!("{} · device {}", crate::analysis::summary::Summary::process_label(p), p.figures.device), &p.figures, &format!(" data-pid=\"{}\"", p.pid));
         }
         out.push_str("</table>\n");
     }
