@@ -2,7 +2,8 @@
 /* gpufrag.bpf.c: the eBPF half of gpufrag's kernel-side capture.
  *
  * Owns: the uprobes/uretprobes on libcuda's exported memory functions, the USDT (and .symtab
- * uprobe fallback) programs for PyTorch's caching allocator, the per-thread device tracking that
+ * uprobe fallback) programs for PyTorch's caching allocator, the uprobes on XLA's BFC allocator
+ * (tsl::BFCAllocator::AllocateRaw / DeallocateRaw, found by name in .symtab), the per-thread device tracking that
  * attributes allocations to a CUDA ordinal, and the raw tracepoints that follow forks and notice
  * exits. Everything it learns leaves as `struct gpufrag_event` (include/gpufrag_event.h, the one
  * wire format) through one ring buffer; what cannot be reserved there is counted per CPU in
@@ -71,6 +72,9 @@ enum gpufrag_fn {
 	FN_POOL_GET_ATTRIBUTE,
 	/* PyTorch caching allocator, .symtab fallback */
 	FN_TORCH_MALLOC,
+	/* XLA's BFC allocator: AllocateRaw(this, alignment, num_bytes, attrs) and its 2-argument overload */
+	FN_BFC_ALLOC,
+	FN_BFC_ALLOC_PLAIN,
 };
 
 struct call {
@@ -79,7 +83,7 @@ struct call {
 	__u64 valid;
 };
 
-#define FN_COUNT (FN_TORCH_MALLOC + 1)
+#define FN_COUNT (FN_BFC_ALLOC_PLAIN + 1)
 
 /* Per thread, in task-local storage (freed with the thread; no hashing, no lock on the hot
  * path): one saved call per probed function, so that a probed function called from inside
@@ -503,6 +507,26 @@ static __always_inline int finish_call(struct pt_regs *ctx, __u32 fn)
 		b->stream = c->arg[4];
 		submit_event(b);
 		return 0;
+	case FN_BFC_ALLOC: /* tsl::BFCAllocator::AllocateRaw(this, size_t alignment, size_t num_bytes[, attrs]) -> void* */
+	case FN_BFC_ALLOC_PLAIN: {
+		__u64 ptr = (__u64)PT_REGS_RC(ctx);
+		note_traced(tgid);
+		/* The thread's device when known; else user space finds the map holding the address. */
+		__s16 dev = t->device_known ? t->device : -1;
+		struct gpufrag_event *b = reserve_event(id, ptr ? GPUFRAG_EV_BLOCK_ALLOC : GPUFRAG_EV_ALLOC_FAILED, dev,
+							GPUFRAG_F_SRC_EBPF | GPUFRAG_F_ALLOC_XLA_BFC | (ptr ? 0 : GPUFRAG_F_FAILED));
+		if (!b)
+			return 0;
+		b->addr = ptr;
+		b->requested = c->arg[2];
+		b->handle = c->arg[0]; /* the allocator: GPU_0_bfc and the host allocator are two */
+		if (!ptr) {
+			b->rc = 2; /* out of memory, in CUresult terms */
+			b->op = GPUFRAG_EV_BLOCK_ALLOC;
+		}
+		submit_event(b);
+		return 0;
+	}
 	default:
 		return 0;
 	}
@@ -574,6 +598,39 @@ SEC("uprobe") int torch_free_entry(struct pt_regs *ctx)
 	if (!e)
 		return 0;
 	e->addr = ptr;
+	submit_event(e);
+	return 0;
+}
+
+/* tsl::BFCAllocator::AllocateRaw(this, alignment, num_bytes, const AllocationAttributes&). Not
+ * saved when the thread is inside the 2-argument overload, whose return reports the call. */
+SEC("uprobe") int bfc_alloc_entry(struct pt_regs *ctx)
+{
+	struct thread_state *t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0, 0);
+	if (t && t->slot[FN_BFC_ALLOC_PLAIN].valid)
+		return 0;
+	return save_call(ctx, FN_BFC_ALLOC);
+}
+SEC("uretprobe") int bfc_alloc_return(struct pt_regs *ctx)
+{
+	return finish_call(ctx, FN_BFC_ALLOC);
+}
+PROBE_PAIR(bfc_alloc_plain, FN_BFC_ALLOC_PLAIN)
+
+/* tsl::BFCAllocator::DeallocateRaw(this, void *ptr): the chunk returns to the pool. Stamped at
+ * entry, before another thread can be handed the same chunk. */
+SEC("uprobe") int bfc_free_entry(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u64 ptr = PT_REGS_PARM2(ctx);
+	if (!ptr || !is_traced(id >> 32))
+		return 0;
+	note_traced(id >> 32);
+	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_BLOCK_FREE, -1, GPUFRAG_F_SRC_EBPF | GPUFRAG_F_ALLOC_XLA_BFC);
+	if (!e)
+		return 0;
+	e->addr = ptr;
+	e->handle = PT_REGS_PARM1(ctx);
 	submit_event(e);
 	return 0;
 }

@@ -12,6 +12,20 @@ and the device free PyTorch measured), and at exit. With `backend:cudaMallocAsyn
 blocks to send (the driver's pools hold them) and the hook stays quiet. It never turns on history
 recording, never imports torch itself, and swallows its own errors: the traced program comes first.
 Set GPUFRAG_PYTHON_HOOK=0 to switch it off. A sitecustomize the program had is imported after it.
+
+JAX and CuPy, once the program has imported them (the hook never imports either):
+- JAX: every GPU device's `memory_stats()` (XLA's BFC allocator: bytes_in_use, pool_bytes,
+  largest_free_block_bytes, bytes_limit, peak_bytes_in_use, num_allocs...) is sent every
+  GPUFRAG_PY_INTERVAL seconds, at exit, and when an XLA RESOURCE_EXHAUSTED error ("Out of memory
+  while trying to allocate N bytes") reaches sys.excepthook or threading.excepthook, with the
+  request parsed from the message: frame 5 (stats) and frame 6 (the OOM), JSON, each naming its
+  source. An OOM the program catches itself is not seen here (the eBPF probes see it).
+- CuPy: a `cupy.cuda.memory_hook.MemoryHook` installed for every thread (CuPy's hooks are
+  per-thread; the hook wraps `threading.Thread.run` so threads started later get it too) sends
+  each pool chunk handed out (`malloc_postprocess`: size, mem_size, mem_ptr, pmem_id) and
+  returned (`free_postprocess`) as gpufrag wire events (frame 4), so the address map holds CuPy's
+  chunks exactly; the pool's own used/total/free bytes go with the periodic stats, and a
+  cupy.cuda.memory.OutOfMemoryError is an OOM frame with the request and `memGetInfo`'s free.
 """
 
 import os
@@ -149,13 +163,209 @@ def _gpufrag_hook():
     else:
         sys.meta_path.insert(0, _TorchCudaFinder())
 
+    import json
+    import re
+
+    # gpufrag's wire event (include/gpufrag_event.h): 80 bytes, little-endian.
+    EVENT = struct.Struct("<QQQQQQQIIHhiIHH")
+    EV_BLOCK_ALLOC, EV_BLOCK_FREE, EV_ADOPT = 14, 15, 22
+    F_BLOCK_SIZE_KNOWN, F_ALLOC_CUPY = 1 << 5, 1 << 9
+    fw = {"cupy_hooked": set(), "cupy_hook": None, "oom_sent": set(), "cupy_devices": set()}
+
+    def send_json(kind, obj):
+        try:
+            send(kind, json.dumps(obj, separators=(",", ":")).encode())
+        except Exception:
+            pass
+
+    def jax_devices():
+        jax = sys.modules.get("jax")
+        if jax is None:
+            return []
+        try:
+            return [d for d in jax.local_devices() if getattr(d, "platform", "") == "gpu"]
+        except Exception:
+            return []
+
+    def jax_stats(when):
+        for d in jax_devices():
+            try:
+                stats = d.memory_stats()
+            except Exception:
+                continue
+            if stats:
+                send_json(5, {"framework": "xla", "source": "jax.Device.memory_stats()", "when": when,
+                              "device": int(getattr(d, "local_hardware_id", None) or d.id), "stats": {k: int(v) for k, v in stats.items()}})
+
+    def cupy_stats(when):
+        cupy = sys.modules.get("cupy")
+        if cupy is None or not fw["cupy_hooked"]:
+            return
+        try:
+            pool = cupy.get_default_memory_pool()
+            dev = int(cupy.cuda.runtime.getDevice())
+            stats = {"used_bytes": int(pool.used_bytes()), "total_bytes": int(pool.total_bytes()), "free_bytes": int(pool.free_bytes())}
+        except Exception:
+            return
+        send_json(5, {"framework": "cupy", "source": "cupy.get_default_memory_pool()", "when": when, "device": dev, "stats": stats})
+
+    units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
+
+    def requested_of(text, pattern):
+        m = re.search(pattern, text)
+        if not m:
+            return 0
+        n = float(m.group(1).replace(",", ""))
+        return int(n * units.get(m.group(2) or "B", 1))
+
+    def framework_oom(exc):
+        """An uncaught exception: an XLA RESOURCE_EXHAUSTED or a CuPy OutOfMemoryError becomes an OOM frame."""
+        if exc is None or id(exc) in fw["oom_sent"]:
+            return
+        text = str(exc)
+        name = type(exc).__name__
+        if "RESOURCE_EXHAUSTED" in text or ("Out of memory while trying to allocate" in text and "jax" in sys.modules):
+            fw["oom_sent"].add(id(exc))
+            req = requested_of(text, r"Out of memory while trying to allocate ([\d.,]+)\s*(B|KiB|MiB|GiB|TiB)?")
+            dev = re.search(r"GPU_(\d+)_bfc", text)
+            jax_stats("oom")
+            send_json(6, {"framework": "xla", "source": "XLA RESOURCE_EXHAUSTED", "device": int(dev.group(1)) if dev else 0,
+                          "requested": req, "message": text[:400]})
+        elif name == "OutOfMemoryError" and "cupy" in sys.modules:
+            fw["oom_sent"].add(id(exc))
+            req = requested_of(text, r"Out of memory allocating ([\d,]+) bytes()")
+            cupy = sys.modules["cupy"]
+            free = None
+            try:
+                dev = int(cupy.cuda.runtime.getDevice())
+                free = int(cupy.cuda.runtime.memGetInfo()[0])
+            except Exception:
+                dev = 0
+            cupy_stats("oom")
+            send_json(6, {"framework": "cupy", "source": "cupy.cuda.memory.OutOfMemoryError", "device": dev,
+                          "requested": req, "device_free": free, "message": text[:400]})
+
+    def make_cupy_hook(cupy):
+        base = cupy.cuda.memory_hook.MemoryHook
+
+        class GpufragMemoryHook(base):
+            """Sends every chunk CuPy's pool hands out and takes back (pool ids in `handle`)."""
+
+            name = "GpufragMemoryHook"
+
+            def malloc_preprocess(self, device_id, size, mem_size):
+                # Before the pool's first driver call on this device: CuPy's pool manages its
+                # memory, so a failed cudaMalloc is the pool's try (it frees and retries), not the OOM.
+                if device_id not in fw["cupy_devices"]:
+                    fw["cupy_devices"].add(device_id)
+                    send(4, EVENT.pack(time.monotonic_ns(), 0, 0, 0, 0, 0, 0, os.getpid(), threading.get_native_id(),
+                                       EV_ADOPT, device_id, 0, F_ALLOC_CUPY, 0, 0))
+
+            def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
+                if mem_ptr:
+                    ev = EVENT.pack(time.monotonic_ns(), mem_ptr, mem_size, size, pmem_id, 0, 0, os.getpid(),
+                                    threading.get_native_id(), EV_BLOCK_ALLOC, device_id, 0, F_BLOCK_SIZE_KNOWN | F_ALLOC_CUPY, 0, 0)
+                    send(4, ev)
+
+            def free_postprocess(self, device_id, mem_size, mem_ptr, pmem_id):
+                if mem_ptr:
+                    ev = EVENT.pack(time.monotonic_ns(), mem_ptr, mem_size, 0, pmem_id, 0, 0, os.getpid(),
+                                    threading.get_native_id(), EV_BLOCK_FREE, device_id, 0, F_ALLOC_CUPY, 0, 0)
+                    send(4, ev)
+
+        return GpufragMemoryHook()
+
+    def hook_cupy_thread():
+        """CuPy's memory hooks are per thread: installs ours in the calling thread."""
+        cupy = sys.modules.get("cupy")
+        if cupy is None or st["dead"]:
+            return
+        tid = threading.get_ident()
+        if tid in fw["cupy_hooked"]:
+            return
+        try:
+            if fw["cupy_hook"] is None:
+                fw["cupy_hook"] = make_cupy_hook(cupy)
+            fw["cupy_hook"].__enter__()
+            fw["cupy_hooked"].add(tid)
+        except Exception:
+            pass
+
+    real_thread_run = threading.Thread.run
+
+    def thread_run(self, *a, **k):
+        hook_cupy_thread()
+        return real_thread_run(self, *a, **k)
+
+    threading.Thread.run = thread_run
+
+    class _CupyFinder:
+        """Hooks the importing (main) thread as soon as cupy finishes importing."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name != "cupy":
+                return None
+            import importlib.machinery
+
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return None
+            real_exec = spec.loader.exec_module
+
+            def exec_module(module):
+                real_exec(module)
+                try:
+                    sys.modules["cupy"] = module
+                    hook_cupy_thread()
+                except Exception:
+                    pass
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    if "cupy" in sys.modules:
+        hook_cupy_thread()
+    else:
+        sys.meta_path.insert(0, _CupyFinder())
+
+    real_excepthook = sys.excepthook
+
+    def excepthook(tp, value, tb):
+        try:
+            framework_oom(value)
+        except Exception:
+            pass
+        return real_excepthook(tp, value, tb)
+
+    sys.excepthook = excepthook
+    real_thread_excepthook = threading.excepthook
+
+    def thread_excepthook(args):
+        try:
+            framework_oom(args.exc_value)
+        except Exception:
+            pass
+        return real_thread_excepthook(args)
+
+    threading.excepthook = thread_excepthook
+
     def watcher():
         while not st["dead"]:
             if cuda_ready():
                 arm()
                 if st["armed"] and not st["dead"]:
                     snapshot()
+            jax_stats("periodic")
+            cupy_stats("periodic")
             time.sleep(interval)
+
+    def at_exit():
+        arm()
+        if not st["dead"]:
+            snapshot()
+        framework_oom(getattr(sys, "last_value", None))
+        jax_stats("exit")
+        cupy_stats("exit")
 
     def in_child():
         # A forked child shares the parent's socket: it must not write into it.
@@ -167,7 +377,7 @@ def _gpufrag_hook():
     except AttributeError:
         pass
     threading.Thread(target=watcher, name="gpufrag-hook", daemon=True).start()
-    atexit.register(lambda: (arm(), None if st["dead"] else snapshot()))
+    atexit.register(at_exit)
 
 
 def _gpufrag_chain():

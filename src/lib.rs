@@ -8,10 +8,13 @@
 
 pub mod analysis;
 pub mod attribution;
+pub mod bfc;
 pub mod cli;
 pub mod consumer;
+pub mod cupy_pool;
 pub mod ebpf;
 pub mod export;
+pub mod framework;
 pub use gpufrag_wire::{event, hello, ring};
 pub mod ingest;
 pub mod input;

@@ -12,7 +12,7 @@ use crate::record;
 use crate::source::{now_ns, Msg};
 use crate::units::human_bytes as h;
 use anyhow::Context;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -36,6 +36,9 @@ pub struct Live {
     pub observers: Vec<Box<dyn crate::observe::Observer>>,
     /// Driver failures held back: (index in `state.ooms`, when seen).
     pending_ooms: Vec<(usize, Instant)>,
+    /// The frameworks' own statistics from Python hooks: the latest per (pid, device, framework),
+    /// and the last one read at an out-of-memory error.
+    pub framework_reports: BTreeMap<(u32, i16, crate::framework::Framework, bool), crate::framework::FrameworkReport>,
     /// Who each process is and which node GPU each of its CUDA ordinals is: every event is
     /// filed under the node's GPU index before it is applied.
     pub attribution: crate::attribution::Attribution,
@@ -83,7 +86,7 @@ impl Live {
             Some(p) => Some(record::Writer::create(p).with_context(|| format!("creating the record file {}", p.display()))?),
             None => None,
         };
-        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: Vec::new(), observers: Vec::new(), pending_ooms: Vec::new(), attribution: crate::attribution::Attribution::for_node(std::env::var("GPUFRAG_NVML_LIB").ok().as_deref()) })
+        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: Vec::new(), observers: Vec::new(), pending_ooms: Vec::new(), framework_reports: BTreeMap::new(), attribution: crate::attribution::Attribution::for_node(std::env::var("GPUFRAG_NVML_LIB").ok().as_deref()) })
     }
 
     /// Reads who a process is when it starts (or is first seen), and files the event under the
@@ -168,6 +171,35 @@ impl Live {
                     ..Event::new(EventKind::AllocFailed, pid, device)
                 };
                 self.apply(&e);
+            }
+            Msg::FrameworkStats(r) => {
+                self.framework_reports.insert((r.pid, r.device, r.framework, r.when == "oom"), r);
+            }
+            Msg::FrameworkOom { pid, framework, device, requested, device_free } => {
+                let e = Event {
+                    ts_ns: now_ns(),
+                    requested,
+                    device_free: device_free.unwrap_or(0),
+                    rc: 2,
+                    op: EventKind::BlockAlloc as u16,
+                    flags: F_FAILED | framework.flags() | if device_free.is_some() { F_DEVICE_FREE_KNOWN } else { 0 },
+                    ..Event::new(EventKind::AllocFailed, pid, device)
+                };
+                self.apply(&e);
+                // Under `run` XLA's pool is one mapping with nothing visible inside: the OOM's
+                // figures are the ones BFC itself reported right after the failure.
+                if let (crate::framework::Framework::Xla, Some(r)) = (framework, self.framework_reports.get(&(pid, device, framework, true))) {
+                    let st = |k: &str| r.stats.get(k).copied().unwrap_or(0);
+                    if let Some(o) = self.state.ooms.last_mut().filter(|o| o.pid == pid) {
+                        let (pool, used) = (st("pool_bytes"), st("bytes_in_use"));
+                        o.figures.reserved = pool;
+                        o.figures.allocated = used;
+                        o.figures.stranded = pool.saturating_sub(used);
+                        o.figures.releasable = 0;
+                        o.figures.largest_free_block = st("largest_free_block_bytes");
+                        o.figures.framework_seen = true;
+                    }
+                }
             }
             Msg::Named { pid, name } => {
                 // A process gone before /proc was read has no name there: the one read early.
@@ -290,6 +322,15 @@ impl Live {
         } else if s.devices.iter().any(|d| d.level == "segment") {
             s.notes.push("segment level only: no caching allocator's blocks were seen, so allocated equals reserved and nothing counts as stranded".into());
         }
+        for r in self.framework_reports.values() {
+            s.notes.push(format!("reported by the framework itself: {}", r.line()));
+        }
+        if s.ooms.iter().any(|o| o.framework == Some(crate::framework::Framework::Xla))
+            && self.framework_reports.keys().any(|k| k.2 == crate::framework::Framework::Xla && k.3)
+        {
+            s.notes.push("an XLA OOM's figures (pool, in use, free, largest free chunk) are jax.Device.memory_stats() read right after the failure; a replay of the record file has only what the shim saw".into());
+        }
+        s.framework_stats = self.framework_reports.values().cloned().collect();
         if let Some(e) = &self.record_error {
             s.notes.push(format!("the record file stopped at an error: {e}"));
         }

@@ -54,6 +54,22 @@ pub enum Msg {
         /// Device free bytes PyTorch measured.
         device_free: u64,
     },
+    /// A framework's own statistics from a Python hook (JAX's `memory_stats()`, CuPy's pool).
+    FrameworkStats(crate::framework::FrameworkReport),
+    /// A framework's out-of-memory error reached the Python hook (XLA's RESOURCE_EXHAUSTED, CuPy's
+    /// OutOfMemoryError).
+    FrameworkOom {
+        /// The process.
+        pid: u32,
+        /// The allocator that failed.
+        framework: crate::framework::Framework,
+        /// Device.
+        device: i16,
+        /// Bytes requested, as the error message gives them.
+        requested: u64,
+        /// Device free bytes, when the hook measured them.
+        device_free: Option<u64>,
+    },
     /// A Python hook's message could not be used, or a source has something to say.
     Warning(String),
     /// A process is known by this name (the eBPF session learns names from `/proc`, not from a

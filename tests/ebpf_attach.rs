@@ -102,6 +102,29 @@ fn pytorch_blocks_through_symtab_uprobes_without_usdt() {
 }
 
 #[test]
+fn xla_bfc_chunks_through_symtab_uprobes_match_the_allocators_own_stats() {
+    require_ebpf!();
+    let lib = fixtures().xla_lib.display().to_string();
+    let t = attach_from_start(&["xla", &lib], 1, &["--lib", &lib]);
+    assert_matches_printed(&t);
+    let want = &printed_figures(&t.stdout)[&0];
+    let d = device(&t.summary, 0);
+    assert_eq!(u(d, "allocated"), want["bfc_bytes_in_use"], "bytes_in_use\n{d:#}");
+    assert_eq!(u(d, "largest_free_block"), want["bfc_largest_free_block"], "largest_free_block_bytes\n{d:#}");
+    assert_eq!(u(d, "reserved"), want["bfc_pool_bytes"], "pool_bytes\n{d:#}");
+    assert_eq!(u(d, "blocks"), 5, "{d:#}");
+    let notes = t.summary["notes"].to_string();
+    assert!(notes.contains("XLA BFC blocks: uprobes on tsl::BFCAllocator::AllocateRaw (both overloads) and DeallocateRaw from .symtab"), "{notes}");
+    let p = &t.summary["processes"][0];
+    assert_eq!(p["framework"], "xla", "{p:#}");
+    let o = &t.summary["ooms"][0];
+    assert_eq!(u(o, "requested"), 20 * MIB, "{o:#}");
+    assert_eq!(o["verdict"], "fragmentation", "{o:#}");
+    assert_eq!(o["framework"], "xla", "{o:#}");
+    assert!(o["fix"].to_string().contains("XLA_PYTHON_CLIENT_PREALLOCATE=false"), "{o:#}");
+}
+
+#[test]
 fn a_failed_allocation_is_an_oom_with_its_request() {
     require_ebpf!();
     let t = attach_from_start(&["oom"], 1, &[]);

@@ -50,6 +50,94 @@ fn hook_brings_blocks_and_the_oom_verdict() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `gpufrag run` of a Python program with the stand-in driver (simcuda) on LD_LIBRARY_PATH and
+/// the stand-in modules of tests/python_hook on PYTHONPATH: (summary, stdout, exit status).
+fn run_python(script: &str, mem: &str, reserve: &str) -> (Value, String, std::process::ExitStatus) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let bin = Path::new(env!("CARGO_BIN_EXE_gpufrag"));
+    let simcuda = bin.with_file_name("simcuda");
+    assert!(simcuda.join("libcuda.so.1").exists(), "{} has no libcuda.so.1: build the workspace", simcuda.display());
+    let dir = std::env::temp_dir().join(format!("gpufrag-pyhook-{}-{}", std::process::id(), script.replace('.', "_")));
+    std::fs::create_dir_all(dir.join("state")).expect("temp dir");
+    let summary = dir.join("summary.json");
+    let out = Command::new(bin)
+        .args(["run", "-q", "--no-report", "--no-feed", "--python-interval", "0.05", "--summary-json"])
+        .arg(&summary)
+        .arg("--")
+        .arg("python3")
+        .arg(root.join("tests/python_hook").join(script))
+        .env("PYTHONPATH", root.join("tests/python_hook"))
+        .env("LD_LIBRARY_PATH", &simcuda)
+        .env("SIMCUDA_MEM", mem)
+        .env("SIMCUDA_RESERVE", reserve)
+        .env("SIMCUDA_STATE_DIR", dir.join("state"))
+        .output()
+        .expect("run gpufrag");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let text = std::fs::read_to_string(&summary).unwrap_or_else(|e| panic!("no summary: {e}\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+    let _ = std::fs::remove_dir_all(&dir);
+    (serde_json::from_str(&text).expect("json"), stdout, out.status)
+}
+
+/// `KEY=number` pairs of the line of `stdout` that starts with `tag`.
+fn printed(stdout: &str, tag: &str) -> std::collections::BTreeMap<String, u64> {
+    let line = stdout.lines().find(|l| l.starts_with(tag)).unwrap_or_else(|| panic!("no {tag} line in {stdout}"));
+    line.split_whitespace().filter_map(|t| t.split_once('=')).filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?))).collect()
+}
+
+#[test]
+fn jax_memory_stats_and_the_resource_exhausted_oom_reach_the_summary_in_xlas_terms() {
+    let (s, stdout, status) = run_python("jax_oom.py", "16GiB", "615MiB");
+    assert_eq!(status.code(), Some(1), "the program dies of its uncaught RESOURCE_EXHAUSTED\n{stdout}");
+    let want = printed(&stdout, "STATS");
+    let stats = s["framework_stats"].as_array().expect("framework_stats");
+    let oom_read = stats.iter().find(|r| r["framework"] == "xla" && r["when"] == "oom").unwrap_or_else(|| panic!("no stats read at the OOM: {s:#}"));
+    assert_eq!(oom_read["source"], "jax.Device.memory_stats()");
+    for k in ["bytes_in_use", "largest_free_block_bytes", "pool_bytes"] {
+        assert_eq!(oom_read["stats"][k].as_u64(), Some(want[k]), "{k}: {s:#}");
+    }
+    let o = &s["ooms"][0];
+    assert_eq!(o["framework"], "xla", "{s:#}");
+    assert_eq!(o["requested"].as_u64(), Some(20 << 20), "{o:#}");
+    assert_eq!(o["verdict"], "fragmentation", "{o:#}");
+    assert_eq!(o["largest_free_block"].as_u64(), Some(want["largest_free_block_bytes"]), "{o:#}");
+    assert_eq!(o["stranded"].as_u64(), Some(want["pool_bytes"] - want["bytes_in_use"]), "{o:#}");
+    let fix = o["fix"].as_str().expect("fix");
+    for k in ["XLA_PYTHON_CLIENT_PREALLOCATE=false", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR=platform"] {
+        assert!(fix.contains(k), "{fix}");
+    }
+    assert!(s["notes"].to_string().contains("memory_stats() read right after the failure"), "{s:#}");
+}
+
+#[test]
+fn cupy_memory_hook_chunks_give_the_pools_used_total_and_free_bytes() {
+    // 128 MiB card, 64 MiB kept by the driver: 64 MiB free at start.
+    let (s, stdout, status) = run_python("cupy_work.py", "128MiB", "64MiB");
+    assert_eq!(status.code(), Some(1), "the program dies of its uncaught OutOfMemoryError\n{stdout}");
+    let want = printed(&stdout, "POOL");
+    let p = &s["processes"][0];
+    assert_eq!(p["framework"], "cupy", "{s:#}");
+    assert_eq!(p["level"], "block", "{s:#}");
+    assert_eq!(s["exact"], Value::Bool(true), "{s:#}");
+    // At the failure (the figures the program printed just before it): the map built from the
+    // MemoryHook's chunks equals the pool's own used / total / free bytes. (The pool's failed
+    // cudaMalloc calls fold into this OOM when the hook's messages reach the consumer before the
+    // shim's; when the shim's overtake them they are listed on their own, before it.)
+    let o = s["ooms"].as_array().expect("ooms").iter().find(|o| o["op"] == "block_alloc").unwrap_or_else(|| panic!("no CuPy OOM: {s:#}"));
+    assert_eq!(o["allocated"].as_u64(), Some(want["used"]), "used_bytes: {s:#}");
+    assert_eq!(o["reserved"].as_u64(), Some(want["total"]), "total_bytes: {s:#}");
+    assert_eq!(o["stranded"].as_u64().unwrap_or(0) + o["releasable"].as_u64().unwrap_or(0), want["free"], "free_bytes: {s:#}");
+    let read = s["framework_stats"].as_array().expect("framework_stats").iter().find(|r| r["framework"] == "cupy" && r["when"] == "oom").cloned().expect("cupy stats at the OOM");
+    assert_eq!(read["source"], "cupy.get_default_memory_pool()");
+    for (k, w) in [("used_bytes", "used"), ("total_bytes", "total"), ("free_bytes", "free")] {
+        assert_eq!(read["stats"][k].as_u64(), Some(want[w]), "{k}: {read:#}");
+    }
+    assert_eq!((o["framework"].as_str(), o["requested"].as_u64()), (Some("cupy"), Some(30 << 20)), "{s:#}");
+    assert_eq!(o["device_free"].as_u64(), Some(24 << 20), "memGetInfo's free at the failure: {o:#}");
+    assert_eq!(o["verdict"], "fragmentation", "{o:#}");
+    assert!(o["fix"].as_str().is_some_and(|f| f.contains("free_all_blocks") && f.contains("set_limit")), "{o:#}");
+}
+
 /// `run --record` with the hook: the record holds the hook's block events (each with its
 /// requested size and its segment's stream), and replaying it gives exactly the snapshot's live
 /// blocks (issue 15: a replay of the allocator's decisions reads block events from `run` records).

@@ -9,6 +9,7 @@
 pub mod render;
 pub mod summary;
 
+use crate::framework::Framework;
 use crate::units::human_bytes;
 
 /// What the driver keeps back from the largest single request: measured on the H200, the largest
@@ -67,21 +68,6 @@ impl Verdict {
     }
 }
 
-impl OomInputs {
-    /// The numbers of a recorded failure: its request, the device free bytes it saw (0 when
-    /// unknown), and its process's figures at that moment.
-    pub fn of(o: &crate::ingest::OomRecord) -> OomInputs {
-        OomInputs {
-            requested: o.requested,
-            device_free: o.device_free.unwrap_or(0),
-            stranded: o.figures.stranded,
-            releasable: o.figures.releasable,
-            largest_free_block: o.figures.largest_free_block,
-            framework: o.figures.framework_seen,
-        }
-    }
-}
-
 /// The numbers an OOM verdict compares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OomInputs {
@@ -97,9 +83,29 @@ pub struct OomInputs {
     pub largest_free_block: u64,
     /// Whether a caching allocator was seen (the fix names its setting).
     pub framework: bool,
+    /// Which one, when known: the explanation and the fixes are in its terms. For XLA's BFC
+    /// allocator the device's free memory is not counted: the pool is capped by its limit
+    /// (`XLA_PYTHON_CLIENT_MEM_FRACTION` of the card, all of it preallocated by default), so what
+    /// lies outside it cannot serve the request.
+    pub allocator: Option<Framework>,
 }
 
 impl OomInputs {
+    /// The numbers of a recorded failure: its request, the device free bytes it saw (0 when
+    /// unknown, and not counted for XLA's pool), its process's figures at that moment, and the
+    /// allocator that failed.
+    pub fn of(o: &crate::ingest::OomRecord) -> OomInputs {
+        OomInputs {
+            requested: o.requested,
+            device_free: if o.framework == Some(Framework::Xla) { 0 } else { o.device_free.unwrap_or(0) },
+            stranded: o.figures.stranded,
+            releasable: o.figures.releasable,
+            largest_free_block: o.figures.largest_free_block,
+            framework: o.figures.framework_seen,
+            allocator: o.framework,
+        }
+    }
+
     /// The verdict: `true_oom` when the request exceeds device free + stranded + releasable,
     /// `fragmentation` when that sum covers it but no single run does.
     pub fn verdict(&self) -> Verdict {
@@ -117,6 +123,19 @@ impl OomInputs {
     pub fn explanation(&self) -> String {
         let total = self.device_free + self.stranded + self.releasable;
         let h = human_bytes;
+        if self.allocator == Some(Framework::Xla) {
+            return match self.verdict() {
+                Verdict::TrueOom => format!("true OOM inside XLA's BFC pool: {} requested, {} free in the pool in all", h(self.requested), h(total)),
+                Verdict::Fragmentation => format!(
+                    "fragmentation OOM inside XLA's BFC pool: {} requested and {} free in the pool, but its largest free chunk is {}",
+                    h(self.requested), h(total), h(self.largest_free_block)
+                ),
+                Verdict::Inconclusive => format!(
+                    "inconclusive: {} requested and by the traced figures XLA's pool has a free chunk of {}; the failure comes from outside what was traced",
+                    h(self.requested), h(self.largest_free_block)
+                ),
+            };
+        }
         match self.verdict() {
             Verdict::TrueOom => format!(
                 "true OOM: {} requested, but only {} is free in all (device free {} + stranded {} + releasable {})",
@@ -138,6 +157,29 @@ impl OomInputs {
 
     /// What to do about it.
     pub fn fix(&self) -> String {
+        let h = human_bytes;
+        match (self.verdict(), self.allocator) {
+            (Verdict::Fragmentation, Some(Framework::Xla)) => format!(
+                "XLA's BFC pool has {} free but not in one piece (largest free chunk {}). For JAX: XLA_PYTHON_CLIENT_PREALLOCATE=false lets the pool grow region by region from 2 MiB instead of one preallocated block (free chunks still merge only inside a region, the first steps pay driver allocations, and other processes can take what JAX has not claimed yet); XLA_PYTHON_CLIENT_MEM_FRACTION above the default .75 gives the pool more room (less for cuDNN/cuBLAS workspaces, NCCL and other processes); XLA_PYTHON_CLIENT_ALLOCATOR=platform drops the pool (every buffer its own driver allocation, freed at once: no fragmentation inside a pool, but a cuMemAlloc/cuMemFree per buffer, much slower; for debugging); or allocate the large buffer first, before smaller ones pin the space around it",
+                h(self.stranded + self.releasable), h(self.largest_free_block)
+            ),
+            (Verdict::TrueOom, Some(Framework::Xla)) => format!(
+                "the request is larger than all free memory in XLA's BFC pool (short by {}): reduce the batch, donate buffers (jax.jit donate_argnums), rematerialise (jax.checkpoint), or raise XLA_PYTHON_CLIENT_MEM_FRACTION (less left for other libraries and processes)",
+                h(self.requested.saturating_sub(self.stranded + self.releasable))
+            ),
+            (Verdict::Fragmentation, Some(Framework::Cupy)) => format!(
+                "CuPy's pool holds {} free, {} of it in unused driver allocations, the largest free chunk {}: {}",
+                h(self.stranded + self.releasable), h(self.releasable), h(self.largest_free_block), crate::cupy_pool::FIXES.join("; or ")
+            ),
+            (Verdict::TrueOom, Some(Framework::Cupy)) => format!(
+                "the request is larger than all free memory, CuPy's cache included (short by {}): make arrays smaller or fewer; {}",
+                h(self.requested.saturating_sub(self.device_free + self.stranded + self.releasable)), crate::cupy_pool::FIXES[0]
+            ),
+            _ => self.fix_pytorch_or_driver(),
+        }
+    }
+
+    fn fix_pytorch_or_driver(&self) -> String {
         let h = human_bytes;
         let release = if self.releasable > 0 {
             format!("; releasing the cache (torch.cuda.empty_cache()) would have returned {}", h(self.releasable))
@@ -175,7 +217,22 @@ mod tests {
             releasable: 0,
             largest_free_block: 209_715_200,
             framework: true,
+            allocator: Some(Framework::Pytorch),
         }
+    }
+
+    #[test]
+    fn xla_fragmentation_names_jaxs_settings_and_ignores_device_free() {
+        let mib = 1u64 << 20;
+        let o = OomInputs { requested: 20 * mib, device_free: 0, stranded: 25 * mib, releasable: 0, largest_free_block: 17 * mib, framework: true, allocator: Some(Framework::Xla) };
+        assert_eq!(o.verdict(), Verdict::Fragmentation);
+        let fix = o.fix();
+        for want in ["XLA_PYTHON_CLIENT_PREALLOCATE=false", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR=platform"] {
+            assert!(fix.contains(want), "{fix}");
+        }
+        assert!(o.explanation().contains("largest free chunk is 17.00 MiB"), "{}", o.explanation());
+        let c = OomInputs { allocator: Some(Framework::Cupy), releasable: 8 * mib, ..o };
+        assert!(c.fix().contains("free_all_blocks") && c.fix().contains("set_limit"), "{}", c.fix());
     }
 
     #[test]

@@ -46,6 +46,11 @@ pub struct Summary {
     /// the first 20 of them; `notes` gives the count.
     #[serde(default)]
     pub failed_calls: Vec<FailedCallSummary>,
+    /// The frameworks' own statistics, as their Python APIs reported them under `gpufrag run`
+    /// (JAX's `memory_stats()`, CuPy's pool): latest per process, device and framework, and the
+    /// one read at an out-of-memory error (`when: "oom"`).
+    #[serde(default)]
+    pub framework_stats: Vec<crate::framework::FrameworkReport>,
     /// How a live command captured the trace: `shim` (`run`: the LD_PRELOAD shim, with the Python
     /// hook's blocks) or `ebpf` (`attach`, `agent`); absent for a file (`analyze`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -142,6 +147,10 @@ pub struct ProcessSummary {
     pub allocs: u64,
     /// Frees seen.
     pub frees: u64,
+    /// The caching allocator seen in this process: `pytorch`, `xla` or `cupy`; `null` when only
+    /// driver segments were seen.
+    #[serde(default)]
+    pub framework: Option<crate::framework::Framework>,
     /// Base name of its executable, when the live front end read it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exe: Option<String>,
@@ -252,6 +261,9 @@ pub struct OomSummary {
     /// allocator's own attempts and retries), folded into it.
     #[serde(default)]
     pub driver_failures_before: u64,
+    /// The caching allocator whose request failed (or that manages the process), when known.
+    #[serde(default)]
+    pub framework: Option<crate::framework::Framework>,
     /// The GPU's UUID (`hw.id`), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hw_id: Option<String>,
@@ -381,6 +393,7 @@ impl Summary {
                     figures: device_summary(device, &s.map.figures(), totals.free, totals.total, std::slice::from_ref(s)),
                     allocs: s.allocs,
                     frees: s.frees,
+                    framework: s.framework,
                     exe: None,
                     container_id: None,
                     k8s_pod_uid: None,
@@ -442,6 +455,7 @@ impl Summary {
                     explanation: inputs.explanation(),
                     fix: inputs.fix(),
                     driver_failures_before,
+                    framework: o.framework,
                     hw_id: None,
                     container_id: None,
                 }
@@ -485,6 +499,7 @@ impl Summary {
             dropped: state.dropped,
             anomalies: state.anomaly_count,
             driver_failures,
+            framework_stats: Vec::new(),
             whatif: None,
             failed_calls: state
                 .failed_calls

@@ -284,8 +284,29 @@ pub const PY_ARMED: u32 = 3;
 pub const PY_ARMED_BYTES: usize = 8;
 /// Bytes of a frame's header (`<4sIQ`: magic, frame type, body length).
 pub const PY_HEADER_BYTES: usize = 16;
+/// Frame: wire events (80 bytes each) the hook made itself: CuPy's pool chunks from its
+/// MemoryHook (`BlockAlloc` / `BlockFree` with `F_ALLOC_CUPY`, and `Adopt` at address 0 before the
+/// pool's first allocation on a device; nothing else is accepted).
+pub const PY_EVENTS: u32 = 4;
+/// Frame: a framework's own statistics, JSON ([`crate::framework::FrameworkReport`] without the pid).
+pub const PY_STATS: u32 = 5;
+/// Frame: a framework's out-of-memory error, JSON (`framework`, `device`, `requested`,
+/// `device_free` or null, `source`, `message`).
+pub const PY_FRAMEWORK_OOM: u32 = 6;
 /// Largest frame accepted.
 const PY_MAX_FRAME: u64 = 1 << 31;
+
+/// The body of a [`PY_FRAMEWORK_OOM`] frame.
+#[derive(serde::Deserialize)]
+struct FrameworkOomFrame {
+    framework: crate::framework::Framework,
+    #[serde(default)]
+    device: i16,
+    #[serde(default)]
+    requested: u64,
+    #[serde(default)]
+    device_free: Option<u64>,
+}
 
 /// Reads a Python hook's frames until it closes, handing each to `emit`.
 pub fn python_reader(hello: Hello, mut stream: UnixStream, mut emit: impl FnMut(crate::source::Msg)) {
@@ -323,6 +344,37 @@ pub fn python_reader(hello: Hello, mut stream: UnixStream, mut emit: impl FnMut(
                 w.copy_from_slice(&body);
                 emit(crate::source::Msg::Armed { pid: hello.pid, device: i64::from_le_bytes(w) as i16 });
             }
+            PY_EVENTS if body.len() % crate::event::EVENT_SIZE == 0 => {
+                for chunk in body.chunks_exact(crate::event::EVENT_SIZE) {
+                    let Ok(b) = <&[u8; crate::event::EVENT_SIZE]>::try_from(chunk) else { continue };
+                    let mut e = crate::event::Event::from_bytes(b);
+                    let block = matches!(e.kind(), Some(crate::event::EventKind::BlockAlloc | crate::event::EventKind::BlockFree))
+                        || (e.kind() == Some(crate::event::EventKind::Adopt) && e.addr == 0);
+                    if !block || e.flags & crate::event::F_ALLOC_CUPY == 0 {
+                        emit(crate::source::Msg::Warning(format!("{name}: an event frame held a {} event; only CuPy block events are accepted", e.kind().map_or("unknown", |k| k.name()))));
+                        continue;
+                    }
+                    e.pid = hello.pid;
+                    emit(crate::source::Msg::Event(e));
+                }
+            }
+            PY_STATS => match serde_json::from_slice::<crate::framework::FrameworkReport>(&body) {
+                Ok(mut r) => {
+                    r.pid = hello.pid;
+                    emit(crate::source::Msg::FrameworkStats(r));
+                }
+                Err(e) => emit(crate::source::Msg::Warning(format!("{name}: unusable statistics frame: {e}"))),
+            },
+            PY_FRAMEWORK_OOM => match serde_json::from_slice::<FrameworkOomFrame>(&body) {
+                Ok(f) => emit(crate::source::Msg::FrameworkOom {
+                    pid: hello.pid,
+                    framework: f.framework,
+                    device: f.device,
+                    requested: f.requested,
+                    device_free: f.device_free,
+                }),
+                Err(e) => emit(crate::source::Msg::Warning(format!("{name}: unusable out-of-memory frame: {e}"))),
+            },
             t => emit(crate::source::Msg::Warning(format!("{name}: unknown frame type {t}"))),
         }
     }

@@ -237,16 +237,32 @@ fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
                 return;
             }
         }
+        // Events a Python hook made (CuPy's chunks) up to its first other message go in between
+        // the rings' events by timestamp (one clock): a chunk handed out before a failed driver
+        // call is applied before it. From its first other message on, everything follows the
+        // rings in the order sent, as before.
+        let mut pending = pending;
+        let first_other = pending.iter().position(|m| !matches!(m, Msg::Event(_))).unwrap_or(pending.len());
+        let mut py_events: std::collections::VecDeque<Event> =
+            pending.drain(..first_other).filter_map(|m| if let Msg::Event(e) = m { Some(e) } else { None }).collect();
+        let had_python = !py_events.is_empty();
         let mut moved = 0usize;
         let mut closed = Vec::new();
         if let Ok(mut rings) = shared.rings.lock() {
             for (i, c) in rings.iter_mut().enumerate() {
                 // With Python messages waiting, empty the rings completely first.
-                let flush = !pending.is_empty() || stopping;
+                let flush = !pending.is_empty() || had_python || stopping;
                 let limit = if flush { usize::MAX } else { BATCH };
                 // The lanes merged by timestamp, so one thread's free never overtakes another
                 // thread's allocation of the same memory.
-                let (n, open) = c.drain(limit, flush, |e| tx.send(Msg::Event(e)).is_ok());
+                let (n, open) = c.drain(limit, flush, |e| {
+                    while py_events.front().is_some_and(|p| p.ts_ns <= e.ts_ns) {
+                        if let Some(p) = py_events.pop_front() {
+                            let _ = tx.send(Msg::Event(p));
+                        }
+                    }
+                    tx.send(Msg::Event(e)).is_ok()
+                });
                 if !open {
                     return;
                 }
@@ -274,7 +290,7 @@ fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
                 shared.open.fetch_sub(1, Ordering::Relaxed);
             }
         }
-        for m in pending {
+        for m in py_events.into_iter().map(Msg::Event).chain(pending) {
             if tx.send(m).is_err() {
                 return;
             }

@@ -29,7 +29,7 @@ use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Duration;
-use symbols::TorchProbes;
+use symbols::{BfcProbes, TorchProbes};
 
 /// The driver functions probed, with the skeleton's program pair for each. Several names share
 /// a pair (`_ptsz` variants); a name the library does not export is skipped.
@@ -156,6 +156,8 @@ pub enum Attached {
     },
     /// libc10_cuda: USDT, symbols, or nothing (with why).
     Torch(TorchProbes),
+    /// A library with XLA's BFC allocator: symbols, or nothing (with why).
+    Bfc(BfcProbes),
 }
 
 /// The loaded programs and their attachments.
@@ -266,6 +268,10 @@ impl Probes {
             "torch_malloc_entry" => &p.torch_malloc_entry,
             "torch_malloc_return" => &p.torch_malloc_return,
             "torch_free_entry" => &p.torch_free_entry,
+            "bfc_alloc_entry" => &p.bfc_alloc_entry,
+            "bfc_alloc_return" => &p.bfc_alloc_return,
+            "bfc_alloc_plain_entry" => &p.bfc_alloc_plain_entry,
+            "bfc_alloc_plain_return" => &p.bfc_alloc_plain_return,
             "empty_entry" => &p.empty_entry,
             "empty_return" => &p.empty_return,
             _ => return None,
@@ -341,11 +347,37 @@ impl Probes {
         Ok(&self.files[&id].1)
     }
 
-    /// Probes a library of either kind.
+    /// Probes XLA's BFC allocator in the library at `path` (JAX's CUDA plugin, TensorFlow's
+    /// framework library) through its `AllocateRaw` / `DeallocateRaw` symbols.
+    pub fn attach_bfc(&mut self, path: &Path) -> Result<&Attached, ProbeError> {
+        let id = procfs::file_id(path).map_err(|e| ProbeError::Other(format!("{}: {e}", path.display())))?;
+        if !self.files.contains_key(&id) {
+            let how = symbols::bfc_probes(path);
+            if let BfcProbes::Symbols { allocate, allocate_plain, deallocate, .. } = &how {
+                let (allocate, allocate_plain, deallocate) = (*allocate, *allocate_plain, *deallocate);
+                self.attach_pair(path, symbols::BFC_ALLOCATE, allocate, "bfc_alloc")?;
+                if let Some(off) = allocate_plain {
+                    self.attach_pair(path, symbols::BFC_ALLOCATE_PLAIN, off, "bfc_alloc_plain")?;
+                }
+                let link = self
+                    .skel
+                    .progs
+                    .bfc_free_entry
+                    .attach_uprobe(false, -1, path, deallocate as usize)
+                    .map_err(|e| classify(&e, &format!("attaching a uprobe to {} in {}", symbols::BFC_DEALLOCATE, path.display())))?;
+                self.links.push(link);
+            }
+            self.files.insert(id, (path.to_path_buf(), Attached::Bfc(how)));
+        }
+        Ok(&self.files[&id].1)
+    }
+
+    /// Probes a library of any kind.
     pub fn attach(&mut self, kind: LibKind, path: &Path) -> Result<&Attached, ProbeError> {
         match kind {
             LibKind::Cuda => self.attach_driver(path),
             LibKind::C10Cuda => self.attach_torch(path),
+            LibKind::XlaBfc => self.attach_bfc(path),
         }
     }
 

@@ -14,6 +14,9 @@ pub enum LibKind {
     Cuda,
     /// PyTorch's CUDA library, `libc10_cuda.so*`.
     C10Cuda,
+    /// A library carrying XLA's BFC allocator: JAX's CUDA plugin (`xla_cuda_plugin.so`, in
+    /// `jax_plugins/xla_cuda13/`) or TensorFlow's `libtensorflow_framework.so*`.
+    XlaBfc,
 }
 
 impl LibKind {
@@ -24,6 +27,8 @@ impl LibKind {
             Some(LibKind::Cuda)
         } else if name == "libc10_cuda.so" || name.starts_with("libc10_cuda.so.") {
             Some(LibKind::C10Cuda)
+        } else if name == "xla_cuda_plugin.so" || name == "libtensorflow_framework.so" || name.starts_with("libtensorflow_framework.so.") {
+            Some(LibKind::XlaBfc)
         } else {
             None
         }
@@ -253,6 +258,8 @@ mod tests {
         assert_eq!(LibKind::of(&m[0].path), Some(LibKind::Cuda));
         assert_eq!(LibKind::of(&m[1].path), Some(LibKind::C10Cuda));
         assert_eq!(LibKind::of("/usr/lib/libcudart.so.13"), None);
+        assert_eq!(LibKind::of("/venv/site-packages/jax_plugins/xla_cuda13/xla_cuda_plugin.so"), Some(LibKind::XlaBfc));
+        assert_eq!(LibKind::of("/venv/site-packages/tensorflow/libtensorflow_framework.so.2"), Some(LibKind::XlaBfc));
         assert_eq!(LibKind::of("/usr/lib/libcuda_stub.so"), None);
     }
 

@@ -195,6 +195,15 @@ impl Session {
                     format!("PyTorch blocks: no USDT probes in {}; uprobes on NativeCachingAllocator::malloc and Native::local_raw_delete from .symtab", path.display())
                 }
                 Attached::Torch(super::symbols::TorchProbes::None(why)) => format!("PyTorch blocks not traced: {why}"),
+                Attached::Bfc(super::symbols::BfcProbes::Symbols { allocate_plain, exported, .. }) => format!(
+                    "XLA BFC blocks: uprobes on tsl::BFCAllocator::AllocateRaw{} and DeallocateRaw from {} of {}",
+                    if allocate_plain.is_some() { " (both overloads)" } else { "" },
+                    if exported { ".dynsym" } else { ".symtab" },
+                    path.display()
+                ),
+                Attached::Bfc(super::symbols::BfcProbes::None(why)) => {
+                    format!("XLA BFC blocks not traced: {why}; XLA's pool is seen at the segment level only (one mapping, in use in full)")
+                }
             };
             self.notes.push(note);
         }

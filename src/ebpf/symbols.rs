@@ -1,7 +1,10 @@
-//! How PyTorch's caching allocator is found inside `libc10_cuda.so`: its USDT probes
-//! (`pytorch:malloc`, `pytorch:free` in `.note.stapsdt`), or, where the build has none, the local
-//! C++ functions in `.symtab`, found by demangling every function symbol and matching the
-//! signature, and turned into the file offsets that a uprobe takes.
+//! How the caching allocators are found inside their libraries: PyTorch's in `libc10_cuda.so`
+//! (its USDT probes `pytorch:malloc`, `pytorch:free` in `.note.stapsdt`, or, where the build has
+//! none, the local C++ functions in `.symtab`), and XLA's BFC allocator in JAX's
+//! `xla_cuda_plugin.so` (local `.symtab` symbols only) or TensorFlow's
+//! `libtensorflow_framework.so.2` (exported in `.dynsym` too): functions found by demangling the
+//! symbols whose raw name mentions the class and matching the signature, turned into the file
+//! offsets that a uprobe takes.
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 use std::path::Path;
@@ -10,6 +13,32 @@ use std::path::Path;
 pub const TORCH_MALLOC: &str = "NativeCachingAllocator::malloc(void**, signed char, unsigned long, CUstream_st*)";
 /// The demangled tail of the block free function.
 pub const TORCH_FREE: &str = "Native::local_raw_delete(void*)";
+
+/// XLA's BFC allocation entry: `AllocateRaw(this, alignment, num_bytes, attributes)`, returning the chunk.
+pub const BFC_ALLOCATE: &str = "tsl::BFCAllocator::AllocateRaw(unsigned long, unsigned long, tsl::AllocationAttributes const&)";
+/// The two-argument overload (inline in the header, so often a weak copy that calls the other).
+pub const BFC_ALLOCATE_PLAIN: &str = "tsl::BFCAllocator::AllocateRaw(unsigned long, unsigned long)";
+/// XLA's BFC free: `DeallocateRaw(this, ptr)`.
+pub const BFC_DEALLOCATE: &str = "tsl::BFCAllocator::DeallocateRaw(void*)";
+
+/// How a library with XLA's BFC allocator can be probed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BfcProbes {
+    /// Uprobes at these file offsets.
+    Symbols {
+        /// `AllocateRaw(unsigned long, unsigned long, tsl::AllocationAttributes const&)` (entry and return).
+        allocate: u64,
+        /// `AllocateRaw(unsigned long, unsigned long)` where the file has a copy (entry and return;
+        /// the three-argument call it makes inside is not reported twice).
+        allocate_plain: Option<u64>,
+        /// `DeallocateRaw(void*)` (entry).
+        deallocate: u64,
+        /// Whether the symbols came from `.dynsym` (exported) rather than `.symtab` alone.
+        exported: bool,
+    },
+    /// Not probed, with why.
+    None(String),
+}
 
 /// How a `libc10_cuda.so` can be probed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,22 +73,53 @@ fn file_offset(file: &object::File<'_>, addr: u64) -> Option<u64> {
 /// Finds the function whose demangled name ends with `tail` (a `.symtab` or `.dynsym` symbol),
 /// as a file offset.
 pub fn find_demangled(file: &object::File<'_>, tail: &str) -> Option<u64> {
+    find_demangled_among(file, tail, &["NativeCachingAllocator", "local_raw_delete"]).map(|(off, _)| off)
+}
+
+/// [`find_demangled`] over the symbols whose raw name contains one of `needles` (demangling
+/// only those keeps a scan of a large library short); also says whether the symbol is exported.
+fn find_demangled_among(file: &object::File<'_>, tail: &str, needles: &[&str]) -> Option<(u64, bool)> {
     let opts = cpp_demangle::DemangleOptions::default();
-    for sym in file.symbols().chain(file.dynamic_symbols()) {
+    let dynamic = file.dynamic_symbols().map(|s| (s, true));
+    for (sym, exported) in file.symbols().map(|s| (s, false)).chain(dynamic) {
         if sym.kind() != SymbolKind::Text || sym.address() == 0 {
             continue;
         }
         let Ok(raw) = sym.name() else { continue };
-        if !raw.starts_with("_Z") || !raw.contains("NativeCachingAllocator") && !raw.contains("local_raw_delete") {
+        if !raw.starts_with("_Z") || !needles.iter().any(|n| raw.contains(n)) {
             continue;
         }
         let Ok(s) = cpp_demangle::Symbol::new(raw) else { continue };
         let Ok(d) = s.demangle(&opts) else { continue };
         if d.ends_with(tail) {
-            return file_offset(file, sym.address());
+            let exported = exported || file.dynamic_symbols().any(|d| d.name() == Ok(raw));
+            return file_offset(file, sym.address()).map(|o| (o, exported));
         }
     }
     None
+}
+
+/// How the library with XLA's BFC allocator at `path` can be probed.
+pub fn bfc_probes(path: &Path) -> BfcProbes {
+    let data = match std::fs::read(path) {
+        Ok(d) => d,
+        Err(e) => return BfcProbes::None(format!("cannot read {}: {e}", path.display())),
+    };
+    let file = match object::File::parse(&*data) {
+        Ok(f) => f,
+        Err(e) => return BfcProbes::None(format!("{} is not an ELF file: {e}", path.display())),
+    };
+    let find = |tail| find_demangled_among(&file, tail, &["BFCAllocator"]);
+    match (find(BFC_ALLOCATE), find(BFC_DEALLOCATE)) {
+        (Some((allocate, exported)), Some((deallocate, _))) => {
+            BfcProbes::Symbols { allocate, allocate_plain: find(BFC_ALLOCATE_PLAIN).map(|(o, _)| o), deallocate, exported }
+        }
+        (a, _) => BfcProbes::None(format!(
+            "{} has no {} in .symtab or .dynsym (stripped, or another XLA version)",
+            path.display(),
+            if a.is_none() { BFC_ALLOCATE } else { BFC_DEALLOCATE }
+        )),
+    }
 }
 
 /// How the `libc10_cuda.so` at `path` can be probed.
@@ -114,6 +174,19 @@ mod tests {
         assert!(has_usdt(&note, "pytorch", "malloc"));
         assert!(!has_usdt(&note, "pytorch", "free"));
         assert!(!has_usdt(&note, "torch", "mallo"));
+    }
+
+    #[test]
+    fn the_bfc_signatures_demangle_as_expected() {
+        // The mangled names as in jaxlib's xla_cuda_plugin.so and TensorFlow 2.20's libtensorflow_framework.so.2.
+        for (m, want) in [
+            ("_ZN3tsl12BFCAllocator11AllocateRawEmmRKNS_20AllocationAttributesE", BFC_ALLOCATE),
+            ("_ZN3tsl12BFCAllocator11AllocateRawEmm", BFC_ALLOCATE_PLAIN),
+            ("_ZN3tsl12BFCAllocator13DeallocateRawEPv", BFC_DEALLOCATE),
+        ] {
+            let d = cpp_demangle::Symbol::new(m).expect("mangled").demangle(&Default::default()).expect("demangles");
+            assert_eq!(d, want);
+        }
     }
 
     #[test]

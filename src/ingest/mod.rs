@@ -12,7 +12,8 @@
 
 pub mod histogram;
 
-use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
+use crate::event::{Event, EventKind, F_ALLOC_XLA_BFC, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
+use crate::framework::Framework;
 use crate::map::{AddressSpace, Anomaly, Figures, SegmentKind};
 use crate::rules::AllocatorRules;
 use histogram::SizeStats;
@@ -61,11 +62,13 @@ pub struct ProcessDevice {
     pub allocs: u64,
     /// Frees seen.
     pub frees: u64,
+    /// The caching allocator whose blocks (or adoption) were seen first; `None`: segments only.
+    pub framework: Option<Framework>,
 }
 
 impl ProcessDevice {
     fn new(pid: u32, device: i16, rules: AllocatorRules) -> ProcessDevice {
-        ProcessDevice { pid, device, map: AddressSpace::new(rules), block_sizes: SizeStats::default(), segment_sizes: SizeStats::default(), allocs: 0, frees: 0 }
+        ProcessDevice { pid, device, map: AddressSpace::new(rules), block_sizes: SizeStats::default(), segment_sizes: SizeStats::default(), allocs: 0, frees: 0, framework: None }
     }
 }
 
@@ -88,6 +91,9 @@ pub struct OomRecord {
     pub device_free: Option<u64>,
     /// The process's figures on that device at that moment.
     pub figures: Figures,
+    /// The caching allocator whose request failed (a block allocation), or the one managing the
+    /// process's memory (a driver call); `None` when none was seen.
+    pub framework: Option<Framework>,
 }
 
 impl OomRecord {
@@ -170,6 +176,9 @@ pub struct State {
     pub unknown_kinds: u64,
     /// Processes that exited.
     pub exited: BTreeMap<u32, u64>,
+    /// XLA BFC block events outside every device segment of their process: XLA's pinned host
+    /// memory allocator is a BFC allocator too (the probes see both); not device memory, skipped.
+    pub host_bfc_blocks: u64,
     /// Who each process is (name, container, pod), as the live front end read it from `/proc`
     /// when the process was first seen ([`crate::attribution`]). Not carried by events: a
     /// replayed record has none.
@@ -261,8 +270,11 @@ impl State {
                     }
                     return;
                 }
-                let figures = self.space(pid, device).map.figures();
+                let space = self.space(pid, device);
+                let figures = space.map.figures();
+                let framework = if ev.failed_op() == Some(EventKind::BlockAlloc) { Some(Framework::from_flags(ev.flags)) } else { space.framework };
                 self.ooms.push(OomRecord {
+                    framework,
                     ts_ns: ev.ts_ns,
                     pid,
                     device,
@@ -277,6 +289,12 @@ impl State {
             _ if ev.rc != 0 => Ok(()), // a failed call changes nothing; sources send AllocFailed for OOMs
             // free(NULL) is a no-op for the driver and for caching allocators alike.
             EventKind::MemFree | EventKind::PoolFree | EventKind::BlockFree if ev.addr == 0 => Ok(()),
+            EventKind::BlockAlloc | EventKind::BlockFree
+                if ev.flags & F_ALLOC_XLA_BFC != 0 && !self.spaces.get(&(pid, device)).is_some_and(|s| s.map.holds(ev.addr)) =>
+            {
+                self.host_bfc_blocks += 1;
+                Ok(())
+            }
             _ => {
                 let s = self.space(pid, device);
                 let m = &mut s.map;
@@ -311,12 +329,15 @@ impl State {
                     }
                     EventKind::BlockAlloc => {
                         let known = (ev.flags & F_BLOCK_SIZE_KNOWN != 0).then_some(ev.size);
-                        m.block_alloc(ev.addr, ev.requested, known).map(|size| {
+                        let framework = Framework::from_flags(ev.flags);
+                        s.framework.get_or_insert(framework);
+                        m.block_alloc_by(ev.addr, ev.requested, known, framework).map(|size| {
                             s.allocs += 1;
                             s.block_sizes.record(size);
                         })
                     }
                     EventKind::Adopt if ev.addr == 0 => {
+                        s.framework.get_or_insert(Framework::from_flags(ev.flags));
                         m.note_framework();
                         Ok(())
                     }

@@ -31,6 +31,8 @@ mod tiling;
 pub use pages::PageOccupancy;
 
 use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
+use crate::bfc::BfcRules;
+use crate::framework::Framework;
 use crate::rules::{AllocatorRules, DRIVER_PAGE};
 use std::collections::{BTreeMap, HashMap};
 use tiling::{Spot, Tiling};
@@ -292,6 +294,7 @@ fn shares_pages(kind: SegmentKind, size: u64) -> bool {
 #[derive(Clone, Debug, Default)]
 pub struct AddressSpace {
     rules: AllocatorRules,
+    bfc_rules: BfcRules,
     /// Segment start → slot in `slots`.
     index: BTreeMap<u64, u32>,
     /// Segments by slot; a slot's number also names its list of blocks and free runs in `tiling`.
@@ -324,6 +327,11 @@ impl AddressSpace {
     /// The allocator rules block events follow.
     pub fn rules(&self) -> &AllocatorRules {
         &self.rules
+    }
+
+    /// Replaces XLA BFC's chunk rules (a `fragmentation_fraction` other than the default).
+    pub fn set_bfc_rules(&mut self, rules: BfcRules) {
+        self.bfc_rules = rules;
     }
 
     /// Replaces the allocator rules (for blocks placed from now on).
@@ -797,6 +805,16 @@ impl AddressSpace {
     /// A block placed at the start of a free run (what caching allocators do) finds the run with
     /// one hash lookup and no segment search: the run's entry names its segment.
     pub fn block_alloc(&mut self, addr: u64, requested: u64, known_size: Option<u64>) -> Result<u64, Anomaly> {
+        self.block_alloc_by(addr, requested, known_size, Framework::Pytorch)
+    }
+
+    /// [`AddressSpace::block_alloc`] for a block of `framework`'s allocator: without `known_size`
+    /// the extent follows that allocator's rules (PyTorch's [`AllocatorRules`], XLA's
+    /// [`BfcRules`]: 256-byte rounding, the whole free chunk unless it is twice the request or
+    /// 128 MiB more; CuPy's: 512-byte rounding, always split). A BFC or CuPy block lands at the
+    /// start of a free chunk, and a free chunk is a free run of this map (both allocators merge
+    /// free neighbours inside one driver allocation), so the extent is the allocator's own.
+    pub fn block_alloc_by(&mut self, addr: u64, requested: u64, known_size: Option<u64>, framework: Framework) -> Result<u64, Anomaly> {
         let run = match self.tiling.starts_at(addr) {
             Some((i, true)) => i,
             Some((_, false)) => return Err(Anomaly::BlockOverlap(addr)),
@@ -814,14 +832,18 @@ impl AddressSpace {
         let avail = run_start + run_len - addr;
         let size = match known_size {
             Some(s) => s,
-            None => {
-                let rounded = self.rules.round_size(requested);
-                if rounded <= avail && !self.rules.should_split(avail, rounded, seg.kind == SegmentKind::Mapped) {
-                    avail
-                } else {
-                    rounded
+            None => match framework {
+                Framework::Pytorch => {
+                    let rounded = self.rules.round_size(requested);
+                    if rounded <= avail && !self.rules.should_split(avail, rounded, seg.kind == SegmentKind::Mapped) {
+                        avail
+                    } else {
+                        rounded
+                    }
                 }
-            }
+                Framework::Xla => self.bfc_rules.chunk_size(avail, requested).unwrap_or_else(|| BfcRules::round_bytes(requested)),
+                Framework::Cupy => crate::cupy_pool::round_size(requested),
+            },
         };
         if size > avail || size == 0 {
             return Err(Anomaly::BlockTooLarge { addr, size, run: avail });

@@ -27,6 +27,12 @@ pub fn apply_to_summary(summary: &mut Summary, stream: impl FnOnce() -> Result<R
     if summary.ooms.is_empty() {
         return;
     }
+    // The simulation is PyTorch's caching allocator: an OOM of XLA's BFC pool or CuPy's pool keeps
+    // the advice in its own allocator's terms.
+    if let Some(f) = summary.ooms.iter().find_map(|o| o.framework.filter(|f| *f != crate::framework::Framework::Pytorch)) {
+        summary.notes.push(format!("no simulated fix: the simulation models PyTorch's caching allocator, and this trace's OOM is {}'s", f.allocator()));
+        return;
+    }
     let stream = match stream() {
         Ok(s) => s,
         Err(why) => {

@@ -448,7 +448,7 @@ mod tests {
             m.block_free(base + i * 600 * MIB).expect("test setup");
             m.block_alloc(base + i * 600 * MIB, 300 * MIB, None).expect("test setup");
         }
-        ProcessDevice { pid: 0, device: 0, map: m, block_sizes: Default::default(), segment_sizes: Default::default(), allocs: 0, frees: 0 }
+        ProcessDevice { pid: 0, device: 0, map: m, block_sizes: Default::default(), segment_sizes: Default::default(), allocs: 0, frees: 0, framework: None }
     }
 
     #[test]

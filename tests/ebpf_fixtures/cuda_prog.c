@@ -16,6 +16,8 @@
  *                    exists, exit (the OOM is seen while the process still holds its memory)
  *   gate FILE SCENARIO [ARG]  wait until FILE exists before touching CUDA at all, then SCENARIO
  *   torch LIB        blocks from the fake libc10_cuda.so at LIB inside one 20 MiB segment
+ *   xla LIB          chunks from the fake XLA BFC allocator at LIB (xla_cuda_plugin.so) inside one
+ *                    64 MiB preallocated pool, ending with a fragmentation OOM inside the pool
  *   bench N          N alloc+free pairs of 4 KiB; prints ns per pair
  *   fork             parent allocates 2 MiB, its child allocates 4 MiB, both exit
  */
@@ -281,6 +283,39 @@ static void torch(const char *lib)
 	printf("FIGURES device=0 reserved=%llu blocks=2 requested=%llu\n", 20 * MIB, 5 * MIB + 1);
 }
 
+static void xla(const char *lib)
+{
+	void *h = dlopen(lib, RTLD_NOW);
+	if (!h) {
+		fprintf(stderr, "cuda_prog: %s\n", dlerror());
+		exit(2);
+	}
+	void (*init)(unsigned long, unsigned long) = sym(h, "fake_bfc_init");
+	void *(*alloc)(unsigned long) = sym(h, "fake_bfc_alloc");
+	void *(*alloc_plain)(unsigned long) = sym(h, "fake_bfc_alloc_plain");
+	void (*bfree)(void *) = sym(h, "fake_bfc_free");
+	void (*stats)(unsigned long *, unsigned long *, unsigned long *) = sym(h, "fake_bfc_stats");
+	CUdeviceptr pool;
+	check(cuMemAlloc_v2(&pool, 64 * MIB), "cuMemAlloc_v2");
+	init(pool, 64 * MIB);
+	void *a = alloc(8 * MIB);
+	void *b = alloc(3 * MIB + 1);      /* rounded to 3 MiB + 256 */
+	void *c = alloc(1000);             /* 1024 */
+	void *d = alloc_plain(20 * MIB);   /* through the 2-argument overload */
+	void *g = alloc(16 * MIB);
+	bfree(b);
+	void *e = alloc(MIB);              /* best fit: b's hole, split */
+	void *f = alloc(MIB + MIB / 2);    /* the 2 MiB + 256 rest: under twice the request, taken whole */
+	bfree(a);
+	void *x = alloc(20 * MIB);         /* 25 MiB free, at most 17 MiB in one chunk: fails */
+	if (x)
+		fprintf(stderr, "cuda_prog: the fragmented pool served 20 MiB\n");
+	(void)c; (void)d; (void)g; (void)e; (void)f;
+	unsigned long in_use, largest, bytes;
+	stats(&in_use, &largest, &bytes);
+	printf("FIGURES device=0 reserved=%lu bfc_bytes_in_use=%lu bfc_largest_free_block=%lu bfc_pool_bytes=%lu\n", bytes, in_use, largest, bytes);
+}
+
 static double now_s(void)
 {
 	struct timespec ts;
@@ -352,6 +387,8 @@ int main(int argc, char **argv)
 		oom_hold(strtoull(argv[2], 0, 10), strtoull(argv[3], 0, 10), argv[4]);
 	else if (!strcmp(s, "torch"))
 		torch(argv[2]);
+	else if (!strcmp(s, "xla"))
+		xla(argv[2]);
 	else if (!strcmp(s, "bench"))
 		bench(argc > 2 ? atoi(argv[2]) : 10000);
 	else if (!strcmp(s, "fork"))

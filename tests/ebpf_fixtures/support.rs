@@ -37,6 +37,7 @@ pub struct Fixtures {
     pub prog: PathBuf,
     pub usdt_lib: PathBuf,
     pub symbols_lib: PathBuf,
+    pub xla_lib: PathBuf,
 }
 
 fn compile(cmd: &str, args: &[&str]) {
@@ -55,14 +56,17 @@ pub fn fixtures() -> &'static Fixtures {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ebpf-fixtures-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("usdt")).expect("fixture dir");
         std::fs::create_dir_all(dir.join("symbols")).expect("fixture dir");
+        std::fs::create_dir_all(dir.join("jax_plugins/xla_cuda13")).expect("fixture dir");
         let prog = dir.join("cuda_prog");
         let usdt_lib = dir.join("usdt/libc10_cuda.so");
         let symbols_lib = dir.join("symbols/libc10_cuda.so");
+        let xla_lib = dir.join("jax_plugins/xla_cuda13/xla_cuda_plugin.so");
         let s = |p: &str| src.join(p).display().to_string();
         compile("cc", &["-O1", "-g", "-Wall", "-o", &prog.display().to_string(), &s("cuda_prog.c"), "-ldl", "-lpthread"]);
         compile("cc", &["-O1", "-g", "-shared", "-fPIC", "-o", &usdt_lib.display().to_string(), &s("fake_c10_usdt.c")]);
         compile("c++", &["-O1", "-g", "-shared", "-fPIC", "-fvisibility=hidden", "-o", &symbols_lib.display().to_string(), &s("fake_c10_symbols.cpp")]);
-        Fixtures { dir, prog, usdt_lib, symbols_lib }
+        compile("c++", &["-O1", "-g", "-shared", "-fPIC", "-fvisibility=hidden", "-o", &xla_lib.display().to_string(), &s("fake_xla_bfc.cpp")]);
+        Fixtures { dir, prog, usdt_lib, symbols_lib, xla_lib }
     })
 }
 

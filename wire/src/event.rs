@@ -143,6 +143,11 @@ pub const F_BLOCK_SIZE_KNOWN: u32 = 1 << 5;
 pub const F_FAILED: u32 = 1 << 6;
 /// A segment or mapping made by a framework's caching allocator (its free space is cache, not in use).
 pub const F_FRAMEWORK_OWNED: u32 = 1 << 7;
+/// A block or adopt event of XLA's BFC allocator (JAX, TensorFlow); with neither this nor
+/// [`F_ALLOC_CUPY`], PyTorch's caching allocator.
+pub const F_ALLOC_XLA_BFC: u32 = 1 << 8;
+/// A block or adopt event of CuPy's memory pool.
+pub const F_ALLOC_CUPY: u32 = 1 << 9;
 
 /// The wire record: 80 bytes, little-endian on every platform gpufrag runs on.
 #[repr(C)]

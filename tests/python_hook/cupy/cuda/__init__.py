@@ -1,0 +1,1 @@
+from . import memory, memory_hook, runtime  # noqa: F401

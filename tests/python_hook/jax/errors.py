@@ -1,0 +1,2 @@
+class JaxRuntimeError(RuntimeError):
+    """As jax.errors.JaxRuntimeError (XLA's runtime errors, RESOURCE_EXHAUSTED among them)."""
