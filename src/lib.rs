@@ -16,6 +16,7 @@ pub mod ingest;
 pub mod input;
 pub mod map;
 pub mod observe;
+pub mod outputs;
 pub mod record;
 pub mod rules;
 pub mod snapshot;

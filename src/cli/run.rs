@@ -136,9 +136,12 @@ impl Live {
         views: &crate::views::ViewArgs,
         summary_json: Option<&Path>,
     ) -> anyhow::Result<Live> {
+        // Every other output is set up (and its arguments checked) before the record file is
+        // created: a bad argument must not truncate an existing record.
+        let mut observers = crate::export::observers(export)?;
+        observers.extend(crate::views::observers(views, summary_json)?);
         let mut live = Live::new(record, quiet)?;
-        live.observers.extend(crate::export::observers(export)?);
-        live.observers.extend(crate::views::observers(views, summary_json)?);
+        live.observers = observers;
         Ok(live)
     }
 
@@ -160,7 +163,7 @@ impl Live {
     /// A live state; `record` receives every applied event.
     pub fn new(record: Option<&Path>, quiet: bool) -> anyhow::Result<Live> {
         let record = match record {
-            Some(p) => Some(record::Writer::create(p).with_context(|| format!("creating the record file {}", p.display()))?),
+            Some(p) => Some(record::Writer::create(p).context("creating the record file")?),
             None => None,
         };
         Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: Vec::new(), observers: Vec::new(), pending_ooms: Vec::new() })
@@ -319,9 +322,14 @@ impl Live {
     /// The summary, with notes on how block figures were obtained.
     pub fn summary(&mut self, source: &str) -> anyhow::Result<Summary> {
         if let Some(w) = self.record.as_mut() {
-            w.flush().context("flushing the record file")?;
+            if let Err(e) = w.flush() {
+                self.record_error = Some(e.to_string());
+                self.record = None;
+            }
         }
         let mut s = Summary::from_state(&self.state, source);
+        // A record that stopped short cannot replay to these figures.
+        s.exact &= self.record_error.is_none();
         if !self.python_pids.is_empty() {
             s.notes.push(format!(
                 "block-level figures (allocated, stranded, largest free block) come from PyTorch's allocator snapshots sent by the Python hook of pid {}; segment-level figures from the LD_PRELOAD shim",
@@ -340,6 +348,11 @@ impl Live {
     }
 }
 
+/// The record file's error, as the summary notes it.
+fn live_record_error(summary: &Summary) -> Option<String> {
+    summary.notes.iter().find_map(|n| n.strip_prefix("the record file stopped at an error: ").map(|e| format!("the record file stopped at an error: {e}")))
+}
+
 fn exit_code_of(status: ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
@@ -349,8 +362,45 @@ fn exit_code_of(status: ExitStatus) -> u8 {
     }
 }
 
+/// Every argument checked before anything is started or written: numbers, the command, and every
+/// output path (issue 14: a bad argument truncated an existing record; a missing directory was
+/// found only after the workload ran).
+fn check_args(args: &Args) -> anyhow::Result<()> {
+    let bad = |m: String| -> anyhow::Result<()> { Err(crate::cli::UnusableInput(m).into()) };
+    if let Some(c) = args.ring_capacity {
+        if !c.is_power_of_two() {
+            return bad(format!("--ring-capacity must be a power of two, not {c}"));
+        }
+    }
+    if !(args.python_interval.is_finite() && args.python_interval > 0.0 && args.python_interval <= 86_400.0) {
+        return bad(format!("--python-interval {}: give a number of seconds above 0, at most 86400", args.python_interval));
+    }
+    crate::outputs::check_command(&args.cmd[0])?;
+    let views = &args.views;
+    let outputs = [
+        ("--record", args.record.clone()),
+        ("--summary-json", args.summary_json.clone()),
+        ("--memviz", views.memviz.clone()),
+        ("--report", (!views.no_report).then(|| crate::views::postmortem::report_path(views.report.as_deref(), args.summary_json.as_deref()))),
+        ("--feed", views.feed.clone()),
+    ];
+    for (flag, path) in outputs {
+        if let Some(p) = path {
+            crate::outputs::check_output(flag, &p)?;
+        }
+    }
+    if let Some(p) = &views.feed {
+        use std::os::unix::fs::FileTypeExt;
+        if std::fs::symlink_metadata(p).is_ok_and(|m| !m.file_type().is_socket()) {
+            return bad(format!("--feed {}: exists and is not a socket; it is left as it is", p.display()));
+        }
+    }
+    Ok(())
+}
+
 /// Runs `run`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    check_args(args)?;
     let preload = find_preload(args.preload.as_deref())?;
     let consumer = Consumer::start(1 << 16).context("starting the consumer socket")?;
     let mut cmd = Command::new(&args.cmd[0]);
@@ -362,9 +412,6 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         cmd.env("GPUFRAG_NO_FOLLOW", "1");
     }
     if let Some(c) = args.ring_capacity {
-        if !c.is_power_of_two() {
-            bail!("--ring-capacity must be a power of two, not {c}");
-        }
         cmd.env("GPUFRAG_RING_CAPACITY", c.to_string());
     }
     if !args.no_python_hook {
@@ -418,9 +465,25 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if !args.quiet {
         eprint!("\n[gpufrag] summary\n{}", render(&summary));
     }
+    let code = exit_code_of(status);
     if let Some(p) = &args.summary_json {
-        let f = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
-        serde_json::to_writer_pretty(f, &summary)?;
+        // A write error names the file, leaves no partial file of its own making (a path that
+        // existed before is never removed), and keeps CMD's exit code (the run itself happened).
+        let existed = std::fs::symlink_metadata(p).is_ok();
+        let written = serde_json::to_vec_pretty(&summary).map_err(std::io::Error::from).and_then(|mut b| {
+            b.push(b'\n');
+            std::fs::write(p, b)
+        });
+        if let Err(e) = written {
+            if !existed {
+                let _ = std::fs::remove_file(p);
+            }
+            eprintln!("gpufrag: writing the summary {}: {e}", p.display());
+            return Ok(ExitCode::from(if code == 0 { 1 } else { code }));
+        }
     }
-    Ok(ExitCode::from(exit_code_of(status)))
+    if let Some(e) = &live_record_error(&summary) {
+        eprintln!("gpufrag: {e}");
+    }
+    Ok(ExitCode::from(code))
 }

@@ -168,8 +168,9 @@ impl Consumer {
 impl Drop for Consumer {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        let _ = std::fs::remove_file(&self.sock);
-        let _ = std::fs::remove_dir(&self.dir);
+        // The directory is this consumer's own (fresh name, mode 0700): all of it goes, the
+        // Python hook's copy included, on every exit path.
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
