@@ -47,7 +47,7 @@ pub fn contain<T>(file: &Path, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow:
     DEPTH.with(|d| d.set(d.get() - 1));
     r.unwrap_or_else(|_| {
         let what = LAST.with(|l| l.borrow_mut().take()).unwrap_or_else(|| "panic".to_string());
-        Err(crate::cli::UnusableInput(format!(
+        Err(crate::input::UnusableInput(format!(
             "{}: internal error while reading this input ({what}); please report it with the file",
             file.display()
         ))

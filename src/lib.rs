@@ -4,6 +4,7 @@
 //! address [`map`] with the caching allocator's [`rules`], the [`analysis`] that turns a map into
 //! figures and OOM verdicts, the PyTorch [`snapshot`] importer, and the [`ingest`] state that feeds
 //! events into maps. The `gpufrag` binary (src/main.rs) is a thin dispatcher over it.
+#![warn(missing_docs)]
 
 pub mod analysis;
 pub mod cli;
@@ -14,11 +15,14 @@ pub mod guard;
 pub use gpufrag_wire::{event, hello, ring};
 pub mod ingest;
 pub mod input;
+pub mod live;
 pub mod map;
 pub mod observe;
 pub mod outputs;
 pub mod record;
 pub mod rules;
+pub mod sim;
 pub mod snapshot;
+pub mod source;
 pub mod units;
 pub mod views;

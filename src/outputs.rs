@@ -16,7 +16,7 @@ fn writable(p: &Path) -> bool {
 /// Checks that `path` (given as `flag`) can be written: it is not a directory, its directory
 /// exists and is writable, and an existing file is writable. Touches nothing.
 pub fn check_output(flag: &str, path: &Path) -> anyhow::Result<()> {
-    let bad = |why: String| -> anyhow::Result<()> { Err(crate::cli::UnusableInput(format!("{flag} {}: {why}", path.display())).into()) };
+    let bad = |why: String| -> anyhow::Result<()> { Err(crate::input::UnusableInput(format!("{flag} {}: {why}", path.display())).into()) };
     if path.as_os_str().is_empty() {
         return bad("an empty path".into());
     }
@@ -54,7 +54,7 @@ pub fn check_command(cmd: &std::ffi::OsStr) -> anyhow::Result<()> {
     if found {
         Ok(())
     } else {
-        Err(crate::cli::UnusableInput(format!("{}: command not found or not executable", p.display())).into())
+        Err(crate::input::UnusableInput(format!("{}: command not found or not executable", p.display())).into())
     }
 }
 

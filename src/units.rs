@@ -1,15 +1,20 @@
-//! Human units for byte counts: GiB/MiB/KiB with two decimals, as PyTorch prints them.
+//! Human units for byte counts: GiB/MiB/KiB with two decimals, as PyTorch prints them
+//! (`format_size` in c10/cuda/CUDACachingAllocator.cpp: a unit is used only above one whole of
+//! it, so exactly 1 GiB is "1024.00 MiB", as in PyTorch's OOM message), so that a figure gpufrag
+//! prints can be matched with PyTorch's text.
 
-/// `2684354560` → `"2.50 GiB"`.
+/// `2684354560` → `"2.50 GiB"`, `1073741824` → `"1024.00 MiB"`, `1024` → `"1024 B"`.
 pub fn human_bytes(b: u64) -> String {
-    const KIB: f64 = 1024.0;
+    const KIB: u64 = 1024;
+    const MIB: u64 = KIB * KIB;
+    const GIB: u64 = MIB * KIB;
     let f = b as f64;
-    if f >= KIB * KIB * KIB {
-        format!("{:.2} GiB", f / (KIB * KIB * KIB))
-    } else if f >= KIB * KIB {
-        format!("{:.2} MiB", f / (KIB * KIB))
-    } else if f >= KIB {
-        format!("{:.2} KiB", f / KIB)
+    if b > GIB {
+        format!("{:.2} GiB", f / GIB as f64)
+    } else if b > MIB {
+        format!("{:.2} MiB", f / MIB as f64)
+    } else if b > KIB {
+        format!("{:.2} KiB", f / KIB as f64)
     } else {
         format!("{b} B")
     }
@@ -44,6 +49,16 @@ mod tests {
         assert_eq!(human_bytes(2_097_152_000), "1.95 GiB");
         assert_eq!(human_bytes(209_715_200), "200.00 MiB");
         assert_eq!(human_bytes(100), "100 B");
+    }
+
+    #[test]
+    fn unit_boundaries_follow_pytorch_format_size() {
+        assert_eq!(human_bytes(1 << 30), "1024.00 MiB");
+        assert_eq!(human_bytes((1 << 30) + 1), "1.00 GiB");
+        assert_eq!(human_bytes(1 << 20), "1024.00 KiB");
+        assert_eq!(human_bytes(1024), "1024 B");
+        assert_eq!(human_bytes(1025), "1.00 KiB");
+        assert_eq!(human_bytes(0), "0 B");
     }
 
     #[test]

@@ -9,7 +9,7 @@ fn group(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -29,20 +29,21 @@ fn device(out: &mut String, d: &DeviceSummary, title: &str) {
     };
     let _ = writeln!(out, "{title} ({level})");
     line(out, "reserved", d.reserved);
-    line(out, "allocated", d.allocated);
     if d.non_framework > 0 && d.level == "block" {
+        // Both parts of reserved: the caching allocator's segments and driver memory beside them.
         line(out, "  held by the cache", d.framework_reserved);
         line(out, "  outside the cache", d.non_framework);
     }
+    line(out, "allocated", d.allocated);
     let _ = writeln!(
         out,
-        "  {:<21}{:>12}  ({} B, {:.1} % of reserved)",
+        "  {:<21}{:>12}  ({} B, {:.1} % of reserved; PyTorch's inactive_split: free, but not releasable)",
         "stranded",
         h(d.stranded),
         group(d.stranded),
         d.stranded_ratio * 100.0
     );
-    line(out, "releasable", d.releasable);
+    let _ = writeln!(out, "  {:<21}{:>12}  ({} B, what empty_cache() returns)", "releasable", h(d.releasable), group(d.releasable));
     line(out, "largest free block", d.largest_free_block);
     match d.device_free {
         Some(free) => line(out, "device free", free),
@@ -87,6 +88,16 @@ fn device(out: &mut String, d: &DeviceSummary, title: &str) {
 
 /// The whole summary as text.
 pub fn render(s: &Summary) -> String {
+    render_ooms(s, true)
+}
+
+/// The summary of a live command (`run`, `attach`, `agent`), whose OOM verdicts, explanations
+/// and fixes were printed the moment each allocation failed: each OOM is one line here.
+pub fn render_after_live(s: &Summary) -> String {
+    render_ooms(s, false)
+}
+
+fn render_ooms(s: &Summary, explain: bool) -> String {
     let mut out = String::new();
     let exact = if s.exact { "exact" } else { "NOT exact: see notes" };
     let _ = writeln!(out, "gpufrag: {} ({} events, {exact})", s.source, s.events);
@@ -103,7 +114,14 @@ pub fn render(s: &Summary) -> String {
     if s.ooms.is_empty() {
         let _ = writeln!(out, "\nno failed allocation in this trace");
     }
+    if !explain && !s.ooms.is_empty() {
+        let _ = writeln!(out);
+    }
     for (i, o) in s.ooms.iter().enumerate() {
+        if !explain {
+            let _ = writeln!(out, "OOM {} on device {} (pid {}): {} requested: {} (explained above)", i + 1, o.device, o.pid, h(o.requested), o.verdict.name());
+            continue;
+        }
         let _ = writeln!(out, "\nOOM {} on device {} (pid {}): {} requested", i + 1, o.device, o.pid, h(o.requested));
         let _ = writeln!(out, "  verdict: {}", o.verdict.name());
         if o.driver_failures_before > 0 {

@@ -9,7 +9,9 @@ pub mod attach;
 pub mod report;
 pub mod run;
 pub mod top;
+pub mod whatif;
 
+use crate::input::UnusableInput;
 use clap::{Parser, Subcommand};
 use std::io::Write;
 use std::process::ExitCode;
@@ -41,14 +43,13 @@ pub enum Command {
     Attach(attach::Args),
     /// Trace every GPU process of this node through eBPF; needs CAP_BPF and CAP_PERFMON.
     Agent(agent::Args),
+    /// Replay a trace under other allocator settings and memory limits (a simulation of
+    /// PyTorch's caching allocator, checked against the trace first).
+    Whatif(whatif::Args),
 }
 
-/// An error whose exit code is fixed: the input cannot be used (2).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct UnusableInput(pub String);
-
-/// Exit code for an error: 2 for unusable input, 0 for a closed pipe, 1 otherwise.
+/// Exit code for an error: 2 when an [`UnusableInput`] is in its chain, 0 for a closed pipe, 1
+/// otherwise.
 pub fn exit_code(err: &anyhow::Error) -> u8 {
     for cause in err.chain() {
         if let Some(io) = cause.downcast_ref::<std::io::Error>() {
@@ -75,6 +76,7 @@ pub fn main() -> ExitCode {
         Command::Top(args) => top::run(&args),
         Command::Attach(args) => attach::run(&args),
         Command::Agent(args) => agent::run(&args),
+        Command::Whatif(args) => crate::guard::contain(&args.file.clone(), || whatif::run(&args)),
     };
     match result {
         Ok(code) => code,

@@ -3,17 +3,12 @@
 //! prints each OOM verdict the moment it happens and the summary at exit, and exits with CMD's
 //! own code.
 
-use crate::analysis::render::render;
-use crate::analysis::summary::Summary;
-use crate::consumer::{self, Consumer, Msg};
-use crate::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_FAILED};
-use crate::ingest::State;
-use crate::record;
-use crate::units::human_bytes as h;
+use crate::analysis::render::render_after_live;
+use crate::consumer::Consumer;
+use crate::live::Live;
 use anyhow::{bail, Context};
-use std::collections::BTreeSet;
 use std::ffi::OsString;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, ExitStatus};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -54,6 +49,9 @@ pub struct Args {
     /// Reports and live views.
     #[command(flatten)]
     pub views: crate::views::ViewArgs,
+    /// Whether CMD's own stdout and stderr are shown (the demo hides the simulator's lines).
+    #[arg(skip = true)]
+    pub program_output: bool,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub cmd: Vec<OsString>,
@@ -102,255 +100,9 @@ fn prepend_path(var: &str, first: &Path) -> OsString {
     v
 }
 
-/// The live side of `run` and `attach`: applies messages, records, reports OOMs as they happen.
-pub struct Live {
-    /// The state.
-    pub state: State,
-    record: Option<record::Writer<std::fs::File>>,
-    record_error: Option<String>,
-    /// Processes whose Python hook connected.
-    pub python_pids: BTreeSet<u32>,
-    /// Warnings for the summary.
-    pub warnings: Vec<String>,
-    oom_seen: usize,
-    quiet: bool,
-    /// Processes that connected, with their names.
-    pub processes: Vec<(u32, String)>,
-    /// Exporters, live feeds, report writers.
-    pub observers: Vec<Box<dyn crate::observe::Observer>>,
-    /// Driver failures held back: (index in `state.ooms`, when seen).
-    pending_ooms: Vec<(usize, Instant)>,
-}
-
-/// How long a caching allocator's failed driver call waits for the allocator's own OOM report
-/// before it is printed as the verdict.
-const OOM_HOLD: Duration = Duration::from_millis(500);
-
-impl Live {
-    /// A live state with every output the command line asked for: the record file, the metrics
-    /// exporters, the reports and live views (`run`, `attach` and `agent` alike).
-    pub fn with_outputs(
-        record: Option<&Path>,
-        quiet: bool,
-        export: &crate::export::ExportArgs,
-        views: &crate::views::ViewArgs,
-        summary_json: Option<&Path>,
-    ) -> anyhow::Result<Live> {
-        // Every other output is set up (and its arguments checked) before the record file is
-        // created: a bad argument must not truncate an existing record.
-        let mut observers = crate::export::observers(export)?;
-        observers.extend(crate::views::observers(views, summary_json)?);
-        let mut live = Live::new(record, quiet)?;
-        live.observers = observers;
-        Ok(live)
-    }
-
-    /// Once 500 ms have passed since `last`: the periodic work ([`Live::tick`]) and, on a
-    /// terminal (`tty`), the status line redrawn in place on stderr.
-    pub fn status_tick(&mut self, last: &mut Instant, tty: bool) {
-        if last.elapsed() < Duration::from_millis(500) {
-            return;
-        }
-        *last = Instant::now();
-        self.tick();
-        if tty {
-            let mut e = std::io::stderr().lock();
-            let _ = write!(e, "\r\x1b[K{}", self.status_line());
-            let _ = e.flush();
-        }
-    }
-
-    /// A live state; `record` receives every applied event.
-    pub fn new(record: Option<&Path>, quiet: bool) -> anyhow::Result<Live> {
-        let record = match record {
-            Some(p) => Some(record::Writer::create(p).context("creating the record file")?),
-            None => None,
-        };
-        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: Vec::new(), observers: Vec::new(), pending_ooms: Vec::new() })
-    }
-
-    fn apply(&mut self, e: &Event) {
-        self.state.apply(e);
-        for o in self.observers.iter_mut() {
-            o.event(&self.state, e);
-        }
-        if let Some(w) = self.record.as_mut() {
-            if let Err(err) = w.write(e) {
-                self.record_error = Some(err.to_string());
-                self.record = None;
-            }
-        }
-    }
-
-    /// Applies one consumer message.
-    pub fn handle(&mut self, m: Msg) {
-        match m {
-            Msg::Event(e) => self.apply(&e),
-            Msg::Connected { hello } => {
-                self.processes.push((hello.pid, hello.exe_name()));
-                self.apply(&Event { ts_ns: consumer::now_ns(), ..Event::new(EventKind::ProcessExec, hello.pid, -1) });
-            }
-            Msg::Blocks { pid, snapshot } => {
-                self.python_pids.insert(pid);
-                let events = consumer::blocks::sync_events(&self.state, pid, &snapshot, consumer::now_ns());
-                for e in &events {
-                    self.apply(e);
-                }
-            }
-            Msg::Armed { pid, device } => {
-                // Adopt at address 0: a caching allocator manages this process's memory on the
-                // device, so its failed driver calls are retries, not verdicts.
-                self.python_pids.insert(pid);
-                self.apply(&Event { ts_ns: consumer::now_ns(), ..Event::new(EventKind::Adopt, pid, device) });
-            }
-            Msg::PyOom { pid, device, requested, device_free } => {
-                self.python_pids.insert(pid);
-                let e = Event {
-                    ts_ns: consumer::now_ns(),
-                    requested,
-                    device_free,
-                    rc: 2,
-                    op: EventKind::BlockAlloc as u16,
-                    flags: F_DEVICE_FREE_KNOWN | F_FAILED,
-                    ..Event::new(EventKind::AllocFailed, pid, device)
-                };
-                self.apply(&e);
-            }
-            Msg::Warning(w) => {
-                if !self.quiet {
-                    eprintln!("gpufrag: {w}");
-                }
-                self.warnings.push(w);
-            }
-        }
-        self.report_new_ooms();
-    }
-
-    fn report_new_ooms(&mut self) {
-        while self.oom_seen < self.state.ooms.len() {
-            let i = self.oom_seen;
-            self.oom_seen += 1;
-            let o = &self.state.ooms[i];
-            let key = (o.pid, o.device);
-            if o.is_framework_retry() {
-                // A caching allocator's try: it frees cache and retries, and reports its own OOM
-                // if the request fails for good. Held back until that report comes, or until
-                // OOM_HOLD passes without one (eBPF has no such report: then this is the verdict).
-                self.pending_ooms.retain(|&(j, _)| (self.state.ooms[j].pid, self.state.ooms[j].device) != key);
-                self.pending_ooms.push((i, Instant::now()));
-                continue;
-            }
-            self.pending_ooms.retain(|&(j, _)| (self.state.ooms[j].pid, self.state.ooms[j].device) != key);
-            self.print_oom(i);
-        }
-        self.flush_pending_ooms(false);
-    }
-
-    /// Prints held-back driver failures whose allocator said nothing within [`OOM_HOLD`] (all of
-    /// them with `all`).
-    fn flush_pending_ooms(&mut self, all: bool) {
-        let due: Vec<usize> = self.pending_ooms.iter().filter(|(_, t)| all || t.elapsed() >= OOM_HOLD).map(|&(i, _)| i).collect();
-        self.pending_ooms.retain(|(i, _)| !due.contains(i));
-        for i in due {
-            self.print_oom(i);
-        }
-    }
-
-    fn print_oom(&self, i: usize) {
-        let o = &self.state.ooms[i];
-        if self.quiet {
-            return;
-        }
-        let inputs = crate::analysis::OomInputs {
-            requested: o.requested,
-            device_free: o.device_free.unwrap_or(0),
-            stranded: o.figures.stranded,
-            releasable: o.figures.releasable,
-            largest_free_block: o.figures.largest_free_block,
-            framework: o.figures.framework_seen,
-        };
-        let clear = if std::io::stderr().is_terminal() { "\r\x1b[K" } else { "" };
-        eprintln!(
-            "{clear}[gpufrag] OOM in pid {} on device {}: {} requested: {}\n[gpufrag]   {}\n[gpufrag]   fix: {}",
-            o.pid,
-            o.device,
-            h(o.requested),
-            inputs.verdict().name(),
-            inputs.explanation(),
-            inputs.fix()
-        );
-    }
-
-    /// Gives every observer the current state.
-    pub fn tick(&mut self) {
-        self.flush_pending_ooms(false);
-        for o in self.observers.iter_mut() {
-            o.tick(&self.state);
-        }
-    }
-
-    /// Gives every observer the final state.
-    pub fn finish(&mut self) {
-        self.flush_pending_ooms(true);
-        for o in self.observers.iter_mut() {
-            o.finish(&self.state);
-        }
-    }
-
-    /// The one-line status: per device reserved, allocated, largest free block, fragmentation, dropped.
-    pub fn status_line(&self) -> String {
-        let mut parts = Vec::new();
-        for d in self.state.device_ids() {
-            let f = self.state.device_figures(d);
-            let free = self.state.devices.get(&d).and_then(|t| t.free).unwrap_or(0);
-            let frag = crate::analysis::fragmentation(f.largest_free_block, free, f.stranded, f.releasable);
-            let level = if f.framework_seen { "" } else { " (segments)" };
-            parts.push(format!(
-                "gpu{d}: reserved {} allocated {} largest free {} frag {:.2}{level}",
-                h(f.reserved),
-                h(f.allocated),
-                h(f.largest_free_block),
-                frag
-            ));
-        }
-        if parts.is_empty() {
-            parts.push("no CUDA memory traced yet".into());
-        }
-        format!("[gpufrag] {} | dropped {}", parts.join(" | "), self.state.dropped)
-    }
-
-    /// The summary, with notes on how block figures were obtained.
-    pub fn summary(&mut self, source: &str) -> anyhow::Result<Summary> {
-        if let Some(w) = self.record.as_mut() {
-            if let Err(e) = w.flush() {
-                self.record_error = Some(e.to_string());
-                self.record = None;
-            }
-        }
-        let mut s = Summary::from_state(&self.state, source);
-        // A record that stopped short cannot replay to these figures.
-        s.exact &= self.record_error.is_none();
-        if !self.python_pids.is_empty() {
-            s.notes.push(format!(
-                "block-level figures (allocated, stranded, largest free block) come from PyTorch's allocator snapshots sent by the Python hook of pid {}; segment-level figures from the LD_PRELOAD shim",
-                self.python_pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
-            ));
-        } else if s.devices.iter().any(|d| d.level == "segment") {
-            s.notes.push("segment level only: no caching allocator's blocks were seen, so allocated equals reserved and nothing counts as stranded".into());
-        }
-        if let Some(e) = &self.record_error {
-            s.notes.push(format!("the record file stopped at an error: {e}"));
-        }
-        for w in &self.warnings {
-            s.notes.push(w.clone());
-        }
-        Ok(s)
-    }
-}
-
 /// The record file's error, as the summary notes it.
-fn live_record_error(summary: &Summary) -> Option<String> {
-    summary.notes.iter().find_map(|n| n.strip_prefix("the record file stopped at an error: ").map(|e| format!("the record file stopped at an error: {e}")))
+fn live_record_error(summary: &crate::analysis::summary::Summary) -> Option<String> {
+    summary.notes.iter().find(|n| n.starts_with("the record file stopped at an error: ")).cloned()
 }
 
 fn exit_code_of(status: ExitStatus) -> u8 {
@@ -366,7 +118,7 @@ fn exit_code_of(status: ExitStatus) -> u8 {
 /// output path (issue 14: a bad argument truncated an existing record; a missing directory was
 /// found only after the workload ran).
 fn check_args(args: &Args) -> anyhow::Result<()> {
-    let bad = |m: String| -> anyhow::Result<()> { Err(crate::cli::UnusableInput(m).into()) };
+    let bad = |m: String| -> anyhow::Result<()> { Err(crate::input::UnusableInput(m).into()) };
     if let Some(c) = args.ring_capacity {
         if !c.is_power_of_two() {
             return bad(format!("--ring-capacity must be a power of two, not {c}"));
@@ -381,7 +133,7 @@ fn check_args(args: &Args) -> anyhow::Result<()> {
         ("--record", args.record.clone()),
         ("--summary-json", args.summary_json.clone()),
         ("--memviz", views.memviz.clone()),
-        ("--report", (!views.no_report).then(|| crate::views::postmortem::report_path(views.report.as_deref(), args.summary_json.as_deref()))),
+        ("--report", if views.no_report { None } else { crate::views::postmortem::report_path(views.report.as_deref(), args.summary_json.as_deref()) }),
         ("--feed", views.feed.clone()),
     ];
     for (flag, path) in outputs {
@@ -408,6 +160,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     cmd.env("LD_PRELOAD", prepend_path("LD_PRELOAD", &preload));
     cmd.env("GPUFRAG_SOCK", consumer.socket_path());
     cmd.env("GPUFRAG_CONSUMER_PID", std::process::id().to_string());
+    if !args.program_output {
+        cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    }
     if args.no_follow {
         cmd.env("GPUFRAG_NO_FOLLOW", "1");
     }
@@ -463,7 +218,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         eprint!("\r\x1b[K");
     }
     if !args.quiet {
-        eprint!("\n[gpufrag] summary\n{}", render(&summary));
+        eprint!("\n[gpufrag] summary\n{}", render_after_live(&summary));
     }
     let code = exit_code_of(status);
     if let Some(p) = &args.summary_json {

@@ -153,7 +153,7 @@ impl TraceLog {
     }
 
     /// The segment of `state` that holds `addr` in `pid`'s space on `device`.
-    fn segment_of<'s>(state: &'s State, pid: u32, device: i16, addr: u64) -> Option<&'s crate::map::Segment> {
+    fn segment_of(state: &State, pid: u32, device: i16, addr: u64) -> Option<&crate::map::Segment> {
         state.spaces.get(&(pid, device)).and_then(|s| s.map.segment_at(addr))
     }
 
@@ -354,7 +354,7 @@ fn write_settings(w: &mut Writer, rules: &AllocatorRules, expandable: bool) {
 
 /// The snapshot pickle of one process (`None`: every process, as if one).
 pub fn snapshot_pickle(state: &State, log: Option<&TraceLog>, pid: Option<u32>) -> Vec<u8> {
-    let spaces: Vec<&ProcessDevice> = state.spaces.values().filter(|s| pid.map_or(true, |p| s.pid == p)).collect();
+    let spaces: Vec<&ProcessDevice> = state.spaces.values().filter(|s| pid.is_none_or(|p| s.pid == p)).collect();
     let rules = spaces.first().map(|s| s.map.rules().clone()).unwrap_or_default();
     let expandable = spaces.iter().any(|s| s.map.segments().any(|g| g.kind == SegmentKind::Mapped && g.framework));
     // Each kept entry with whether it is about driver-only memory: said at the segment's free,
@@ -368,7 +368,7 @@ pub fn snapshot_pickle(state: &State, log: Option<&TraceLog>, pid: Option<u32>) 
             let open: std::collections::HashSet<u64> = l.segments.values().map(|s| s.seq).collect();
             l.entries()
                 .zip(l.first_seq()..)
-                .filter(|(e, _)| pid.map_or(true, |p| e.pid == p))
+                .filter(|(e, _)| pid.is_none_or(|p| e.pid == p))
                 .map(|(e, seq)| {
                     let still_held = e.act != Act::SegmentAlloc || open.contains(&seq);
                     (e, e.driver_only || (still_held && held_driver_only(e)))

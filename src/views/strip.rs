@@ -42,7 +42,7 @@ pub fn live_fractions(map: &AddressSpace, seg: &Segment, bins: usize) -> Vec<f64
 pub fn largest_free_run(map: &AddressSpace) -> Option<(u64, u64)> {
     let mut best: Option<(u64, u64)> = None;
     for (s, l) in map.free_runs() {
-        if best.map_or(true, |(_, bl)| l > bl) {
+        if best.is_none_or(|(_, bl)| l > bl) {
             best = Some((s, l));
         }
     }

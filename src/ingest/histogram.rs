@@ -60,12 +60,12 @@ impl SizeStats {
     pub fn record(&mut self, v: u64) {
         match &mut self.hist {
             Some(h) => {
-                let _ = h.saturating_record(v.max(1));
+                h.saturating_record(v.max(1));
             }
             None if self.values.len() < EXACT_VALUES => self.values.push(v),
             None => {
                 let mut h = self.histogram();
-                let _ = h.saturating_record(v.max(1));
+                h.saturating_record(v.max(1));
                 self.hist = Some(Box::new(h));
                 self.values = Vec::new();
             }
@@ -83,7 +83,7 @@ impl SizeStats {
             None => {
                 let mut h = new_histogram();
                 for &v in &self.values {
-                    let _ = h.saturating_record(v.max(1));
+                    h.saturating_record(v.max(1));
                 }
                 h
             }
@@ -113,7 +113,7 @@ impl SizeStats {
             let h = self.hist.get_or_insert_with(|| {
                 let mut h = new_histogram();
                 for &v in &self.values {
-                    let _ = h.saturating_record(v.max(1));
+                    h.saturating_record(v.max(1));
                 }
                 Box::new(h)
             });
@@ -124,7 +124,7 @@ impl SizeStats {
                 }
                 None => {
                     for &v in &other.values {
-                        let _ = h.saturating_record(v.max(1));
+                        h.saturating_record(v.max(1));
                     }
                 }
             }

@@ -6,11 +6,16 @@
 //! it knows (a free of an unknown address, a block outside every segment, events the source
 //! dropped) is counted, the first few are kept with their event index for the user, and the
 //! figures are then reported as inexact.
+//!
+//! The state's size distributions (allocation sizes as events arrive, free-run sizes at a
+//! summary) live beside it in [`histogram`].
+
+pub mod histogram;
 
 use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
 use crate::map::{AddressSpace, Anomaly, Figures, SegmentKind};
 use crate::rules::AllocatorRules;
-use crate::analysis::histogram::SizeStats;
+use histogram::SizeStats;
 use std::collections::BTreeMap;
 
 /// How many anomalies are kept verbatim (all are counted).
