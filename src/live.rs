@@ -103,6 +103,14 @@ impl Live {
         match m {
             Msg::Event(e) => self.apply(&e),
             Msg::Connected { hello } => {
+                // A pid seen before that connects again without the fork flag is the same process
+                // after exec: the old image's memory went with it (its maps are dropped, not kept
+                // as a false anomaly), and it stays one process (issue 14).
+                let exec = hello.flags & crate::hello::HELLO_F_FORKED == 0 && self.processes.iter().any(|(p, _)| *p == hello.pid);
+                if exec {
+                    self.state.forget(hello.pid);
+                    self.processes.retain(|(p, _)| *p != hello.pid);
+                }
                 self.processes.push((hello.pid, hello.exe_name()));
                 self.apply(&Event { ts_ns: now_ns(), ..Event::new(EventKind::ProcessExec, hello.pid, -1) });
             }
@@ -269,5 +277,30 @@ impl Live {
             s.notes.push(w.clone());
         }
         Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod exec_tests {
+    use super::*;
+    use crate::hello::{Hello, HELLO_F_FORKED, SOURCE_SHIM};
+
+    fn hello(pid: u32, flags: u32) -> Msg {
+        Msg::Connected { hello: Hello { pid, ppid: 1, ring_bytes: 0, start_time: 7, flags, source: SOURCE_SHIM, exe: [0; 24] } }
+    }
+
+    /// Issue 14: fork + exec under `run` kept the pre-exec image's allocations (a false anomaly,
+    /// "NOT exact") and reported the process twice.
+    #[test]
+    fn regression_exec_drops_the_old_image_and_keeps_one_process() {
+        let mut live = Live::new(None, true).expect("live");
+        live.handle(hello(9, HELLO_F_FORKED));
+        live.handle(Msg::Event(Event { addr: 1 << 40, size: 32 << 20, ..Event::new(EventKind::MemAlloc, 9, 0) }));
+        live.handle(hello(9, 0)); // the exec'd image
+        live.handle(Msg::Event(Event { addr: 2 << 40, size: 16 << 20, ..Event::new(EventKind::MemAlloc, 9, 0) }));
+        live.handle(Msg::Event(Event { addr: 2 << 40, ..Event::new(EventKind::MemFree, 9, -1) }));
+        assert_eq!(live.processes.len(), 1, "{:?}", live.processes);
+        assert_eq!(live.state.device_figures(0).reserved, 0, "the pre-exec 32 MiB went with the old image");
+        assert!(live.state.exact(), "{:?}", live.state.anomalies);
     }
 }

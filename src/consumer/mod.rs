@@ -11,6 +11,8 @@
 
 mod conn;
 pub mod blocks;
+/// The Python hook's framing, for the fuzz target of fuzz/.
+pub use conn::python_reader;
 
 use crate::event::{Event, EventKind, F_SRC_SHIM};
 use crate::hello::{SOURCE_PYTHON, SOURCE_SHIM};

@@ -146,8 +146,11 @@ pub struct State {
     pub anomaly_count: u64,
     /// The first [`KEPT_ANOMALIES`] anomalies.
     pub anomalies: Vec<AnomalyRecord>,
-    /// Events applied.
+    /// Events applied (drop markers included: see `drop_markers`).
     pub events: u64,
+    /// `Dropped` markers among them: the sources' notes of how many events they lost, not events
+    /// of the traced program.
+    pub drop_markers: u64,
     /// Events with a kind this build does not know.
     pub unknown_kinds: u64,
     /// Processes that exited.
@@ -210,6 +213,7 @@ impl State {
             }
             EventKind::Dropped => {
                 self.dropped = self.dropped.saturating_add(ev.size);
+                self.drop_markers += 1;
                 Ok(())
             }
             EventKind::ProcessExec => Ok(()),

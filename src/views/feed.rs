@@ -302,46 +302,51 @@ pub fn connect(path: &Path) -> std::io::Result<Receiver<Update>> {
     let (tx, rx) = sync_channel(16);
     let name = path.display().to_string();
     std::thread::Builder::new().name("gpufrag-feed-reader".into()).spawn(move || {
-        let mut reader = BufReader::new(stream);
-        let mut buf = Vec::new();
-        loop {
-            buf.clear();
-            if buf.capacity() > 1 << 20 {
-                buf = Vec::new(); // a large frame's buffer is not kept for the small ones
-            }
-            match std::io::Read::take(&mut reader, MAX_LINE as u64 + 1).read_until(b'\n', &mut buf) {
-                Ok(0) => break,
-                Ok(_) if buf.last() == Some(&b'\n') => {}
-                Ok(_) if buf.len() > MAX_LINE => {
-                    let _ = tx.send(Update::Ended(format!("{name}: a feed line longer than {MAX_LINE} bytes; not a gpufrag feed")));
-                    return;
-                }
-                Ok(_) => break, // closed mid-line
-                Err(e) => {
-                    let _ = tx.send(Update::Ended(format!("{name}: {e}")));
-                    return;
-                }
-            }
-            match serde_json::from_slice::<Frame>(&buf) {
-                Ok(f) => {
-                    let last = f.last;
-                    if tx.send(Update::Frame(Box::new(f))).is_err() {
-                        return;
-                    }
-                    if last {
-                        let _ = tx.send(Update::Ended("the traced command ended".into()));
-                        return;
-                    }
-                }
-                Err(e) => {
-                    let _ = tx.send(Update::Ended(format!("{name}: not a gpufrag feed line: {e}")));
-                    return;
-                }
-            }
-        }
-        let _ = tx.send(Update::Ended("the feed closed".into()));
+        read_feed(BufReader::new(stream), &name, |u| tx.send(u).is_ok());
     })?;
     Ok(rx)
+}
+
+/// Reads feed lines from `reader` until it ends, handing each frame and then the reason it
+/// ended to `on` (which returns `false` to stop). Lines are bounded by [`MAX_LINE`].
+pub fn read_feed(mut reader: impl BufRead, name: &str, mut on: impl FnMut(Update) -> bool) {
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        if buf.capacity() > 1 << 20 {
+            buf = Vec::new(); // a large frame's buffer is not kept for the small ones
+        }
+        match std::io::Read::take(&mut reader, MAX_LINE as u64 + 1).read_until(b'\n', &mut buf) {
+            Ok(0) => break,
+            Ok(_) if buf.last() == Some(&b'\n') => {}
+            Ok(_) if buf.len() > MAX_LINE => {
+                on(Update::Ended(format!("{name}: a feed line longer than {MAX_LINE} bytes; not a gpufrag feed")));
+                return;
+            }
+            Ok(_) => break, // closed mid-line
+            Err(e) => {
+                on(Update::Ended(format!("{name}: {e}")));
+                return;
+            }
+        }
+        match serde_json::from_slice::<Frame>(&buf) {
+            Ok(f) => {
+                let last = f.last;
+                if !on(Update::Frame(Box::new(f))) {
+                    return;
+                }
+                if last {
+                    on(Update::Ended("the traced command ended".into()));
+                    return;
+                }
+            }
+            Err(e) => {
+                on(Update::Ended(format!("{name}: not a gpufrag feed line: {e}")));
+                return;
+            }
+        }
+    }
+    on(Update::Ended("the feed closed".into()));
 }
 
 /// The sockets in the feed directory that answer, newest first.
