@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 pub mod analysis;
+pub mod attribution;
 pub mod cli;
 pub mod consumer;
 pub mod ebpf;

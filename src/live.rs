@@ -36,6 +36,9 @@ pub struct Live {
     pub observers: Vec<Box<dyn crate::observe::Observer>>,
     /// Driver failures held back: (index in `state.ooms`, when seen).
     pending_ooms: Vec<(usize, Instant)>,
+    /// Who each process is and which node GPU each of its CUDA ordinals is: every event is
+    /// filed under the node's GPU index before it is applied.
+    pub attribution: crate::attribution::Attribution,
 }
 
 /// How long a caching allocator's failed driver call waits for the allocator's own OOM report
@@ -57,6 +60,7 @@ impl Live {
         let mut observers = crate::export::observers(export)?;
         observers.extend(crate::views::observers(views, summary_json)?);
         let mut live = Live::new(record, quiet)?;
+        live.attribution = crate::attribution::Attribution::for_node(export.nvml_lib.as_deref());
         live.observers = observers;
         Ok(live)
     }
@@ -82,10 +86,40 @@ impl Live {
             Some(p) => Some(record::Writer::create(p).context("creating the record file")?),
             None => None,
         };
-        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: Vec::new(), observers: Vec::new(), pending_ooms: Vec::new() })
+        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: Vec::new(), observers: Vec::new(), pending_ooms: Vec::new(), attribution: crate::attribution::Attribution::for_node(std::env::var("GPUFRAG_NVML_LIB").ok().as_deref()) })
+    }
+
+    /// Reads who a process is when it starts (or is first seen), and files the event under the
+    /// node GPU behind the process's CUDA ordinal.
+    fn place(&mut self, e: &mut Event) {
+        if e.pid == 0 {
+            return;
+        }
+        let fresh = e.kind() == Some(EventKind::ProcessExec);
+        if fresh || !self.state.identities.contains_key(&e.pid) {
+            let id = if fresh { self.attribution.identify(e.pid) } else { self.attribution.identity(e.pid) };
+            for p in self.processes.iter_mut().filter(|p| p.0 == e.pid && (p.1.is_empty() || p.1 == "unknown")) {
+                p.1 = id.exe.clone();
+            }
+            self.state.identities.insert(e.pid, id);
+        }
+        e.device = self.attribution.node_device(e.pid, e.device);
     }
 
     fn apply(&mut self, e: &Event) {
+        let mut e = *e;
+        self.place(&mut e);
+        self.apply_placed(&e);
+    }
+
+    /// Forgets a process that is gone: its maps and who it was.
+    pub fn forget(&mut self, pid: u32) {
+        self.state.forget(pid);
+        self.attribution.forget(pid);
+    }
+
+    /// Applies an event whose device is already the node's GPU index.
+    fn apply_placed(&mut self, e: &Event) {
         self.state.apply(e);
         for o in self.observers.iter_mut() {
             o.event(&self.state, e);
@@ -102,7 +136,10 @@ impl Live {
     pub fn handle(&mut self, m: Msg) {
         match m {
             Msg::Event(e) => self.apply(&e),
-            Msg::Connected { hello } => {
+            Msg::Connected { hello, proc } => {
+                if let Some(p) = proc {
+                    self.attribution.prefetch(hello.pid, *p);
+                }
                 // A pid seen before that connects again without the fork flag is the same process
                 // after exec: the old image's memory went with it (its maps are dropped, not kept
                 // as a false anomaly), and it stays one process (issue 14).
@@ -114,11 +151,14 @@ impl Live {
                 self.processes.push((hello.pid, hello.exe_name()));
                 self.apply(&Event { ts_ns: now_ns(), ..Event::new(EventKind::ProcessExec, hello.pid, -1) });
             }
-            Msg::Blocks { pid, snapshot } => {
+            Msg::Blocks { pid, mut snapshot } => {
                 self.python_pids.insert(pid);
+                for seg in snapshot.segments.iter_mut() {
+                    seg.device = self.attribution.node_device(pid, seg.device);
+                }
                 let events = crate::consumer::blocks::sync_events(&self.state, pid, &snapshot, now_ns());
                 for e in &events {
-                    self.apply(e);
+                    self.apply_placed(e);
                 }
             }
             Msg::Armed { pid, device } => {
@@ -141,11 +181,14 @@ impl Live {
                 self.apply(&e);
             }
             Msg::Named { pid, name } => {
+                // A process gone before /proc was read has no name there: the one read early.
+                let name = if name.is_empty() || name == "unknown" { self.state.identities.get(&pid).map(|i| i.exe.clone()).unwrap_or(name) } else { name };
                 if !self.processes.iter().any(|(p, _)| *p == pid) {
                     self.processes.push((pid, name));
                 }
             }
-            Msg::Forget(pid) => self.state.forget(pid),
+            Msg::Proc { pid, read } => self.attribution.prefetch(pid, *read),
+            Msg::Forget(pid) => self.forget(pid),
             Msg::Warning(w) => {
                 if !self.quiet {
                     eprintln!("gpufrag: {w}");
@@ -191,14 +234,7 @@ impl Live {
         if self.quiet {
             return;
         }
-        let inputs = crate::analysis::OomInputs {
-            requested: o.requested,
-            device_free: o.device_free.unwrap_or(0),
-            stranded: o.figures.stranded,
-            releasable: o.figures.releasable,
-            largest_free_block: o.figures.largest_free_block,
-            framework: o.figures.framework_seen,
-        };
+        let inputs = crate::analysis::OomInputs::of(o);
         // The live line as it stood at the failure stays on screen above the verdict.
         let clear = if std::io::stderr().is_terminal() { "\r\x1b[K" } else { "" };
         eprintln!(
@@ -276,6 +312,8 @@ impl Live {
         for w in &self.warnings {
             s.notes.push(w.clone());
         }
+        s.notes.extend(self.attribution.notes());
+        s.attribute(&self.state, &self.attribution);
         Ok(s)
     }
 }
@@ -286,7 +324,7 @@ mod exec_tests {
     use crate::hello::{Hello, HELLO_F_FORKED, SOURCE_SHIM};
 
     fn hello(pid: u32, flags: u32) -> Msg {
-        Msg::Connected { hello: Hello { pid, ppid: 1, ring_bytes: 0, start_time: 7, flags, source: SOURCE_SHIM, exe: [0; 24] } }
+        Msg::Connected { hello: Hello { pid, ppid: 1, ring_bytes: 0, start_time: 7, flags, source: SOURCE_SHIM, exe: [0; 24] }, proc: None }
     }
 
     /// Issue 14: fork + exec under `run` kept the pre-exec image's allocations (a false anomaly,

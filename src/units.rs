@@ -1,7 +1,7 @@
 //! Human units for byte counts: GiB/MiB/KiB with two decimals, as PyTorch prints them
 //! (`format_size` in c10/cuda/CUDACachingAllocator.cpp: a unit is used only above one whole of
 //! it, so exactly 1 GiB is "1024.00 MiB", as in PyTorch's OOM message), so that a figure gpufrag
-//! prints can be matched with PyTorch's text.
+//! prints can be matched with PyTorch's text; and exact counts with thousands separators.
 
 /// `2684354560` → `"2.50 GiB"`, `1073741824` → `"1024.00 MiB"`, `1024` → `"1024 B"`.
 pub fn human_bytes(b: u64) -> String {
@@ -18,6 +18,19 @@ pub fn human_bytes(b: u64) -> String {
     } else {
         format!("{b} B")
     }
+}
+
+/// `2684354560` → `"2,684,354,560"`: exact byte counts with thousands separators.
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Parses `12GiB`, `512MiB`, `1.5G`, `4096` (bytes) into bytes.
@@ -59,6 +72,15 @@ mod tests {
         assert_eq!(human_bytes(1024), "1024 B");
         assert_eq!(human_bytes(1025), "1.00 KiB");
         assert_eq!(human_bytes(0), "0 B");
+    }
+
+    #[test]
+    fn thousands_are_grouped() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(12), "12");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(2_684_354_560), "2,684,354,560");
     }
 
     #[test]

@@ -7,10 +7,11 @@
 //!
 //! ```text
 //! foundation  event hello ring (the wire crate), units, rules
-//! state       map, ingest                       may import: foundation
-//! analysis    analysis                          may import: foundation, state
+//! state       map, ingest, attribution          may import: foundation
 //! sources     snapshot record source consumer ebpf input
 //!                                               may import: foundation, state
+//! analysis    analysis                          may import: foundation, state, sources
+//! simulation  sim                               may import: foundation, state, analysis, sources
 //! outputs     observe export views              may import: all of the above
 //! pipeline    live                              may import: all of the above
 //! cli         cli                               may import: everything
@@ -18,7 +19,8 @@
 //!
 //! Data flows sources → state → analysis → outputs; a source may read the state it feeds (the
 //! Python hook's blocks are diffed against it, eBPF coverage compares NVML with it) but never the
-//! analysis, an output, the pipeline or the command line.
+//! analysis, an output, the pipeline or the command line; the analysis may read inputs (the
+//! what-if simulation replays a snapshot's request stream).
 //!
 //! Rerun with `cargo test --release --test layering -- --nocapture` to see the graph.
 
@@ -28,12 +30,13 @@ use std::path::{Path, PathBuf};
 /// Each layer, its top-level modules, and the layers it may import from (besides itself).
 const LAYERS: &[(&str, &[&str], &[&str])] = &[
     ("foundation", &["event", "hello", "ring", "units", "rules"], &[]),
-    ("state", &["map", "ingest"], &["foundation"]),
-    ("analysis", &["analysis"], &["foundation", "state"]),
+    ("state", &["map", "ingest", "attribution"], &["foundation"]),
     ("sources", &["snapshot", "record", "source", "consumer", "ebpf", "input"], &["foundation", "state"]),
-    ("outputs", &["observe", "export", "views"], &["foundation", "state", "analysis", "sources"]),
-    ("pipeline", &["live"], &["foundation", "state", "analysis", "sources", "outputs"]),
-    ("cli", &["cli"], &["foundation", "state", "analysis", "sources", "outputs", "pipeline"]),
+    ("analysis", &["analysis"], &["foundation", "state", "sources"]),
+    ("simulation", &["sim"], &["foundation", "state", "analysis", "sources"]),
+    ("outputs", &["observe", "export", "views"], &["foundation", "state", "analysis", "sources", "simulation"]),
+    ("pipeline", &["live"], &["foundation", "state", "analysis", "sources", "simulation", "outputs"]),
+    ("cli", &["cli"], &["foundation", "state", "analysis", "sources", "simulation", "outputs", "pipeline"]),
 ];
 
 fn layer_of(module: &str) -> Option<&'static str> {

@@ -43,6 +43,9 @@ fn gpufrag_run_records_a_fragmentation_oom() {
     let replay = Command::new(env!("CARGO_BIN_EXE_gpufrag")).arg("analyze").arg(&record).arg("--json").output().expect("analyze");
     assert!(replay.status.success(), "{}", String::from_utf8_lossy(&replay.stderr));
     let replayed = String::from_utf8_lossy(&replay.stdout);
+    let (lv, rv): (serde_json::Value, serde_json::Value) = (serde_json::from_str(&live).expect("JSON"), serde_json::from_str(&replayed).expect("JSON"));
+    assert_eq!(lv["capture"], "shim", "run's summary says how it captured (docs/metrics.md)");
+    assert!(rv.get("capture").is_none() && rv.get("coverage").is_none(), "analyze of a file has neither capture nor coverage: {rv}");
     for json in [live.as_str(), &replayed] {
         let v: serde_json::Value = serde_json::from_str(json).expect("JSON");
         let ooms = v["ooms"].as_array().expect("ooms");

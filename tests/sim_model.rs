@@ -1,8 +1,8 @@
 //! The simulated caching allocator (`gpufrag::sim::Allocator`) against a deliberately naive model
 //! of the same rules: segments as plain vectors of blocks in address order, best fit by a linear
 //! scan, the `malloc` path of PyTorch 2.11 written out step by step (cached block, garbage
-//! collection, `alloc_block`, `release_available_cached_blocks` + retry, `release_cached_blocks`
-//! + retry, OOM), and the same top-down first-fit model of the driver's addresses. proptest drives
+//! collection, `alloc_block`, `release_available_cached_blocks` and retry, `release_cached_blocks`
+//! and retry, OOM), and the same top-down first-fit model of the driver's addresses. proptest drives
 //! both with the same requests (sizes drawn from a small set, so that equal sizes collide) under
 //! random settings and memory limits and shrinks any difference to a short sequence. Expandable
 //! segments are not in the naive model; the H200 ground truth covers them (tests/whatif_truth.rs).
@@ -81,7 +81,7 @@ impl Naive {
         self.ops.push(DeviceOp::SegmentFree { addr: s.blocks[0].ptr, size });
     }
     fn seg_at(&self, ptr: u64) -> usize {
-        self.segs.iter().position(|s| s.blocks[0].ptr == ptr).unwrap()
+        self.segs.iter().position(|s| s.blocks[0].ptr == ptr).expect("naive: a segment at ptr")
     }
     fn malloc(&mut self, orig: u64) -> Result<u64, u64> {
         let size = self.conf.rules.round_size(orig);
@@ -172,7 +172,7 @@ impl Naive {
         released >= key
     }
     fn gc(&mut self) {
-        let allowed = self.limit.unwrap();
+        let allowed = self.limit.expect("gc runs only under a memory fraction");
         let threshold = (self.conf.garbage_collection_threshold * allowed as f64) as u64;
         if self.reserved <= threshold {
             return;

@@ -7,6 +7,8 @@
 //! first request that failed. And the simulation of every kept trace under its own settings must
 //! reproduce it (the self-check).
 
+#![allow(clippy::unwrap_used)] // the JSON ground truth is read in helpers, outside #[test] functions
+
 use gpufrag::rules::AllocConf;
 use gpufrag::sim::{self, Limits, Scenario};
 use gpufrag::snapshot;
@@ -37,23 +39,25 @@ fn truth() -> Vec<Run> {
     let text = std::fs::read_to_string(fixture("whatif/truth.json")).expect("truth.json");
     let v: serde_json::Value = serde_json::from_str(&text).expect("truth.json parses");
     let u = |x: &serde_json::Value, k: &str| x[k].as_u64();
+    let n = |x: &serde_json::Value, k: &str| x[k].as_u64().unwrap_or_else(|| panic!("truth.json: {k} is a number"));
+    let t = |x: &serde_json::Value, k: &str| x[k].as_str().unwrap_or_else(|| panic!("truth.json: {k} is a string")).to_string();
     v.as_array()
-        .expect("a list")
+        .expect("truth.json is a list")
         .iter()
         .map(|x| Run {
-            tag: x["tag"].as_str().unwrap().to_string(),
-            workload: x["workload"].as_str().unwrap().to_string(),
-            alloc_conf: x["alloc_conf"].as_str().unwrap().to_string(),
+            tag: t(x, "tag"),
+            workload: t(x, "workload"),
+            alloc_conf: t(x, "alloc_conf"),
             allowed: u(x, "allowed"),
-            device_total: u(x, "device_total").unwrap(),
-            oom: x["oom"].as_bool().unwrap(),
+            device_total: n(x, "device_total"),
+            oom: x["oom"].as_bool().unwrap_or_else(|| panic!("truth.json: oom is a bool")),
             oom_rounded: u(x, "oom_rounded"),
             oom_alloc_size: u(x, "oom_alloc_size"),
-            peak_reserved: u(x, "peak_reserved").unwrap(),
-            peak_allocated: u(x, "peak_allocated").unwrap(),
-            num_alloc_retries: u(x, "num_alloc_retries").unwrap(),
-            num_device_alloc: u(x, "num_device_alloc").unwrap(),
-            num_device_free: u(x, "num_device_free").unwrap(),
+            peak_reserved: n(x, "peak_reserved"),
+            peak_allocated: n(x, "peak_allocated"),
+            num_alloc_retries: n(x, "num_alloc_retries"),
+            num_device_alloc: n(x, "num_device_alloc"),
+            num_device_free: n(x, "num_device_free"),
         })
         .collect()
 }

@@ -67,6 +67,21 @@ impl Verdict {
     }
 }
 
+impl OomInputs {
+    /// The numbers of a recorded failure: its request, the device free bytes it saw (0 when
+    /// unknown), and its process's figures at that moment.
+    pub fn of(o: &crate::ingest::OomRecord) -> OomInputs {
+        OomInputs {
+            requested: o.requested,
+            device_free: o.device_free.unwrap_or(0),
+            stranded: o.figures.stranded,
+            releasable: o.figures.releasable,
+            largest_free_block: o.figures.largest_free_block,
+            framework: o.figures.framework_seen,
+        }
+    }
+}
+
 /// The numbers an OOM verdict compares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OomInputs {

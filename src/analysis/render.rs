@@ -2,20 +2,8 @@
 //! device, the segments that strand the most, and every OOM with its verdict and fix.
 
 use super::summary::{DeviceSummary, Summary};
-use crate::units::human_bytes as h;
+use crate::units::{human_bytes as h, thousands as group};
 use std::fmt::Write;
-
-fn group(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
 
 fn line(out: &mut String, name: &str, bytes: u64) {
     let _ = writeln!(out, "  {name:<21}{:>12}  ({} B)", h(bytes), group(bytes));
@@ -108,7 +96,9 @@ fn render_ooms(s: &Summary, explain: bool) -> String {
     if s.processes.len() > 1 {
         for p in &s.processes {
             out.push('\n');
-            device(&mut out, &p.figures, &format!("process {} on device {}", p.pid, p.figures.device));
+            let who = super::summary::Summary::process_label(p);
+            let gpu = p.figures.hw_id.as_deref().map(|u| format!(" ({u})")).unwrap_or_default();
+            device(&mut out, &p.figures, &format!("process {} on device {}{gpu}", who.trim_start_matches("pid "), p.figures.device));
         }
     }
     if s.ooms.is_empty() {
@@ -118,11 +108,12 @@ fn render_ooms(s: &Summary, explain: bool) -> String {
         let _ = writeln!(out);
     }
     for (i, o) in s.ooms.iter().enumerate() {
+        let ctr = o.container_id.as_deref().map(|c| format!(", container {}", &c[..c.len().min(12)])).unwrap_or_default();
         if !explain {
-            let _ = writeln!(out, "OOM {} on device {} (pid {}): {} requested: {} (explained above)", i + 1, o.device, o.pid, h(o.requested), o.verdict.name());
+            let _ = writeln!(out, "OOM {} on device {} (pid {}{ctr}): {} requested: {} (explained above)", i + 1, o.device, o.pid, h(o.requested), o.verdict.name());
             continue;
         }
-        let _ = writeln!(out, "\nOOM {} on device {} (pid {}): {} requested", i + 1, o.device, o.pid, h(o.requested));
+        let _ = writeln!(out, "\nOOM {} on device {} (pid {}{ctr}): {} requested", i + 1, o.device, o.pid, h(o.requested));
         let _ = writeln!(out, "  verdict: {}", o.verdict.name());
         if o.driver_failures_before > 0 {
             let _ = writeln!(out, "  (after {} failed driver allocation(s): the allocator's own tries and retries)", o.driver_failures_before);
@@ -137,16 +128,4 @@ fn render_ooms(s: &Summary, explain: bool) -> String {
         }
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn thousands_are_grouped() {
-        assert_eq!(group(0), "0");
-        assert_eq!(group(999), "999");
-        assert_eq!(group(2_684_354_560), "2,684,354,560");
-    }
 }

@@ -69,11 +69,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         if args.program_output { "; the program's own output is mixed in" } else { " (--program-output shows the program's own lines)" }
     );
     let run_args = run::Args {
-        summary_json: args.summary_json.clone(),
-        record: None,
+        out: super::LiveArgs { summary_json: args.summary_json.clone(), record: None, quiet: false },
         no_follow: false,
         no_python_hook: true,
-        quiet: false,
         python_interval: 1.0,
         ring_capacity: None,
         preload: None,

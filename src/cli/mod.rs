@@ -14,7 +14,31 @@ pub mod whatif;
 use crate::input::UnusableInput;
 use clap::{Parser, Subcommand};
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+/// The outputs every live command (`run`, `attach`, `agent`) shares besides the exporters and
+/// views: the summary JSON, the record file, and quiet.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct LiveArgs {
+    /// Write the summary as JSON at the end (the schema of `analyze --json`, with `capture`, and
+    /// `coverage` for eBPF: docs/metrics.md).
+    #[arg(long, value_name = "PATH")]
+    pub summary_json: Option<PathBuf>,
+    /// Write every event to a record file that `gpufrag analyze` replays to the same figures.
+    #[arg(long, value_name = "PATH")]
+    pub record: Option<PathBuf>,
+    /// No live status line and no summary on stderr (files are still written).
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+impl LiveArgs {
+    /// The live pipeline with every output asked for: these, the exporters and the views.
+    pub fn live(&self, export: &crate::export::ExportArgs, views: &crate::views::ViewArgs) -> anyhow::Result<crate::live::Live> {
+        crate::live::Live::with_outputs(self.record.as_deref(), self.quiet, export, views, self.summary_json.as_deref())
+    }
+}
 
 /// Why GPU jobs die of "out of memory" while nvidia-smi shows free memory.
 #[derive(Parser, Debug)]

@@ -6,13 +6,11 @@
 //! settings) is always the first row.
 
 use crate::input::UnusableInput;
-use crate::record;
 use crate::rules::AllocConf;
 use crate::sim::{self, Limits, Outcome, RequestStream, Scenario};
-use crate::snapshot;
 use crate::units::{human_bytes, parse_bytes};
 use serde_json::{json, Value};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -41,18 +39,7 @@ pub struct Args {
 
 /// Reads the request stream of any trace gpufrag reads; unusable input is exit 2.
 pub fn load_stream(path: &Path) -> anyhow::Result<RequestStream> {
-    let mut head = [0u8; 8];
-    let n = std::fs::File::open(path)
-        .and_then(|mut f| f.read(&mut head))
-        .map_err(|e| UnusableInput(format!("{}: {e}", path.display())))?;
-    let stream = if record::is_record(&head[..n]) {
-        let rec = record::read(path).map_err(|e| UnusableInput(e.to_string()))?;
-        sim::from_events(&rec.events)
-    } else {
-        let snap = snapshot::load(path).map_err(|e| UnusableInput(e.to_string()))?;
-        sim::from_snapshot(&snap)
-    };
-    stream.map_err(|e| UnusableInput(format!("{}: {e}", path.display())).into())
+    sim::stream_of_file(path).map_err(|e| UnusableInput(e).into())
 }
 
 fn size_arg(flag: &str, v: &str) -> anyhow::Result<u64> {

@@ -75,6 +75,9 @@ pub struct Session {
     seq: u64,
     /// The trace is up to now and an NVML sample is due ([`Session::sample_nvml`]).
     nvml_due: bool,
+    /// Which node GPU each process's CUDA ordinal is, for the NVML readings this session takes
+    /// itself (the pipeline places the events with its own, fed the same `/proc` readings).
+    placement: crate::attribution::Attribution,
 }
 
 /// How long probe events wait before they are applied, so that a free (stamped when its call
@@ -115,6 +118,7 @@ impl Session {
             reorder: BTreeMap::new(),
             seq: 0,
             nvml_due: false,
+            placement: crate::attribution::Attribution::for_node(None),
         };
         if let Target::Pid { pid, follow } = s.opts.target {
             if !procfs::alive(pid) {
@@ -254,14 +258,19 @@ impl Session {
                     }
                     if e.kind() == Some(EventKind::AllocFailed) && e.device_free().is_none() {
                         // The uprobe cannot ask the device; NVML now is the closest measure.
-                        if let Some((_, free)) = self.nvml.as_ref().and_then(|n| n.device_memory(e.device)) {
+                        // NVML's index of the process's GPU, not its CUDA ordinal.
+                        let gpu = self.placement.node_device(e.pid, e.device);
+                        if let Some((_, free)) = self.nvml.as_ref().and_then(|n| n.device_memory(gpu)) {
                             e.device_free = free;
                             e.flags |= F_DEVICE_FREE_KNOWN;
                         }
                     }
                     out.push(Msg::Event(e));
                 }
-                Action::Forget(pid) => out.push(Msg::Forget(pid)),
+                Action::Forget(pid) => {
+                    self.placement.forget(pid);
+                    out.push(Msg::Forget(pid));
+                }
             }
         }
     }
@@ -287,6 +296,17 @@ impl Session {
         }
         let events = self.probes.poll(wait);
         let n = events.len();
+        // Who a new process is, read now: by the time its events leave the reorder window a
+        // short-lived one is gone. The pipeline gets the same reading (Msg::Proc), before the
+        // process's events.
+        for e in &events {
+            if e.pid != 0 && !self.placement.knows(e.pid) {
+                let read = crate::attribution::ProcRead::read(std::path::Path::new("/proc"), e.pid);
+                self.placement.prefetch(e.pid, read.clone());
+                self.placement.identify(e.pid);
+                out.push(Msg::Proc { pid: e.pid, read: Box::new(read) });
+            }
+        }
         self.buffer(events);
         let ready = self.release(Some(now_ns().saturating_sub(REORDER_WINDOW_NS)));
         self.handle_events(out, ready);
@@ -364,7 +384,7 @@ impl Session {
             self.nvml_used.retain(|&(p, _), _| p != pid);
         }
         for ((pid, d), used) in now {
-            let traced = super::processes::traced_bytes(state, pid, d);
+            let traced = state.traced_bytes(pid, d);
             self.nvml_used.insert((pid, d), (used, traced));
         }
         self.table.nvml_devices.clear();

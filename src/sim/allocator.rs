@@ -28,13 +28,33 @@ const NONE: u32 = u32::MAX;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceOp {
     /// `cudaMalloc` of a segment.
-    SegmentAlloc { addr: u64, size: u64 },
+    SegmentAlloc {
+        /// Start.
+        addr: u64,
+        /// Bytes.
+        size: u64,
+    },
     /// `cudaFree` of a segment.
-    SegmentFree { addr: u64, size: u64 },
+    SegmentFree {
+        /// Start.
+        addr: u64,
+        /// Bytes.
+        size: u64,
+    },
     /// Pages mapped into an expandable segment.
-    Map { addr: u64, size: u64 },
+    Map {
+        /// Start of the pages.
+        addr: u64,
+        /// Bytes.
+        size: u64,
+    },
     /// Pages unmapped from an expandable segment.
-    Unmap { addr: u64, size: u64 },
+    Unmap {
+        /// Start of the pages.
+        addr: u64,
+        /// Bytes.
+        size: u64,
+    },
 }
 
 impl DeviceOp {
@@ -201,9 +221,11 @@ pub struct Figures {
     pub reserved: u64,
     /// Bytes in live blocks.
     pub allocated: u64,
-    /// Free bytes inside segments (mapped ranges) that hold a live block.
+    /// Free bytes inside segments (mapped ranges) that hold a live block and cannot be returned
+    /// while it lives (in an expandable segment: the free parts of pages that are partly used).
     pub stranded: u64,
-    /// Free bytes in segments (mapped ranges) with no live block.
+    /// Free bytes that `empty_cache()` would return: segments with no live block, and the whole
+    /// free pages of expandable segments.
     pub releasable: u64,
     /// The largest free block.
     pub largest_free_block: u64,
@@ -588,8 +610,9 @@ impl Allocator {
         }
     }
 
-    /// `release_cached_blocks`: complete pending frees, then return every whole free segment
-    /// (and every free page of expandable segments) to the driver. `empty_cache()` does this.
+    /// `release_blocks` of both pools: return every whole free segment (and every free page of
+    /// expandable segments) to the driver. Pending frees must be completed first
+    /// ([`Allocator::complete_pending_frees`]); [`Allocator::empty_cache`] does both.
     pub fn release_cached_blocks(&mut self) {
         for p in [Self::pool_of(false), Self::pool_of(true)] {
             let order: Vec<u32> = self.pools[p].blocks.values().copied().collect();
@@ -940,19 +963,20 @@ impl Allocator {
                 continue;
             }
             let mut x = h;
-            let (mut free, mut has_live, mut in_run) = (0u64, false, false);
-            let close = |f: &mut Figures, free: &mut u64, has_live: &mut bool, in_run: &mut bool| {
+            // per mapped run: free bytes that a live block strands, free bytes always releasable
+            // (whole pages of an expandable segment, which empty_cache() unmaps), a live block
+            let (mut free, mut pages, mut has_live, mut in_run) = (0u64, 0u64, false, false);
+            let close = |f: &mut Figures, free: &mut u64, pages: &mut u64, has_live: &mut bool, in_run: &mut bool| {
                 if *in_run {
                     f.segments += 1;
                     if *has_live {
                         f.stranded += *free;
+                        f.releasable += *pages;
                     } else {
-                        f.releasable += *free;
+                        f.releasable += *free + *pages;
                     }
                 }
-                *free = 0;
-                *has_live = false;
-                *in_run = false;
+                (*free, *pages, *has_live, *in_run) = (0, 0, false, false);
             };
             while x != NONE {
                 let b = self.b(x);
@@ -961,18 +985,27 @@ impl Allocator {
                     if b.allocated {
                         has_live = true;
                     } else {
-                        free += b.size;
                         f.largest_free_block = f.largest_free_block.max(b.size);
-                        if b.es == NONE && (b.prev != NONE || b.next != NONE) {
-                            f.inactive_split += b.size;
+                        if b.es == NONE {
+                            free += b.size;
+                            if b.prev != NONE || b.next != NONE {
+                                f.inactive_split += b.size;
+                            }
+                        } else {
+                            let seg = &self.segments[b.es as usize];
+                            let first = (b.ptr - seg.base).div_ceil(seg.page);
+                            let last = (b.ptr + b.size - seg.base) / seg.page;
+                            let whole = last.saturating_sub(first) * seg.page;
+                            pages += whole;
+                            free += b.size - whole;
                         }
                     }
                 } else {
-                    close(&mut f, &mut free, &mut has_live, &mut in_run);
+                    close(&mut f, &mut free, &mut pages, &mut has_live, &mut in_run);
                 }
                 x = b.next;
             }
-            close(&mut f, &mut free, &mut has_live, &mut in_run);
+            close(&mut f, &mut free, &mut pages, &mut has_live, &mut in_run);
         }
         f
     }

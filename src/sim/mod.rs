@@ -4,18 +4,21 @@
 //! Files: `allocator.rs` (the simulated allocator, one device), `stream.rs` (a trace → the
 //! requests, which do not depend on the settings, and the driver calls the trace recorded),
 //! `check.rs` (the self-check: the trace under its own settings must reproduce itself),
-//! `sweep.rs` (the settings people try, and the ranking). The rules the simulator applies are
+//! `sweep.rs` (the settings people try, and the ranking), `verdict.rs` (the sweep's answer in the
+//! OOM verdicts of `analyze` and the report). The rules the simulator applies are
 //! `crate::rules`, the same functions replay and live capture use.
 
 mod allocator;
 mod check;
 mod stream;
 mod sweep;
+mod verdict;
 
 pub use allocator::{Addresses, Allocator, Counters, DeviceOp, Figures, Limits, Oom, OomLimit, DEFAULT_DEVICE_TOTAL};
 pub use check::{self_check, Check, Divergence};
-pub use stream::{from_events, from_snapshot, snapshot_conf, Request, RequestStream, StreamError, TraceFinal};
+pub use stream::{from_events, from_snapshot, snapshot_conf, stream_of_file, Request, RequestStream, StreamError, TraceFinal};
 pub use sweep::{rank, recommendation, sweep_confs, Ranked};
+pub use verdict::apply_to_summary;
 
 use crate::rules::AllocConf;
 

@@ -27,15 +27,36 @@ use std::collections::{BTreeMap, HashMap};
 /// One request of the program to the caching allocator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Request {
-    /// `malloc(size)` on `stream`; `traced` is where the trace's allocator put it, `None` when
-    /// the request failed in the trace (its `oom` entry: `size` is then the rounded size).
-    Alloc { size: u64, stream: u64, entry: usize, traced: Option<u64> },
-    /// `free` of the block of allocation number `alloc` (the n-th `Alloc`).
-    FreeRequested { alloc: u32, entry: usize },
-    /// The block of allocation `alloc` is reusable (after its last stream use).
-    FreeCompleted { alloc: u32, entry: usize },
+    /// `malloc(size)` on `stream`.
+    Alloc {
+        /// Bytes asked for (for a request that failed in the trace, its `oom` entry's rounded size).
+        size: u64,
+        /// The `cudaStream_t`.
+        stream: u64,
+        /// The trace entry.
+        entry: usize,
+        /// Where the trace's allocator put it; `None` when the request failed in the trace.
+        traced: Option<u64>,
+    },
+    /// `free` of a block.
+    FreeRequested {
+        /// Which allocation: the n-th `Alloc` of the stream.
+        alloc: u32,
+        /// The trace entry.
+        entry: usize,
+    },
+    /// The block is reusable (after its last stream use).
+    FreeCompleted {
+        /// Which allocation.
+        alloc: u32,
+        /// The trace entry.
+        entry: usize,
+    },
     /// `torch.cuda.empty_cache()`.
-    EmptyCache { entry: usize },
+    EmptyCache {
+        /// The trace entry of its first driver call.
+        entry: usize,
+    },
 }
 
 impl Request {
@@ -454,4 +475,20 @@ pub fn from_events(events: &[Event]) -> Result<RequestStream, StreamError> {
         if expandable { "expandable_segments:True (it maps pages)" } else { "PyTorch's defaults" }
     ));
     Ok(s)
+}
+
+/// The request stream of any file gpufrag reads (snapshot or record), or why not, in one line
+/// naming the file.
+pub fn stream_of_file(path: &std::path::Path) -> Result<RequestStream, String> {
+    use std::io::Read;
+    let mut head = [0u8; 8];
+    let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).map_err(|e| format!("{}: {e}", path.display()))?;
+    let stream = if crate::record::is_record(&head[..n]) {
+        let rec = crate::record::read(path).map_err(|e| e.to_string())?;
+        from_events(&rec.events)
+    } else {
+        let snap = crate::snapshot::load(path).map_err(|e| e.to_string())?;
+        from_snapshot(&snap)
+    };
+    stream.map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -77,6 +77,7 @@ impl Observer for OomReportWriter {
             self.history.observe_state(state, now_ns());
         }
         let mut summary = Summary::from_state(state, &self.source);
+        summary.identify(state);
         if !self.saw_events {
             summary.notes.push("the map and the timeline were sampled at the live status interval, not event by event".into());
         }
