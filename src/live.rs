@@ -58,10 +58,13 @@ impl Live {
         views: &crate::views::ViewArgs,
         summary_json: Option<&Path>,
     ) -> anyhow::Result<Live> {
+        // Every other output is set up (and its arguments checked) before the record file is
+        // created: a bad argument must not truncate an existing record.
+        let mut observers = crate::export::observers(export)?;
+        observers.extend(crate::views::observers(views, summary_json)?);
         let mut live = Live::new(record, quiet)?;
         live.attribution = crate::attribution::Attribution::for_node(export.nvml_lib.as_deref());
-        live.observers.extend(crate::export::observers(export)?);
-        live.observers.extend(crate::views::observers(views, summary_json)?);
+        live.observers = observers;
         Ok(live)
     }
 
@@ -83,7 +86,7 @@ impl Live {
     /// A live state; `record` receives every applied event.
     pub fn new(record: Option<&Path>, quiet: bool) -> anyhow::Result<Live> {
         let record = match record {
-            Some(p) => Some(record::Writer::create(p).with_context(|| format!("creating the record file {}", p.display()))?),
+            Some(p) => Some(record::Writer::create(p).context("creating the record file")?),
             None => None,
         };
         Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: Vec::new(), observers: Vec::new(), pending_ooms: Vec::new(), framework_reports: BTreeMap::new(), attribution: crate::attribution::Attribution::for_node(std::env::var("GPUFRAG_NVML_LIB").ok().as_deref()) })
@@ -139,6 +142,14 @@ impl Live {
             Msg::Connected { hello, proc } => {
                 if let Some(p) = proc {
                     self.attribution.prefetch(hello.pid, *p);
+                }
+                // A pid seen before that connects again without the fork flag is the same process
+                // after exec: the old image's memory went with it (its maps are dropped, not kept
+                // as a false anomaly), and it stays one process (issue 14).
+                let exec = hello.flags & crate::hello::HELLO_F_FORKED == 0 && self.processes.iter().any(|(p, _)| *p == hello.pid);
+                if exec {
+                    self.state.forget(hello.pid);
+                    self.processes.retain(|(p, _)| *p != hello.pid);
                 }
                 self.processes.push((hello.pid, hello.exe_name()));
                 self.apply(&Event { ts_ns: now_ns(), ..Event::new(EventKind::ProcessExec, hello.pid, -1) });
@@ -311,9 +322,14 @@ impl Live {
     /// The summary, with notes on how block figures were obtained.
     pub fn summary(&mut self, source: &str) -> anyhow::Result<Summary> {
         if let Some(w) = self.record.as_mut() {
-            w.flush().context("flushing the record file")?;
+            if let Err(e) = w.flush() {
+                self.record_error = Some(e.to_string());
+                self.record = None;
+            }
         }
         let mut s = Summary::from_state(&self.state, source);
+        // A record that stopped short cannot replay to these figures.
+        s.exact &= self.record_error.is_none();
         if !self.python_pids.is_empty() {
             s.notes.push(format!(
                 "block-level figures (allocated, stranded, largest free block) come from PyTorch's allocator snapshots sent by the Python hook of pid {}; segment-level figures from the LD_PRELOAD shim",
@@ -340,5 +356,30 @@ impl Live {
         s.notes.extend(self.attribution.notes());
         s.attribute(&self.state, &self.attribution);
         Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod exec_tests {
+    use super::*;
+    use crate::hello::{Hello, HELLO_F_FORKED, SOURCE_SHIM};
+
+    fn hello(pid: u32, flags: u32) -> Msg {
+        Msg::Connected { hello: Hello { pid, ppid: 1, ring_bytes: 0, start_time: 7, flags, source: SOURCE_SHIM, exe: [0; 24] }, proc: None }
+    }
+
+    /// Issue 14: fork + exec under `run` kept the pre-exec image's allocations (a false anomaly,
+    /// "NOT exact") and reported the process twice.
+    #[test]
+    fn regression_exec_drops_the_old_image_and_keeps_one_process() {
+        let mut live = Live::new(None, true).expect("live");
+        live.handle(hello(9, HELLO_F_FORKED));
+        live.handle(Msg::Event(Event { addr: 1 << 40, size: 32 << 20, ..Event::new(EventKind::MemAlloc, 9, 0) }));
+        live.handle(hello(9, 0)); // the exec'd image
+        live.handle(Msg::Event(Event { addr: 2 << 40, size: 16 << 20, ..Event::new(EventKind::MemAlloc, 9, 0) }));
+        live.handle(Msg::Event(Event { addr: 2 << 40, ..Event::new(EventKind::MemFree, 9, -1) }));
+        assert_eq!(live.processes.len(), 1, "{:?}", live.processes);
+        assert_eq!(live.state.device_figures(0).reserved, 0, "the pre-exec 32 MiB went with the old image");
+        assert!(live.state.exact(), "{:?}", live.state.anomalies);
     }
 }

@@ -92,18 +92,22 @@ pub fn parse(path: &Path, data: &[u8]) -> Result<Recording, RecordError> {
     Ok(Recording { events, partial_tail_at })
 }
 
-/// Writes events to a record file.
+/// Writes events to a record file. Errors of a file made by [`Writer::create`] name it.
 pub struct Writer<W: Write> {
     out: BufWriter<W>,
     written: u64,
+    path: Option<PathBuf>,
 }
 
 impl Writer<File> {
     /// Creates (truncates) `path`, readable by its owner only.
     pub fn create(path: &Path) -> io::Result<Writer<File>> {
         use std::os::unix::fs::OpenOptionsExt;
-        let f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
-        Writer::new(f)
+        let named = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+        let f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path).map_err(named)?;
+        let mut w = Writer::new(f).map_err(named)?;
+        w.path = Some(path.to_path_buf());
+        Ok(w)
     }
 }
 
@@ -114,29 +118,43 @@ impl<W: Write> Writer<W> {
         out.write_all(MAGIC)?;
         out.write_all(&VERSION.to_le_bytes())?;
         out.write_all(&(EVENT_SIZE as u32).to_le_bytes())?;
-        Ok(Writer { out, written: 0 })
+        Ok(Writer { out, written: 0, path: None })
+    }
+
+    fn named(&self, e: io::Error) -> io::Error {
+        match &self.path {
+            Some(p) => io::Error::new(e.kind(), format!("{}: {e}", p.display())),
+            None => e,
+        }
     }
 
     /// Appends one event.
     pub fn write(&mut self, e: &Event) -> io::Result<()> {
-        self.out.write_all(&e.to_bytes())?;
+        self.out.write_all(&e.to_bytes()).map_err(|e| self.named(e))?;
         self.written += 1;
         Ok(())
     }
 
-    /// Events written so far.
+    /// Events written so far (some may still sit in the buffer: see [`Writer::flush`]).
     pub fn written(&self) -> u64 {
         self.written
     }
 
     /// Pushes buffered records to the file.
     pub fn flush(&mut self) -> io::Result<()> {
-        self.out.flush()
+        self.out.flush().map_err(|e| self.named(e))
     }
 
     /// Flushes and returns the inner writer.
     pub fn finish(self) -> io::Result<W> {
-        self.out.into_inner().map_err(|e| e.into_error())
+        let path = self.path.clone();
+        self.out.into_inner().map_err(|e| {
+            let e = e.into_error();
+            match path {
+                Some(p) => io::Error::new(e.kind(), format!("{}: {e}", p.display())),
+                None => e,
+            }
+        })
     }
 }
 
@@ -162,6 +180,24 @@ mod tests {
         let r = parse(Path::new("x"), &bytes).unwrap();
         assert_eq!(r.events.len(), 2);
         assert_eq!(r.partial_tail_at, Some((HEADER_LEN + 2 * EVENT_SIZE) as u64));
+    }
+
+    /// Issue 14: on a full disk the record stopped mid-way and the error named no path.
+    #[test]
+    fn regression_a_full_disk_is_an_error_naming_the_record_file() {
+        use std::os::unix::fs::FileTypeExt;
+        let full = Path::new("/dev/full");
+        assert!(std::fs::metadata(full).is_ok_and(|m| m.file_type().is_char_device()), "/dev/full is the kernel's full device");
+        let mut w = Writer::create(full).expect("/dev/full opens");
+        let mut failed = None;
+        for _ in 0..2000 {
+            if let Err(e) = w.write(&Event::new(EventKind::MemAlloc, 1, 0)) {
+                failed = Some(e);
+                break;
+            }
+        }
+        let e = failed.or_else(|| w.flush().err()).expect("no space left");
+        assert!(e.to_string().starts_with("/dev/full: "), "{e}");
     }
 
     #[test]

@@ -148,40 +148,40 @@ impl Step {
     fn apply_real(self, m: &mut AddressSpace) -> Outcome {
         let ok = |r: Result<(), Anomaly>| r.map(|()| 0);
         match self {
-            Step::DriverAlloc { at, size, kind, framework, stream } => ok(m.driver_alloc(BASE + at, size, kind, framework, stream)),
-            Step::DriverFree { at } => ok(m.driver_free(BASE + at)),
-            Step::Reserve { at, size } => { m.reserve(BASE + at, size); Ok(0) },
-            Step::ReserveFree { at } => ok(m.reserve_free(BASE + at)),
+            Step::DriverAlloc { at, size, kind, framework, stream } => ok(m.driver_alloc(BASE.wrapping_add(at), size, kind, framework, stream)),
+            Step::DriverFree { at } => ok(m.driver_free(BASE.wrapping_add(at))),
+            Step::Reserve { at, size } => ok(m.reserve(BASE.wrapping_add(at), size)),
+            Step::ReserveFree { at } => ok(m.reserve_free(BASE.wrapping_add(at))),
             Step::PhysCreate { handle, size } => { m.phys_create(handle, size); Ok(0) },
             Step::PhysRelease { handle } => ok(m.phys_release(handle)),
-            Step::Map { at, size, framework } => ok(m.map(BASE + at, size, framework)),
-            Step::Unmap { at, size } => ok(m.unmap(BASE + at, size)),
-            Step::PoolAlloc { at, size, pool, stream } => ok(m.pool_alloc(BASE + at, size, pool, stream)),
-            Step::PoolFree { at } => ok(m.pool_free(BASE + at)),
+            Step::Map { at, size, framework } => ok(m.map(BASE.wrapping_add(at), size, framework)),
+            Step::Unmap { at, size } => ok(m.unmap(BASE.wrapping_add(at), size)),
+            Step::PoolAlloc { at, size, pool, stream } => ok(m.pool_alloc(BASE.wrapping_add(at), size, pool, stream)),
+            Step::PoolFree { at } => ok(m.pool_free(BASE.wrapping_add(at))),
             Step::PoolTrim { pool, keep } => { m.pool_trim(pool, keep); Ok(0) },
             Step::PoolReserved { pool, reserved } => { m.pool_reserved(pool, reserved); Ok(0) },
-            Step::BlockAlloc { at, requested, known } => m.block_alloc(BASE + at, requested, known),
-            Step::BlockFree { at } => m.block_free(BASE + at).map(|b| b.size),
+            Step::BlockAlloc { at, requested, known } => m.block_alloc(BASE.wrapping_add(at), requested, known),
+            Step::BlockFree { at } => m.block_free(BASE.wrapping_add(at)).map(|b| b.size),
         }
     }
 
     fn apply_model(self, m: &mut NaiveSpace) -> Outcome {
         let ok = |r: Result<(), Anomaly>| r.map(|()| 0);
         match self {
-            Step::DriverAlloc { at, size, kind, framework, stream } => ok(m.driver_alloc(BASE + at, size, kind, framework, stream)),
-            Step::DriverFree { at } => ok(m.driver_free(BASE + at)),
-            Step::Reserve { at, size } => { m.reserve(BASE + at, size); Ok(0) },
-            Step::ReserveFree { at } => ok(m.reserve_free(BASE + at)),
+            Step::DriverAlloc { at, size, kind, framework, stream } => ok(m.driver_alloc(BASE.wrapping_add(at), size, kind, framework, stream)),
+            Step::DriverFree { at } => ok(m.driver_free(BASE.wrapping_add(at))),
+            Step::Reserve { at, size } => ok(m.reserve(BASE.wrapping_add(at), size)),
+            Step::ReserveFree { at } => ok(m.reserve_free(BASE.wrapping_add(at))),
             Step::PhysCreate { handle, size } => { m.phys_create(handle, size); Ok(0) },
             Step::PhysRelease { handle } => ok(m.phys_release(handle)),
-            Step::Map { at, size, framework } => ok(m.map(BASE + at, size, framework)),
-            Step::Unmap { at, size } => ok(m.unmap(BASE + at, size)),
-            Step::PoolAlloc { at, size, pool, stream } => ok(m.pool_alloc(BASE + at, size, pool, stream)),
-            Step::PoolFree { at } => ok(m.pool_free(BASE + at)),
+            Step::Map { at, size, framework } => ok(m.map(BASE.wrapping_add(at), size, framework)),
+            Step::Unmap { at, size } => ok(m.unmap(BASE.wrapping_add(at), size)),
+            Step::PoolAlloc { at, size, pool, stream } => ok(m.pool_alloc(BASE.wrapping_add(at), size, pool, stream)),
+            Step::PoolFree { at } => ok(m.pool_free(BASE.wrapping_add(at))),
             Step::PoolTrim { pool, keep } => { m.pool_trim(pool, keep); Ok(0) },
             Step::PoolReserved { pool, reserved } => { m.pool_reserved(pool, reserved); Ok(0) },
-            Step::BlockAlloc { at, requested, known } => m.block_alloc(BASE + at, requested, known),
-            Step::BlockFree { at } => m.block_free(BASE + at).map(|b| b.size),
+            Step::BlockAlloc { at, requested, known } => m.block_alloc(BASE.wrapping_add(at), requested, known),
+            Step::BlockFree { at } => m.block_free(BASE.wrapping_add(at)).map(|b| b.size),
         }
     }
 
@@ -197,27 +197,27 @@ impl Step {
                     SegmentKind::Managed => EventKind::MemAllocManaged,
                     other => unreachable!("driver_alloc is never generated with {other:?}"),
                 };
-                Event { addr: BASE + at, size, stream, flags: owned(framework), ..e(kind) }
+                Event { addr: BASE.wrapping_add(at), size, stream, flags: owned(framework), ..e(kind) }
             }
-            Step::DriverFree { at } => Event { addr: BASE + at, ..e(EventKind::MemFree) },
-            Step::Reserve { at, size } => Event { addr: BASE + at, size, ..e(EventKind::AddressReserve) },
-            Step::ReserveFree { at } => Event { addr: BASE + at, ..e(EventKind::AddressFree) },
+            Step::DriverFree { at } => Event { addr: BASE.wrapping_add(at), ..e(EventKind::MemFree) },
+            Step::Reserve { at, size } => Event { addr: BASE.wrapping_add(at), size, ..e(EventKind::AddressReserve) },
+            Step::ReserveFree { at } => Event { addr: BASE.wrapping_add(at), ..e(EventKind::AddressFree) },
             Step::PhysCreate { handle, size } => Event { handle, size, ..e(EventKind::PhysCreate) },
             Step::PhysRelease { handle } => Event { handle, ..e(EventKind::PhysRelease) },
-            Step::Map { at, size, framework } => Event { addr: BASE + at, size, flags: owned(framework), ..e(EventKind::Map) },
-            Step::Unmap { at, size } => Event { addr: BASE + at, size, ..e(EventKind::Unmap) },
-            Step::PoolAlloc { at, size, pool, stream } => Event { addr: BASE + at, size, handle: pool, stream, ..e(EventKind::PoolAlloc) },
-            Step::PoolFree { at } => Event { addr: BASE + at, ..e(EventKind::PoolFree) },
+            Step::Map { at, size, framework } => Event { addr: BASE.wrapping_add(at), size, flags: owned(framework), ..e(EventKind::Map) },
+            Step::Unmap { at, size } => Event { addr: BASE.wrapping_add(at), size, ..e(EventKind::Unmap) },
+            Step::PoolAlloc { at, size, pool, stream } => Event { addr: BASE.wrapping_add(at), size, handle: pool, stream, ..e(EventKind::PoolAlloc) },
+            Step::PoolFree { at } => Event { addr: BASE.wrapping_add(at), ..e(EventKind::PoolFree) },
             Step::PoolTrim { pool, keep } => Event { handle: pool, size: keep, ..e(EventKind::PoolTrim) },
             Step::PoolReserved { pool, reserved } => Event { handle: pool, size: reserved, ..e(EventKind::PoolReserved) },
             Step::BlockAlloc { at, requested, known } => Event {
-                addr: BASE + at,
+                addr: BASE.wrapping_add(at),
                 requested,
                 size: known.unwrap_or(0),
                 flags: if known.is_some() { F_BLOCK_SIZE_KNOWN } else { 0 },
                 ..e(EventKind::BlockAlloc)
             },
-            Step::BlockFree { at } => Event { addr: BASE + at, ..e(EventKind::BlockFree) },
+            Step::BlockFree { at } => Event { addr: BASE.wrapping_add(at), ..e(EventKind::BlockFree) },
         }
     }
 }
@@ -283,6 +283,9 @@ fn compare_steps<O: Copy>(
         let m = step.apply_model(&mut model);
         same_outcome(step, &r, &m, &context)?;
         same_state(&real, &model, &context)?;
+        if let Err(e) = real.check_invariants() {
+            return Err(TestCaseError::fail(format!("invariant: {e}\n{}", context())));
+        }
     }
     Ok(())
 }
@@ -296,7 +299,9 @@ fn run_steps(steps: &[Step]) {
         let context = || format!("after step {i}: {step:?}\n{}", describe(&steps[..=i], &rules));
         let r = step.apply_real(&mut real);
         let m = step.apply_model(&mut model);
-        let checked = same_outcome(step, &r, &m, &context).and_then(|()| same_state(&real, &model, &context));
+        let checked = same_outcome(step, &r, &m, &context)
+            .and_then(|()| same_state(&real, &model, &context))
+            .and_then(|()| real.check_invariants().map_err(|e| TestCaseError::fail(format!("invariant: {e}\n{}", context()))));
         if let Err(e) = checked {
             panic!("{e}");
         }
@@ -456,8 +461,8 @@ fn exp_ops() -> impl Strategy<Value = Vec<ExpOp>> {
 fn run_exp_ops(ops: &[ExpOp], rules: &AllocatorRules) -> Result<(), TestCaseError> {
     let mut real = AddressSpace::new(rules.clone());
     let mut model = NaiveSpace::new(rules.clone());
-    real.reserve(BASE, SLOTS * PAGE);
-    model.reserve(BASE, SLOTS * PAGE);
+    real.reserve(BASE, SLOTS * PAGE).unwrap();
+    model.reserve(BASE, SLOTS * PAGE).unwrap();
     compare_steps(real, model, ops, rules, |op, m| op.resolve(m))
 }
 
@@ -492,6 +497,54 @@ proptest! {
     #[test]
     fn events_through_ingest_reach_the_map_as_the_model_says(rules in rules(), ops in ops()) {
         run_events(&ops, &rules)?;
+    }
+}
+
+/// Offsets from [`BASE`] that hostile steps act on: a few colliding spots at the bottom of the
+/// window and a few whose absolute address lies within 8 MiB of 2^64.
+fn hostile_at() -> impl Strategy<Value = u64> {
+    let top = u64::MAX - BASE + 1; // BASE.wrapping_add(top) == 0
+    prop_oneof![
+        3 => (0..4u64).prop_map(|n| n * PAGE),
+        1 => (0..4u64).prop_map(|n| n * 512),
+        2 => (1..=4u64).prop_map(move |n| top - n * PAGE),
+    ]
+}
+
+/// Sizes that hostile inputs carry: zero, tiny, a page or two, and ones that wrap past 2^64.
+fn hostile_size() -> impl Strategy<Value = u64> {
+    prop_oneof![3 => Just(0u64), 2 => Just(512u64), 2 => (1..=3u64).prop_map(|n| n * PAGE), 1 => Just(u64::MAX), 1 => Just(u64::MAX / 2)]
+}
+
+/// Concrete steps on a handful of addresses with zero sizes, overlaps, repeats and wrap-around:
+/// what corrupt or hostile event streams carry.
+fn hostile_step() -> impl Strategy<Value = Step> {
+    let kind = prop_oneof![Just(SegmentKind::Driver), Just(SegmentKind::Pitch)];
+    prop_oneof![
+        3 => (hostile_at(), hostile_size(), kind, any::<bool>()).prop_map(|(at, size, kind, framework)| Step::DriverAlloc { at, size, kind, framework, stream: 0 }),
+        2 => hostile_at().prop_map(|at| Step::DriverFree { at }),
+        1 => (hostile_at(), hostile_size()).prop_map(|(at, size)| Step::Reserve { at, size }),
+        1 => hostile_at().prop_map(|at| Step::ReserveFree { at }),
+        3 => (hostile_at(), hostile_size(), any::<bool>()).prop_map(|(at, size, framework)| Step::Map { at, size, framework }),
+        3 => (hostile_at(), hostile_size()).prop_map(|(at, size)| Step::Unmap { at, size }),
+        1 => (hostile_at(), hostile_size(), 1..=2u64).prop_map(|(at, size, pool)| Step::PoolAlloc { at, size, pool, stream: 0 }),
+        1 => hostile_at().prop_map(|at| Step::PoolFree { at }),
+        1 => (1..=2u64, 0..=4 * PAGE).prop_map(|(pool, reserved)| Step::PoolReserved { pool, reserved }),
+        4 => (hostile_at(), prop_oneof![Just(0u64), Just(512u64), Just(PAGE), Just(u64::MAX)], prop_oneof![Just(None), Just(Some(512u64)), Just(Some(PAGE)), Just(Some(u64::MAX))])
+            .prop_map(|(at, requested, known)| Step::BlockAlloc { at, requested, known }),
+        3 => hostile_at().prop_map(|at| Step::BlockFree { at }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(config(512))]
+
+    /// Every loop of the map terminates and every invariant holds on hostile steps (the test
+    /// itself would hang or panic otherwise), and the map still agrees with the model.
+    #[test]
+    fn hostile_zero_size_overlapping_and_wrapping_steps_terminate_and_keep_the_invariants(steps in prop::collection::vec(hostile_step(), 1..120)) {
+        let rules = AllocatorRules::default();
+        compare_steps(AddressSpace::new(rules.clone()), NaiveSpace::new(rules.clone()), &steps, &rules, |s, _| s)?;
     }
 }
 
@@ -644,4 +697,54 @@ fn regression_unmap_through_a_live_block_drops_it_and_frees_what_stays_mapped() 
     assert_eq!(runs, vec![(0, 4 * MIB), (6 * MIB, 2 * MIB)]);
     let f = m.figures();
     assert_eq!((f.segments, f.blocks, f.stranded, f.releasable, f.reserved), (2, 0, 0, 6 * MIB, 6 * MIB));
+}
+
+// Issue 14: a zero-size `segment_map` followed by a `segment_unmap` looped for ever in
+// `AddressSpace::unmap` (a 173-byte pickle, a 176-byte record file): the empty segment at `at`
+// was never "holding" `at`, and the search for the next segment found it again. Fixed: empty
+// ranges are rejected (`Anomaly::BadRange`), and the search starts strictly after `at`.
+#[test]
+fn regression_zero_size_map_then_unmap_terminates() {
+    run_steps(&[
+        Step::Map { at: 0, size: 0, framework: true },
+        Step::Unmap { at: 0, size: 2 * PAGE },
+    ]);
+    let mut m = AddressSpace::default();
+    assert_eq!(m.map(BASE, 0, true), Err(Anomaly::BadRange { addr: BASE, size: 0 }));
+    assert_eq!(m.unmap(BASE, 2 * PAGE), Err(Anomaly::UnmapUnknown(BASE)));
+    assert_eq!(m.figures().segments, 0);
+}
+
+// Issue 14: an empty segment at the start of a live one replaced it in the index, leaving its
+// tiling entries orphaned; later splits walked a list that never ended (`Tiling::split`) and the
+// live-block counter wrapped below zero, so `to_events` asked for a capacity overflow. Fixed by
+// rejecting empty ranges; `to_events` sizes its buffer from the map's own lengths.
+#[test]
+fn regression_empty_segment_on_a_live_one_keeps_the_tiling_and_to_events_safe() {
+    run_steps(&[
+        Step::Map { at: 0, size: 2 * PAGE, framework: true },
+        Step::BlockAlloc { at: 0, requested: 512, known: Some(512) },
+        Step::DriverAlloc { at: 0, size: 0, kind: SegmentKind::Driver, framework: true, stream: 0 },
+        Step::BlockFree { at: 0 },
+        Step::BlockFree { at: 0 },
+        Step::Unmap { at: PAGE, size: PAGE },
+    ]);
+    let mut m = AddressSpace::default();
+    m.map(BASE, 2 * PAGE, true).expect("valid");
+    m.block_alloc(BASE, 512, Some(512)).expect("valid");
+    assert!(m.driver_alloc(BASE, 0, SegmentKind::Driver, true, 0).is_err());
+    m.check_invariants().expect("invariants");
+    assert_eq!(m.to_events(1, 0).len(), 2);
+}
+
+// Issue 14: a snapshot segment whose end wraps past 2^64 was accepted. Fixed: `BadRange`.
+#[test]
+fn regression_segment_whose_end_wraps_past_2_64_is_rejected() {
+    let mut m = AddressSpace::default();
+    let addr = u64::MAX - PAGE + 1;
+    assert_eq!(m.driver_alloc(addr, 2 * PAGE, SegmentKind::Driver, true, 0), Err(Anomaly::BadRange { addr, size: 2 * PAGE }));
+    assert_eq!(m.reserve(addr, 2 * PAGE), Err(Anomaly::BadRange { addr, size: 2 * PAGE }));
+    assert!(m.driver_alloc(addr, PAGE, SegmentKind::Driver, true, 0).is_err(), "its end, 2^64, is not a u64");
+    assert!(m.driver_alloc(addr - PAGE, PAGE, SegmentKind::Driver, true, 0).is_ok(), "a segment ending at 2^64 - 2 MiB is valid");
+    m.check_invariants().expect("invariants");
 }

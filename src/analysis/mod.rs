@@ -18,7 +18,7 @@ pub const DRIVER_SLACK: u64 = 4 << 20;
 
 /// `max(largest free block, device free − slack + releasable)`: what one request can get now.
 pub fn largest_allocatable(largest_free_block: u64, device_free: u64, releasable: u64) -> u64 {
-    largest_free_block.max(device_free.saturating_sub(DRIVER_SLACK) + releasable)
+    largest_free_block.max(device_free.saturating_sub(DRIVER_SLACK).saturating_add(releasable))
 }
 
 /// `1 − largest allocatable / (device free + stranded + releasable)`: the share of free memory no

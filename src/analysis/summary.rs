@@ -279,7 +279,13 @@ fn device_summary(
     total: Option<u64>,
     spaces: &[&crate::ingest::ProcessDevice],
 ) -> DeviceSummary {
-    let device_free = free.unwrap_or(0);
+    // What this process holds is not free: a device-free sample above `total − reserved` is stale
+    // (taken before the process's segments were allocated), and added to the releasable bytes it
+    // made `largest allocatable` exceed the card (144.09 GiB on a 139.80 GiB H200, issue 14).
+    let device_free = match total {
+        Some(t) => free.unwrap_or(0).min(t.saturating_sub(f.reserved)),
+        None => free.unwrap_or(0),
+    };
     let mut top: Vec<SegmentSummary> = spaces
         .iter()
         .flat_map(|s| {
@@ -495,7 +501,7 @@ impl Summary {
             devices,
             processes,
             ooms,
-            events: state.events,
+            events: state.events - state.drop_markers,
             dropped: state.dropped,
             anomalies: state.anomaly_count,
             driver_failures,
@@ -516,5 +522,38 @@ impl Summary {
             capture: None,
             coverage: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod robustness_tests {
+    use super::*;
+    use crate::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_FRAMEWORK_OWNED};
+
+    const GIB: u64 = 1 << 30;
+
+    /// Issue 14: `largest allocatable` showed 144.09 GiB on a 139.80 GiB card: a device-free
+    /// sample older than the process's segments, added to their releasable bytes.
+    #[test]
+    fn regression_largest_allocatable_never_exceeds_the_card() {
+        let mut st = State::default();
+        let total = 150_110_011_392; // 139.80 GiB
+        // Free sampled before anything was allocated: nearly the whole card.
+        st.apply(&Event { size: total, device_free: total - GIB, flags: F_DEVICE_FREE_KNOWN, ..Event::new(EventKind::DeviceInfo, 1, 0) });
+        st.apply(&Event { addr: 1 << 40, size: 20 * GIB, flags: F_FRAMEWORK_OWNED, ..Event::new(EventKind::MemAlloc, 1, 0) });
+        let d = &Summary::from_state(&st, "t").devices[0];
+        assert_eq!(d.releasable, 20 * GIB);
+        assert!(d.largest_allocatable <= total, "largest allocatable {} above the card's {total}", d.largest_allocatable);
+        assert_eq!(d.largest_allocatable, total - crate::analysis::DRIVER_SLACK);
+    }
+
+    /// Issue 14: the summary's event count included the sources' drop markers.
+    #[test]
+    fn regression_the_event_count_leaves_drop_markers_out() {
+        let mut st = State::default();
+        st.apply(&Event { addr: 1 << 40, size: GIB, ..Event::new(EventKind::MemAlloc, 1, 0) });
+        st.apply(&Event { size: 5, ..Event::new(EventKind::Dropped, 1, 0) });
+        let s = Summary::from_state(&st, "t");
+        assert_eq!((s.events, s.dropped), (1, 5));
     }
 }

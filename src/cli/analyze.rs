@@ -20,6 +20,9 @@ pub struct Args {
     /// Only this device.
     #[arg(long)]
     pub device: Option<i16>,
+    /// The most bytes a gzipped snapshot may inflate to (a gzip bomb is refused past it).
+    #[arg(long, value_name = "BYTES", env = "GPUFRAG_MAX_INFLATED_BYTES", default_value_t = crate::snapshot::DEFAULT_INFLATE_LIMIT)]
+    pub max_inflated_bytes: u64,
 }
 
 /// The summary of a file, as `analyze` computes it.
@@ -41,6 +44,7 @@ pub fn summarize(file: &std::path::Path, device: Option<i16>) -> anyhow::Result<
 
 /// Runs `analyze`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    crate::snapshot::set_inflate_limit(args.max_inflated_bytes);
     let s = summarize(&args.file, args.device)?;
     let mut out = std::io::stdout().lock();
     if args.json {

@@ -92,14 +92,15 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Analyze(args) => analyze::run(&args),
+        // Decoding, replay, summary and rendering of an input file: a panic is an input error.
+        Command::Analyze(args) => crate::guard::contain(&args.file.clone(), || analyze::run(&args)),
         Command::Run(args) => run::run(&args),
         Command::Demo(args) => demo::run(&args),
-        Command::Report(args) => report::run(&args),
+        Command::Report(args) => crate::guard::contain(&args.input.clone(), || report::run(&args)),
         Command::Top(args) => top::run(&args),
         Command::Attach(args) => attach::run(&args),
         Command::Agent(args) => agent::run(&args),
-        Command::Whatif(args) => whatif::run(&args),
+        Command::Whatif(args) => crate::guard::contain(&args.file.clone(), || whatif::run(&args)),
     };
     match result {
         Ok(code) => code,

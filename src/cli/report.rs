@@ -31,10 +31,14 @@ pub struct Args {
     /// Points per device on the timeline (the trace is downsampled to this many).
     #[arg(long, value_name = "N", default_value_t = crate::views::history::DEFAULT_POINTS)]
     pub points: usize,
+    /// The most bytes a gzipped snapshot may inflate to (a gzip bomb is refused past it).
+    #[arg(long, value_name = "BYTES", env = "GPUFRAG_MAX_INFLATED_BYTES", default_value_t = crate::snapshot::DEFAULT_INFLATE_LIMIT)]
+    pub max_inflated_bytes: u64,
 }
 
 /// Runs `report`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    crate::snapshot::set_inflate_limit(args.max_inflated_bytes);
     let memviz_entries = args.memviz.as_ref().map(|_| usize::MAX);
     let data = report::load(&args.input, args.points, memviz_entries)?;
     let oom = report::pick_oom(&data.summary, args.oom);

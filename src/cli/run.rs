@@ -93,6 +93,11 @@ fn prepend_path(var: &str, first: &Path) -> OsString {
     v
 }
 
+/// The record file's error, as the summary notes it.
+fn live_record_error(summary: &crate::analysis::summary::Summary) -> Option<String> {
+    summary.notes.iter().find(|n| n.starts_with("the record file stopped at an error: ")).cloned()
+}
+
 fn exit_code_of(status: ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
@@ -102,11 +107,48 @@ fn exit_code_of(status: ExitStatus) -> u8 {
     }
 }
 
+/// Every argument checked before anything is started or written: numbers, the command, and every
+/// output path (issue 14: a bad argument truncated an existing record; a missing directory was
+/// found only after the workload ran).
+fn check_args(args: &Args) -> anyhow::Result<()> {
+    let bad = |m: String| -> anyhow::Result<()> { Err(crate::input::UnusableInput(m).into()) };
+    if let Some(c) = args.ring_capacity {
+        if !c.is_power_of_two() {
+            return bad(format!("--ring-capacity must be a power of two, not {c}"));
+        }
+    }
+    if !(args.python_interval.is_finite() && args.python_interval > 0.0 && args.python_interval <= 86_400.0) {
+        return bad(format!("--python-interval {}: give a number of seconds above 0, at most 86400", args.python_interval));
+    }
+    crate::outputs::check_command(&args.cmd[0])?;
+    let views = &args.views;
+    let outputs = [
+        ("--record", args.out.record.clone()),
+        ("--summary-json", args.out.summary_json.clone()),
+        ("--memviz", views.memviz.clone()),
+        ("--report", if views.no_report { None } else { crate::views::postmortem::report_path(views.report.as_deref(), args.out.summary_json.as_deref()) }),
+        ("--feed", views.feed.clone()),
+    ];
+    for (flag, path) in outputs {
+        if let Some(p) = path {
+            crate::outputs::check_output(flag, &p)?;
+        }
+    }
+    if let Some(p) = &views.feed {
+        use std::os::unix::fs::FileTypeExt;
+        if std::fs::symlink_metadata(p).is_ok_and(|m| !m.file_type().is_socket()) {
+            return bad(format!("--feed {}: exists and is not a socket; it is left as it is", p.display()));
+        }
+    }
+    Ok(())
+}
+
 /// Messages applied between two looks at the child and the clock.
 const RECV_BATCH: usize = 4096;
 
 /// Runs `run`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    check_args(args)?;
     let preload = find_preload(args.preload.as_deref())?;
     let consumer = Consumer::start(1 << 16).context("starting the consumer socket")?;
     let mut cmd = Command::new(&args.cmd[0]);
@@ -121,9 +163,6 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         cmd.env("GPUFRAG_NO_FOLLOW", "1");
     }
     if let Some(c) = args.ring_capacity {
-        if !c.is_power_of_two() {
-            bail!("--ring-capacity must be a power of two, not {c}");
-        }
         cmd.env("GPUFRAG_RING_CAPACITY", c.to_string());
     }
     if !args.no_python_hook {
@@ -186,9 +225,25 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if !args.out.quiet {
         eprint!("\n[gpufrag] summary\n{}", render_after_live(&summary));
     }
+    let code = exit_code_of(status);
     if let Some(p) = &args.out.summary_json {
-        let f = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
-        serde_json::to_writer_pretty(f, &summary)?;
+        // A write error names the file, leaves no partial file of its own making (a path that
+        // existed before is never removed), and keeps CMD's exit code (the run itself happened).
+        let existed = std::fs::symlink_metadata(p).is_ok();
+        let written = serde_json::to_vec_pretty(&summary).map_err(std::io::Error::from).and_then(|mut b| {
+            b.push(b'\n');
+            std::fs::write(p, b)
+        });
+        if let Err(e) = written {
+            if !existed {
+                let _ = std::fs::remove_file(p);
+            }
+            eprintln!("gpufrag: writing the summary {}: {e}", p.display());
+            return Ok(ExitCode::from(if code == 0 { 1 } else { code }));
+        }
     }
-    Ok(ExitCode::from(exit_code_of(status)))
+    if let Some(e) = &live_record_error(&summary) {
+        eprintln!("gpufrag: {e}");
+    }
+    Ok(ExitCode::from(code))
 }

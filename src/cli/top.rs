@@ -19,10 +19,14 @@ pub struct Args {
     /// stretches longer than 2 s are cut short).
     #[arg(long, value_name = "X", default_value_t = 1.0, requires = "replay")]
     pub speed: f64,
+    /// The most bytes a gzipped snapshot may inflate to (a gzip bomb is refused past it).
+    #[arg(long, value_name = "BYTES", env = "GPUFRAG_MAX_INFLATED_BYTES", default_value_t = crate::snapshot::DEFAULT_INFLATE_LIMIT)]
+    pub max_inflated_bytes: u64,
 }
 
 /// Runs `top`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    crate::snapshot::set_inflate_limit(args.max_inflated_bytes);
     let source = if let Some(p) = &args.replay {
         if !(args.speed >= 0.0 && args.speed.is_finite()) {
             return Err(crate::input::UnusableInput(format!("--speed {}: give a speed of 0 or more", args.speed)).into());

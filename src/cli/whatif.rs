@@ -5,7 +5,7 @@
 //! sweep of `sim::sweep_confs` and a ranked recommendation. The baseline (the trace's own
 //! settings) is always the first row.
 
-use crate::cli::UnusableInput;
+use crate::input::UnusableInput;
 use crate::rules::AllocConf;
 use crate::sim::{self, Limits, Outcome, RequestStream, Scenario};
 use crate::units::{human_bytes, parse_bytes};

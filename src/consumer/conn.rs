@@ -308,8 +308,9 @@ struct FrameworkOomFrame {
     device_free: Option<u64>,
 }
 
-/// Reads a Python hook's frames until it closes, handing each to `emit`.
-pub fn python_reader(hello: Hello, mut stream: UnixStream, mut emit: impl FnMut(crate::source::Msg)) {
+/// Reads a Python hook's frames until it closes, handing each to `emit`. Generic over the
+/// reader so that the framing can be fuzzed on bytes (fuzz/fuzz_targets/python_frames.rs).
+pub fn python_reader(hello: Hello, mut stream: impl Read, mut emit: impl FnMut(crate::source::Msg)) {
     let name = format!("python hook of pid {}", hello.pid);
     loop {
         let mut head = [0u8; PY_HEADER_BYTES];
@@ -322,9 +323,12 @@ pub fn python_reader(hello: Hello, mut stream: UnixStream, mut emit: impl FnMut(
             emit(crate::source::Msg::Warning(format!("{name}: bad frame header; hook disconnected")));
             return;
         }
-        let mut body = vec![0u8; len as usize];
-        if stream.read_exact(&mut body).is_err() {
-            return;
+        // Memory follows the bytes that arrive, not the length the header claims (a header
+        // claiming 2 GiB made this allocate 2 GiB before one byte of body came).
+        let mut body = Vec::new();
+        match (&mut stream).take(len).read_to_end(&mut body) {
+            Ok(n) if n as u64 == len => {}
+            _ => return,
         }
         match word(4) {
             PY_SNAPSHOT => match crate::snapshot::from_bytes(&body, Path::new(&name)) {

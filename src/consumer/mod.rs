@@ -12,6 +12,8 @@
 
 mod conn;
 pub mod blocks;
+/// The Python hook's framing, for the fuzz target of fuzz/.
+pub use conn::python_reader;
 
 use crate::event::{Event, EventKind, F_SRC_SHIM};
 use crate::hello::{SOURCE_PYTHON, SOURCE_SHIM};
@@ -136,8 +138,9 @@ impl Consumer {
 impl Drop for Consumer {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        let _ = std::fs::remove_file(&self.sock);
-        let _ = std::fs::remove_dir(&self.dir);
+        // The directory is this consumer's own (fresh name, mode 0700): all of it goes, the
+        // Python hook's copy included, on every exit path.
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

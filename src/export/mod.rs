@@ -94,7 +94,11 @@ pub fn parse_interval(s: &str) -> Result<Duration, String> {
     if !(v.is_finite() && v > 0.0) {
         return Err(format!("the interval must be positive, not {s:?}"));
     }
-    Ok(Duration::from_secs_f64(v * scale).max(Duration::from_millis(1)))
+    // Checked: `99999999999999999999s` is finite but no Duration (issue 14: it panicked).
+    match Duration::try_from_secs_f64(v * scale) {
+        Ok(d) if d <= Duration::from_secs(365 * 24 * 3600) => Ok(d.max(Duration::from_millis(1))),
+        _ => Err(format!("the interval {s:?} is longer than a year")),
+    }
 }
 
 fn env_nonempty(var: &str) -> Option<String> {
@@ -250,6 +254,14 @@ pub fn exporter_from_args(args: &ExportArgs, log: Log) -> anyhow::Result<Exporte
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// Issue 14: `--otlp-interval 99999999999999999999s` panicked in `Duration::from_secs_f64`.
+    #[test]
+    fn regression_a_huge_otlp_interval_is_an_error_not_a_panic() {
+        assert!(parse_interval("99999999999999999999s").expect_err("too long").contains("longer than a year"));
+        assert!(parse_interval("1e300m").is_err());
+        assert!(parse_interval("nan").is_err() && parse_interval("inf").is_err());
+    }
 
     #[test]
     fn intervals_parse_like_the_environment_variable() {

@@ -26,37 +26,109 @@ fn bucket_index(v: u64) -> usize {
     (ceil_log2 - 9).min(BUCKET_BOUNDS.len())
 }
 
+/// Values kept one by one before a histogram is made: a histogram of 1 B … 16 TiB at 3 digits
+/// holds about 290 KB of counters, so a process with a handful of allocations (a record file of
+/// 10,000 processes) would cost far more than its events. Below this many values the values
+/// themselves are kept (at most 32 KB), and quantiles come from a histogram built for the moment.
+pub const EXACT_VALUES: usize = 4096;
+
 /// A running distribution of byte sizes.
 #[derive(Clone, Debug)]
 pub struct SizeStats {
-    hist: Histogram<u64>,
+    /// The values, while there are at most [`EXACT_VALUES`] of them and `hist` is `None`.
+    values: Vec<u64>,
+    hist: Option<Box<Histogram<u64>>>,
     buckets: [u64; 29],
     sum: u64,
     min: u64,
     max: u64,
 }
 
+fn new_histogram() -> Histogram<u64> {
+    #[allow(clippy::unwrap_used)] // constant, valid bounds
+    Histogram::new_with_bounds(1, 1 << 44, 3).unwrap()
+}
+
 impl Default for SizeStats {
     fn default() -> Self {
-        #[allow(clippy::unwrap_used)] // constant, valid bounds
-        let hist = Histogram::new_with_bounds(1, 1 << 44, 3).unwrap();
-        SizeStats { hist, buckets: [0; 29], sum: 0, min: u64::MAX, max: 0 }
+        SizeStats { values: Vec::new(), hist: None, buckets: [0; 29], sum: 0, min: u64::MAX, max: 0 }
     }
 }
 
 impl SizeStats {
     /// Records one size.
     pub fn record(&mut self, v: u64) {
-        self.hist.saturating_record(v.max(1));
+        match &mut self.hist {
+            Some(h) => {
+                h.saturating_record(v.max(1));
+            }
+            None if self.values.len() < EXACT_VALUES => self.values.push(v),
+            None => {
+                let mut h = self.histogram();
+                h.saturating_record(v.max(1));
+                self.hist = Some(Box::new(h));
+                self.values = Vec::new();
+            }
+        }
         self.buckets[bucket_index(v)] += 1;
         self.sum = self.sum.saturating_add(v);
         self.min = self.min.min(v);
         self.max = self.max.max(v);
     }
 
-    /// Adds every value of `other`.
+    /// The values as a histogram (a copy, or one built from the values kept).
+    fn histogram(&self) -> Histogram<u64> {
+        match &self.hist {
+            Some(h) => (**h).clone(),
+            None => {
+                let mut h = new_histogram();
+                for &v in &self.values {
+                    h.saturating_record(v.max(1));
+                }
+                h
+            }
+        }
+    }
+
+    /// The `q` quantile as the histogram reports it (`median_equivalent(value_at_quantile(q))`),
+    /// computed from the kept values without building a histogram: the value of rank
+    /// ⌈q·n⌉ (at least 1), reported as the midpoint of its 3-digit equivalence range.
+    fn quantile(&self, q: f64, sorted: &[u64], eq: &Histogram<u64>) -> u64 {
+        if let Some(h) = &self.hist {
+            return if h.is_empty() { 0 } else { h.median_equivalent(h.value_at_quantile(q)).clamp(self.min, self.max) };
+        }
+        if sorted.is_empty() {
+            return 0;
+        }
+        let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+        let v = sorted[rank - 1].clamp(1, 1 << 44);
+        eq.median_equivalent(v).clamp(self.min, self.max)
+    }
+
+    /// Adds every value of `other`: O(its values) while it keeps them, O(histogram) otherwise.
     pub fn merge(&mut self, other: &SizeStats) {
-        let _ = self.hist.add(&other.hist);
+        if self.hist.is_none() && other.hist.is_none() && self.values.len() + other.values.len() <= EXACT_VALUES {
+            self.values.extend_from_slice(&other.values);
+        } else {
+            let h = self.hist.get_or_insert_with(|| {
+                let mut h = new_histogram();
+                for &v in &self.values {
+                    h.saturating_record(v.max(1));
+                }
+                Box::new(h)
+            });
+            self.values = Vec::new();
+            match &other.hist {
+                Some(o) => {
+                    let _ = h.add(&**o);
+                }
+                None => {
+                    for &v in &other.values {
+                        h.saturating_record(v.max(1));
+                    }
+                }
+            }
+        }
         for (a, b) in self.buckets.iter_mut().zip(other.buckets.iter()) {
             *a += b;
         }
@@ -67,19 +139,18 @@ impl SizeStats {
 
     /// Number of values.
     pub fn count(&self) -> u64 {
-        self.hist.len()
+        self.hist.as_ref().map_or(self.values.len() as u64, |h| h.len())
     }
 
     /// The exported form.
     pub fn distribution(&self) -> Distribution {
         // The histogram's bucket midpoint, kept inside the exact range seen.
-        let q = |x: f64| {
-            if self.hist.is_empty() {
-                0
-            } else {
-                self.hist.median_equivalent(self.hist.value_at_quantile(x)).clamp(self.min, self.max)
-            }
-        };
+        let mut sorted = if self.hist.is_none() { self.values.clone() } else { Vec::new() };
+        sorted.sort_unstable();
+        // Only its equivalence ranges are used (they depend on the precision, not the bounds).
+        #[allow(clippy::unwrap_used)] // constant, valid bounds
+        let eq = Histogram::<u64>::new_with_bounds(1, 2, 3).unwrap();
+        let q = |x: f64| self.quantile(x, &sorted, &eq);
         let buckets = self
             .buckets
             .iter()
@@ -88,7 +159,7 @@ impl SizeStats {
             .map(|(i, &count)| Bucket { le: BUCKET_BOUNDS.get(i).copied().unwrap_or(u64::MAX), count })
             .collect();
         Distribution {
-            count: self.hist.len(),
+            count: self.count(),
             sum: self.sum,
             p50: q(0.5),
             p90: q(0.9),
@@ -157,6 +228,39 @@ mod tests {
             let scan = BUCKET_BOUNDS.iter().position(|&le| v <= le).unwrap_or(BUCKET_BOUNDS.len());
             assert_eq!(bucket_index(v), scan, "value {v}");
         }
+    }
+
+    /// Issue 14: a record file of 10,000 processes took 5.8 GB, two histograms of about 290 KB
+    /// each per process. Few values keep no histogram; many switch to one with the same figures.
+    #[test]
+    fn regression_few_values_keep_no_histogram_and_many_give_the_same_distribution() {
+        let few = SizeStats::of([512, 4096, 1 << 20]);
+        assert!(few.hist.is_none() && few.values.len() == 3);
+        let values: Vec<u64> = (0..3 * EXACT_VALUES as u64).map(|i| 512 + i * 4099 % 100_000).collect();
+        let many = SizeStats::of(values.iter().copied());
+        assert!(many.hist.is_some() && many.values.is_empty());
+        let mut reference = new_histogram();
+        for &v in &values {
+            reference.record(v).unwrap();
+        }
+        let d = many.distribution();
+        assert_eq!(d.count, values.len() as u64);
+        assert_eq!(d.p50, reference.median_equivalent(reference.value_at_quantile(0.5)));
+        // Few values: the same quantiles as a histogram of them.
+        for n in [1usize, 2, 7, 100, EXACT_VALUES] {
+            let few = SizeStats::of(values[..n].iter().copied());
+            let mut h = new_histogram();
+            for &v in &values[..n] {
+                h.record(v).unwrap();
+            }
+            for q in [0.5, 0.9, 0.99] {
+                let want = h.median_equivalent(h.value_at_quantile(q)).clamp(few.min, few.max);
+                assert_eq!(few.quantile(q, &{ let mut s = values[..n].to_vec(); s.sort_unstable(); s }, &Histogram::new_with_bounds(1, 2, 3).unwrap()), want, "n {n} q {q}");
+            }
+        }
+        let mut merged = SizeStats::of(values[..10].iter().copied());
+        merged.merge(&SizeStats::of(values[10..].iter().copied()));
+        assert_eq!(merged.distribution(), d);
     }
 
     #[test]

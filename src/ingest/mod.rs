@@ -45,6 +45,11 @@ pub struct Coverage {
 /// How many anomalies are kept verbatim (all are counted).
 pub const KEPT_ANOMALIES: usize = 20;
 
+/// The most (process, device) address maps a state holds: far above any node's GPU processes
+/// (the eBPF path forgets processes that end), and a bound on what a record file of many
+/// processes can make this take (a few KB each). Events of further ones are an anomaly.
+pub const MAX_SPACES: usize = 65_536;
+
 /// A process's map on one device, with its counters.
 #[derive(Clone, Debug)]
 pub struct ProcessDevice {
@@ -170,8 +175,11 @@ pub struct State {
     pub anomaly_count: u64,
     /// The first [`KEPT_ANOMALIES`] anomalies.
     pub anomalies: Vec<AnomalyRecord>,
-    /// Events applied.
+    /// Events applied (drop markers included: see `drop_markers`).
     pub events: u64,
+    /// `Dropped` markers among them: the sources' notes of how many events they lost, not events
+    /// of the traced program.
+    pub drop_markers: u64,
     /// Events with a kind this build does not know.
     pub unknown_kinds: u64,
     /// Processes that exited.
@@ -250,7 +258,8 @@ impl State {
                 Ok(())
             }
             EventKind::Dropped => {
-                self.dropped += ev.size;
+                self.dropped = self.dropped.saturating_add(ev.size);
+                self.drop_markers += 1;
                 Ok(())
             }
             EventKind::ProcessExec => Ok(()),
@@ -270,9 +279,13 @@ impl State {
                     }
                     return;
                 }
-                let space = self.space(pid, device);
-                let figures = space.map.figures();
-                let framework = if ev.failed_op() == Some(EventKind::BlockAlloc) { Some(Framework::from_flags(ev.flags)) } else { space.framework };
+                let figures = match self.spaces.get(&(pid, device)) {
+                    Some(s) => s.map.figures(),
+                    None if self.spaces.len() >= MAX_SPACES => Figures::default(),
+                    None => self.space(pid, device).map.figures(),
+                };
+                let space_framework = self.spaces.get(&(pid, device)).and_then(|s| s.framework);
+                let framework = if ev.failed_op() == Some(EventKind::BlockAlloc) { Some(Framework::from_flags(ev.flags)) } else { space_framework };
                 self.ooms.push(OomRecord {
                     framework,
                     ts_ns: ev.ts_ns,
@@ -295,6 +308,7 @@ impl State {
                 self.host_bfc_blocks += 1;
                 Ok(())
             }
+            _ if self.spaces.len() >= MAX_SPACES && !self.spaces.contains_key(&(pid, device)) => Err(Anomaly::TooManySpaces(MAX_SPACES)),
             _ => {
                 let s = self.space(pid, device);
                 let m = &mut s.map;
@@ -306,10 +320,7 @@ impl State {
                         s.frees += 1;
                         m.driver_free(ev.addr)
                     }
-                    EventKind::AddressReserve => {
-                        m.reserve(ev.addr, ev.size);
-                        Ok(())
-                    }
+                    EventKind::AddressReserve => m.reserve(ev.addr, ev.size),
                     EventKind::AddressFree => m.reserve_free(ev.addr),
                     EventKind::PhysCreate => {
                         m.phys_create(ev.handle, ev.size);
@@ -348,6 +359,7 @@ impl State {
                     }
                     _ => Err(Anomaly::NotAMapEvent(ev.kind)),
                 };
+                m.debug_check();
                 if r.is_ok() && matches!(kind, EventKind::MemAlloc | EventKind::MemAllocPitch | EventKind::MemAllocManaged | EventKind::PoolAlloc | EventKind::Map) {
                     s.allocs += 1;
                     s.segment_sizes.record(ev.size);
@@ -389,20 +401,22 @@ impl State {
     pub fn device_figures(&self, device: i16) -> Figures {
         let mut f = Figures::default();
         for s in self.spaces.values().filter(|s| s.device == device) {
+            // Saturating: the figures come from input, and processes' sums may pass 2^64.
             let g = s.map.figures();
-            f.reserved += g.reserved;
-            f.allocated += g.allocated;
-            f.framework_reserved += g.framework_reserved;
-            f.non_framework += g.non_framework;
-            f.framework_segments += g.framework_segments;
-            f.stranded += g.stranded;
-            f.releasable += g.releasable;
+            let add = |a: &mut u64, b: u64| *a = a.saturating_add(b);
+            add(&mut f.reserved, g.reserved);
+            add(&mut f.allocated, g.allocated);
+            add(&mut f.framework_reserved, g.framework_reserved);
+            add(&mut f.non_framework, g.non_framework);
+            add(&mut f.framework_segments, g.framework_segments);
+            add(&mut f.stranded, g.stranded);
+            add(&mut f.releasable, g.releasable);
             f.largest_free_block = f.largest_free_block.max(g.largest_free_block);
-            f.segments += g.segments;
-            f.blocks += g.blocks;
-            f.page_stranded += g.page_stranded;
-            f.pool_cached += g.pool_cached;
-            f.unmapped_physical += g.unmapped_physical;
+            add(&mut f.segments, g.segments);
+            add(&mut f.blocks, g.blocks);
+            add(&mut f.page_stranded, g.page_stranded);
+            add(&mut f.pool_cached, g.pool_cached);
+            add(&mut f.unmapped_physical, g.unmapped_physical);
             f.framework_seen |= g.framework_seen;
         }
         f
@@ -420,6 +434,20 @@ impl State {
 #[cfg(test)]
 mod forget_tests {
     use super::*;
+
+    /// Issue 14: a record file of 10,000 processes took 5.8 GB and 300,000 aborted at 12 GB. The
+    /// maps are bounded; events of processes past the bound are counted, never tracked.
+    #[test]
+    fn regression_many_processes_stay_bounded_and_are_counted() {
+        let mut s = State::default();
+        for pid in 0..(MAX_SPACES as u32 + 10) {
+            s.apply(&Event { addr: 0x1000, size: 4096, ..Event::new(EventKind::MemAlloc, pid, 0) });
+        }
+        assert_eq!(s.spaces.len(), MAX_SPACES);
+        assert_eq!(s.anomaly_count, 10);
+        assert_eq!(s.anomalies[0].anomaly, Anomaly::TooManySpaces(MAX_SPACES));
+        assert!(!s.exact());
+    }
 
     #[test]
     fn forget_drops_one_pid_on_every_device_and_keeps_the_rest() {

@@ -20,6 +20,12 @@
 //! entries of the shorter side, amortised O(log n) per entry (small-to-large). Only an unmap
 //! through live blocks (an anomaly) re-lays the whole segment.
 //!
+//! Robustness: every range the map keeps is non-empty and ends below 2^64 (`check_range`; others
+//! are the `BadRange` anomaly), so no loop over segments, entries or pages can stall and no end
+//! wraps. Figures taken from input that are not ranges (pool reserved bytes, physical handle
+//! sizes) add up saturating: an absurd figure gives an absurd total, never a panic.
+//! `check_invariants` recounts everything; debug builds run it after updates of small maps.
+//!
 //! A segment is *framework-owned* once a caching allocator is known to own it (the event says so,
 //! or a framework block was placed in it). Only there is free space "cache": stranded when the
 //! segment still holds a live block, releasable when it holds none. A segment no framework ever
@@ -35,6 +41,7 @@ use crate::bfc::BfcRules;
 use crate::framework::Framework;
 use crate::rules::{AllocatorRules, DRIVER_PAGE};
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound::Excluded;
 use tiling::{Spot, Tiling};
 
 /// How the driver handed a segment out.
@@ -185,6 +192,29 @@ pub enum Anomaly {
     /// An event kind this map does not apply.
     #[error("event kind {0} does not change the address map")]
     NotAMapEvent(u16),
+    /// An event of a new (process, device) when [`crate::ingest::MAX_SPACES`] maps exist already:
+    /// not tracked (a hostile record file of 300,000 processes would otherwise take gigabytes).
+    #[error("more than {0} process × device address maps; events of further ones are not tracked")]
+    TooManySpaces(usize),
+    /// A segment, mapping, reservation or unmap of no bytes, or one whose end is 2^64 or more: no
+    /// driver hands such a range out, so the event is corrupt; it is ignored.
+    #[error("range at {addr:#x} of {size} bytes is empty or wraps past 2^64; ignored")]
+    BadRange {
+        /// Start of the range.
+        addr: u64,
+        /// Its length.
+        size: u64,
+    },
+}
+
+/// `Err(BadRange)` unless `[addr, addr + size)` holds at least one byte and its end is a u64
+/// (below 2^64).
+/// Every range the map keeps passes this check first, so `start + size` never wraps inside it.
+fn check_range(addr: u64, size: u64) -> Result<(), Anomaly> {
+    if size == 0 || addr.checked_add(size).is_none() {
+        return Err(Anomaly::BadRange { addr, size });
+    }
+    Ok(())
 }
 
 /// The figures of one address space, all in bytes.
@@ -343,13 +373,13 @@ impl AddressSpace {
     pub fn figures(&self) -> Figures {
         let t = &self.totals;
         Figures {
-            reserved: t.segment_bytes + self.pool_cached,
-            allocated: if self.framework_seen || self.pools_seen { t.live_bytes + self.pool_used } else { t.raw },
-            framework_reserved: t.cache_bytes + self.pool_cached,
+            reserved: t.segment_bytes.saturating_add(self.pool_cached),
+            allocated: if self.framework_seen || self.pools_seen { t.live_bytes.saturating_add(self.pool_used) } else { t.raw },
+            framework_reserved: t.cache_bytes.saturating_add(self.pool_cached),
             non_framework: t.segment_bytes - t.cache_bytes,
             framework_segments: t.cache_segments,
             stranded: t.stranded,
-            releasable: t.releasable + self.pool_cached,
+            releasable: t.releasable.saturating_add(self.pool_cached),
             largest_free_block: self.largest_free_run(),
             segments: self.index.len() as u64,
             blocks: t.live_blocks,
@@ -393,6 +423,62 @@ impl AddressSpace {
     /// The segment holding `addr`, O(log n).
     pub fn segment_at(&self, addr: u64) -> Option<&Segment> {
         self.slot_at(addr).map(|i| &self.slots[i as usize])
+    }
+
+    /// Checks every invariant the map keeps incrementally against a recount: each segment is a
+    /// valid range (non-empty, not past 2^64), segments do not overlap, each framework segment's
+    /// list tiles it exactly and ends, its live counters match its blocks, and the totals match
+    /// the segments. O(entries); the property tests call it after every step and debug builds
+    /// after every update of a small map (`debug_check`). `Err` says what broke.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut totals = Totals::default();
+        let mut last_end = 0u64;
+        let (mut entries, mut runs) = (0usize, 0usize);
+        for (&start, &slot) in &self.index {
+            let s = self.slots.get(slot as usize).ok_or_else(|| format!("segment at {start:#x}: no slot {slot}"))?;
+            if s.start != start || check_range(s.start, s.size).is_err() {
+                return Err(format!("segment at {start:#x}: slot {slot} holds {s:?}"));
+            }
+            if s.start < last_end {
+                return Err(format!("segment at {start:#x} overlaps the one before (ends {last_end:#x})"));
+            }
+            last_end = s.end();
+            if s.framework {
+                let (blocks, bytes) = self.tiling.check(slot, s.start, s.end())?;
+                if (blocks, bytes) != (s.live_blocks, s.live_bytes) {
+                    return Err(format!("segment at {start:#x}: counts {} blocks / {} B, its list {blocks} / {bytes} B", s.live_blocks, s.live_bytes));
+                }
+                entries += self.tiling.blocks_of(slot).count();
+                runs += self.tiling.runs_in(s.start, s.end()).count();
+            } else if s.live_blocks != 0 || s.live_bytes != 0 {
+                return Err(format!("segment at {start:#x}: not framework-owned but counts {} live blocks", s.live_blocks));
+            }
+            totals.add(s);
+        }
+        if self.tiling.counts() != (entries + runs, runs) {
+            return Err(format!("tiling holds {:?} entries/runs, segments account for {:?}", self.tiling.counts(), (entries + runs, runs)));
+        }
+        let t = &self.totals;
+        let (a, b) = (
+            (t.segment_bytes, t.cache_bytes, t.cache_segments, t.raw, t.live_bytes, t.live_blocks, t.stranded, t.releasable),
+            (totals.segment_bytes, totals.cache_bytes, totals.cache_segments, totals.raw, totals.live_bytes, totals.live_blocks, totals.stranded, totals.releasable),
+        );
+        if a != b {
+            return Err(format!("totals {a:?}, recounted {b:?}"));
+        }
+        Ok(())
+    }
+
+    /// In debug builds, [`AddressSpace::check_invariants`] after an update while the map is small
+    /// (bounded cost per event; the property tests check every size in release builds too).
+    #[inline]
+    pub(crate) fn debug_check(&self) {
+        #[cfg(debug_assertions)]
+        if self.index.len() + self.tiling.counts().0 <= 512 {
+            if let Err(e) = self.check_invariants() {
+                panic!("address map invariant broken: {e}");
+            }
+        }
     }
 
     fn slot_at(&self, addr: u64) -> Option<u32> {
@@ -506,7 +592,9 @@ impl AddressSpace {
     /// (framework-owned ones flagged), then every live block with its exact extent. Pool caches
     /// are not carried over (their contiguity is unknown); they follow as [`EventKind::PoolReserved`].
     pub fn to_events(&self, pid: u32, device: i16) -> Vec<Event> {
-        let mut out = Vec::with_capacity(self.index.len() + self.totals.live_blocks as usize + self.reservations.len());
+        // Capacity from the map's own lengths, never from a counter (a counter gone wrong must not
+        // ask for an absurd allocation).
+        let mut out = Vec::with_capacity(self.index.len() + self.reservations.len() + self.handles.len());
         let ev = |kind| Event::new(kind, pid, device);
         for (&addr, &size) in &self.reservations {
             out.push(Event { addr, size, ..ev(EventKind::AddressReserve) });
@@ -539,6 +627,7 @@ impl AddressSpace {
 
     /// `cuMemAlloc` and friends: a new driver segment. Sub-2 MiB ones occupy shared 2 MiB pages.
     pub fn driver_alloc(&mut self, addr: u64, size: u64, kind: SegmentKind, framework: bool, stream: u64) -> Result<(), Anomaly> {
+        check_range(addr, size)?;
         let seg = Segment { start: addr, size, kind, framework, live_blocks: 0, live_bytes: 0, owner: 0, stream };
         let r = self.insert_segment(seg);
         if shares_pages(kind, size) {
@@ -553,8 +642,8 @@ impl AddressSpace {
         let (seg, blocks) = self.remove_segment(addr).ok_or(Anomaly::FreeUnknown(addr))?;
         if seg.kind == SegmentKind::Pool {
             let p = self.pools.entry(seg.owner).or_default();
-            p.cached += seg.size;
-            self.pool_cached += seg.size;
+            p.cached = p.cached.saturating_add(seg.size);
+            self.pool_cached = self.pool_cached.saturating_add(seg.size);
         }
         if blocks > 0 {
             // The segment is gone either way; report the blocks that went with it.
@@ -564,8 +653,10 @@ impl AddressSpace {
     }
 
     /// `cuMemAddressReserve`: a virtual range with nothing behind it.
-    pub fn reserve(&mut self, addr: u64, size: u64) {
+    pub fn reserve(&mut self, addr: u64, size: u64) -> Result<(), Anomaly> {
+        check_range(addr, size)?;
         self.reservations.insert(addr, size);
+        Ok(())
     }
 
     /// `cuMemAddressFree`: the range goes; anything still mapped in it is dropped.
@@ -584,15 +675,15 @@ impl AddressSpace {
     /// `cuMemCreate`: physical memory behind `handle`.
     pub fn phys_create(&mut self, handle: u64, size: u64) {
         if let Some(old) = self.handles.insert(handle, size) {
-            self.physical_bytes -= old;
+            self.physical_bytes = self.physical_bytes.saturating_sub(old);
         }
-        self.physical_bytes += size;
+        self.physical_bytes = self.physical_bytes.saturating_add(size);
     }
 
     /// `cuMemRelease` of `handle`.
     pub fn phys_release(&mut self, handle: u64) -> Result<(), Anomaly> {
         let size = self.handles.remove(&handle).ok_or(Anomaly::UnknownHandle(handle))?;
-        self.physical_bytes -= size;
+        self.physical_bytes = self.physical_bytes.saturating_sub(size);
         Ok(())
     }
 
@@ -604,6 +695,7 @@ impl AddressSpace {
     /// memory of the same reserved range joins it into one segment (expandable segments grow in
     /// place); driver segments never join.
     pub fn map(&mut self, addr: u64, size: u64, framework: bool) -> Result<(), Anomaly> {
+        check_range(addr, size)?;
         let owner = self.reservation_of(addr);
         let seg = Segment { start: addr, size, kind: SegmentKind::Mapped, framework, live_blocks: 0, live_bytes: 0, owner, stream: 0 };
         let r = self.insert_segment(seg);
@@ -657,14 +749,18 @@ impl AddressSpace {
     /// Free pages (the cut lies in one free run): the segment's list parts at that run and the
     /// shorter side moves to a new slot, O(min(left, right)) (see `Tiling::split`). A cut through
     /// live blocks drops them (an anomaly) and re-lays the pieces, O(entries of the segment).
+    ///
+    /// Terminates on any input: every turn of the loop moves `at` strictly forward (to the end of
+    /// the segment holding it, or to the next segment start above it).
     pub fn unmap(&mut self, addr: u64, size: u64) -> Result<(), Anomaly> {
+        check_range(addr, size)?;
         let end = addr + size;
         let mut at = addr;
         let mut result = Ok(());
         while at < end {
             let Some(slot) = self.slot_at(at) else {
                 result = Err(Anomaly::UnmapUnknown(at));
-                match self.index.range(at..end).next() {
+                match self.index.range((Excluded(at), Excluded(end))).next() {
                     Some((&next, _)) => {
                         at = next;
                         continue;
@@ -764,15 +860,19 @@ impl AddressSpace {
 
     /// `cuMemAllocAsync` / `cuMemAllocFromPoolAsync`: served from `pool`'s cache when it can.
     pub fn pool_alloc(&mut self, addr: u64, size: u64, pool: u64, stream: u64) -> Result<(), Anomaly> {
+        check_range(addr, size)?;
+        // The segments it overlaps go first, so that bytes in use never count twice (the sum of
+        // live pool allocations then never passes 2^64: they do not overlap).
+        let seg = Segment { start: addr, size, kind: SegmentKind::Pool, framework: false, live_blocks: 0, live_bytes: 0, owner: pool, stream };
+        let r = self.insert_segment(seg);
         let p = self.pools.entry(pool).or_default();
         let reuse = p.cached.min(size);
         p.cached -= reuse;
-        p.used += size;
-        self.pool_cached -= reuse;
-        self.pool_used += size;
+        p.used = p.used.saturating_add(size);
+        self.pool_cached = self.pool_cached.saturating_sub(reuse);
+        self.pool_used = self.pool_used.saturating_add(size);
         self.pools_seen = true;
-        let seg = Segment { start: addr, size, kind: SegmentKind::Pool, framework: false, live_blocks: 0, live_bytes: 0, owner: pool, stream };
-        self.insert_segment(seg)
+        r
     }
 
     /// `cuMemFreeAsync`: the bytes stay in their pool until it is trimmed. The same as
@@ -785,7 +885,7 @@ impl AddressSpace {
     pub fn pool_trim(&mut self, pool: u64, keep: u64) {
         let p = self.pools.entry(pool).or_default();
         let cached = p.cached.min(keep.saturating_sub(p.used));
-        self.pool_cached -= p.cached - cached;
+        self.pool_cached = self.pool_cached.saturating_sub(p.cached - cached);
         p.cached = cached;
     }
 
@@ -793,7 +893,7 @@ impl AddressSpace {
     pub fn pool_reserved(&mut self, pool: u64, reserved: u64) {
         let p = self.pools.entry(pool).or_default();
         let cached = reserved.saturating_sub(p.used);
-        self.pool_cached = self.pool_cached - p.cached + cached;
+        self.pool_cached = self.pool_cached.saturating_sub(p.cached).saturating_add(cached);
         p.cached = cached;
     }
 
@@ -932,7 +1032,7 @@ mod tests {
     #[test]
     fn expandable_mappings_grow_in_place_and_unmap_cuts_them_in_two() {
         let mut m = AddressSpace::default();
-        m.reserve(BASE, 1 << 30);
+        m.reserve(BASE, 1 << 30).unwrap();
         m.map(BASE, 100 * MIB, true).unwrap();
         m.block_alloc(BASE, 100 * MIB, None).unwrap();
         m.map(BASE + 100 * MIB, 100 * MIB, true).unwrap();
@@ -957,7 +1057,7 @@ mod tests {
     #[test]
     fn expandable_segments_split_small_remainders_of_large_blocks() {
         let mut m = AddressSpace::default();
-        m.reserve(BASE, 1 << 30);
+        m.reserve(BASE, 1 << 30).unwrap();
         m.map(BASE, 22 * MIB, true).unwrap();
         let big = 21 * MIB + MIB / 2;
         assert_eq!(m.block_alloc(BASE, big, None), Ok(big));
@@ -974,7 +1074,7 @@ mod tests {
     #[test]
     fn unmapping_free_pages_parts_the_segment_and_mapping_them_joins_it() {
         let mut m = AddressSpace::default();
-        m.reserve(BASE, 1 << 30);
+        m.reserve(BASE, 1 << 30).unwrap();
         m.map(BASE, 10 * MIB, true).unwrap();
         for i in 0..3 {
             m.block_alloc(BASE + i * MIB, MIB, Some(MIB)).unwrap();
@@ -1019,7 +1119,7 @@ mod tests {
         m.driver_alloc(BASE, 20 * MIB, SegmentKind::Driver, true, 0).unwrap();
         m.block_alloc(BASE, 3 * MIB, None).unwrap();
         m.driver_alloc(BASE + 20 * MIB, MIB, SegmentKind::Driver, false, 0).unwrap();
-        m.reserve(BASE + (1 << 30), 1 << 30);
+        m.reserve(BASE + (1 << 30), 1 << 30).unwrap();
         m.map(BASE + (1 << 30), 40 * MIB, false).unwrap();
         m.pool_alloc(BASE + (4 << 30), 8 * MIB, 9, 0).unwrap();
         m.pool_alloc(BASE + (5 << 30), 8 * MIB, 9, 0).unwrap();

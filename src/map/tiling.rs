@@ -536,6 +536,53 @@ impl Tiling {
         Some(moved)
     }
 
+    /// Checks the list of segment `seg` tiles `[start, end)`: it ends within as many steps as there
+    /// are entries, links both ways, entries touch, two free runs never touch, every entry is
+    /// found by its start and every run by its end. Returns its live blocks and their bytes.
+    pub(super) fn check(&self, seg: u32, start: u64, end: u64) -> Result<(u64, u64), String> {
+        let list = self.list(seg);
+        let (mut i, mut prev, mut at, mut steps) = (list.head, NIL, start, 0usize);
+        let (mut blocks, mut bytes, mut prev_free) = (0u64, 0u64, false);
+        while i != NIL {
+            steps += 1;
+            if steps > self.nodes.len() {
+                return Err(format!("segment slot {seg}: its list does not end"));
+            }
+            let n = &self.nodes[i as usize];
+            if n.seg != seg || n.prev != prev || n.block.addr != at || n.block.size == 0 {
+                return Err(format!("segment slot {seg}: entry {i} {:?} (seg {}, prev {}) breaks the tiling at {at:#x}", n.block, n.seg, n.prev));
+            }
+            if self.at.get(&n.block.addr) != Some(&i) {
+                return Err(format!("segment slot {seg}: entry at {:#x} not indexed by start", n.block.addr));
+            }
+            if n.free {
+                if prev_free {
+                    return Err(format!("segment slot {seg}: two free runs touch at {at:#x}"));
+                }
+                if self.runs.get(&n.end()) != Some(&i) {
+                    return Err(format!("segment slot {seg}: free run at {:#x} not indexed by end", n.block.addr));
+                }
+            } else {
+                blocks += 1;
+                bytes += n.block.size;
+            }
+            prev_free = n.free;
+            at = n.end();
+            prev = i;
+            i = n.next;
+        }
+        if at != end || list.tail != prev || steps != list.len as usize {
+            return Err(format!("segment slot {seg}: list ends at {at:#x}, not {end:#x} (len {} of {steps})", list.len));
+        }
+        Ok((blocks, bytes))
+    }
+
+    /// Entries in all lists and free runs indexed: what [`Tiling::check`] over every segment
+    /// must account for.
+    pub(super) fn counts(&self) -> (usize, usize) {
+        (self.at.len(), self.runs.len())
+    }
+
     /// The live block starting at `addr`.
     pub(super) fn block_at(&self, addr: u64) -> Option<&Block> {
         let n = &self.nodes[*self.at.get(&addr)? as usize];

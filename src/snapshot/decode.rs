@@ -39,12 +39,19 @@ pub(crate) fn decode(bytes: &[u8], path: &Path) -> Result<Snapshot, SnapshotErro
     }
 }
 
-/// Inflates every gzip member in `bytes`.
+/// Inflates every gzip member in `bytes`, at most [`super::inflate_limit`] bytes of them.
 fn gunzip(bytes: &[u8], path: &Path) -> Result<Vec<u8>, SnapshotError> {
+    let limit = super::inflate_limit();
     let mut decoder = flate2::bufread::MultiGzDecoder::new(bytes);
     let mut out = Vec::new();
-    match decoder.read_to_end(&mut out) {
-        Ok(_) => Ok(out),
+    let read = (&mut decoder).take(limit).read_to_end(&mut out).and_then(|_| {
+        // At the limit: one more byte says whether the stream goes on.
+        let mut probe = [0u8; 1];
+        decoder.read(&mut probe)
+    });
+    match read {
+        Ok(0) => Ok(out),
+        Ok(_) => Err(SnapshotError::at(path, SnapshotErrorKind::InflateLimit { limit }, limit, OffsetIn::Decompressed)),
         Err(e) => {
             // The decoder reads its input slice forward, so what is left says how far it got.
             let consumed = bytes.len().saturating_sub(decoder.get_ref().len()) as u64;
@@ -63,7 +70,10 @@ fn decode_pickle(bytes: &[u8], path: &Path, offset_in: OffsetIn) -> Result<Snaps
         let kind = if e.truncated { SnapshotErrorKind::TruncatedPickle } else { SnapshotErrorKind::Pickle(e.message) };
         SnapshotError::at(path, kind, e.offset, offset_in)
     })?;
-    let mut snap = Walker { path, pk: &pk, offset_in }.snapshot()?;
+    // Each segment, block and trace entry of an honest snapshot is a dict of its own, 16 bytes
+    // of pickle at the very least; only memo sharing can make more of them.
+    let budget = bytes.len() as u64 / 16 + 4096;
+    let mut snap = Walker { path, pk: &pk, offset_in, budget: std::cell::Cell::new(budget), cap: budget }.snapshot()?;
     if pk.trailing > 0 {
         snap.warnings.push(format!("{} bytes after the pickle's STOP opcode ignored", pk.trailing));
     }
@@ -165,9 +175,32 @@ struct Walker<'p> {
     path: &'p Path,
     pk: &'p Pickle,
     offset_in: OffsetIn,
+    /// Segments, blocks and trace entries still allowed (see `decode_pickle`).
+    budget: std::cell::Cell<u64>,
+    cap: u64,
 }
 
 impl<'p> Walker<'p> {
+    /// Takes `n` elements from the budget; `owner` locates the error.
+    fn spend(&self, n: usize, owner: &Container) -> Result<(), SnapshotError> {
+        match self.budget.get().checked_sub(n as u64) {
+            Some(left) => {
+                self.budget.set(left);
+                Ok(())
+            }
+            None => Err(SnapshotError::at(
+                self.path,
+                SnapshotErrorKind::Expansion { elements: self.cap, bytes: self.pk_len() },
+                owner.offset,
+                self.offset_in,
+            )),
+        }
+    }
+
+    fn pk_len(&self) -> u64 {
+        self.pk.input_len as u64
+    }
+
     /// An error about the value at `at`, located at the container that holds it.
     fn wrong(&self, at: Loc<'_>, expected: &'static str, found: &PV, owner: &Container) -> SnapshotError {
         SnapshotError::at(
@@ -294,6 +327,7 @@ impl<'p> Walker<'p> {
 
         let seg_loc = Loc::Root("segments");
         let seg_list = self.list(segments, seg_loc, d)?;
+        self.spend(seg_list.items.len(), seg_list)?;
         let mut out_segments = Vec::with_capacity(seg_list.items.len());
         for (i, s) in seg_list.items.iter().enumerate() {
             out_segments.push(self.segment(s, Loc::Index(&seg_loc, i), seg_list, &mut warnings)?);
@@ -450,6 +484,7 @@ impl<'p> Walker<'p> {
 
         let blocks_at = Loc::Key(&at, "blocks");
         let list = self.list(blocks.ok_or_else(|| self.missing(blocks_at, d))?, blocks_at, d)?;
+        self.spend(list.items.len(), list)?;
         let mut out_blocks = Vec::with_capacity(list.items.len());
         let mut cursor = address;
         for (j, b) in list.items.iter().enumerate() {
@@ -524,6 +559,7 @@ impl<'p> Walker<'p> {
         warnings: &mut Vec<String>,
     ) -> Result<DeviceTrace, SnapshotError> {
         let list = self.list(v, at, owner)?;
+        self.spend(list.items.len(), list)?;
         let mut entries = Vec::with_capacity(list.items.len());
         let mut unknown: BTreeMap<&str, usize> = BTreeMap::new();
         for (i, e) in list.items.iter().enumerate() {

@@ -62,6 +62,19 @@ pub enum SnapshotErrorKind {
         /// What it holds, abbreviated.
         found: String,
     },
+    /// The gzip stream inflates to more than the limit ([`super::inflate_limit`]).
+    InflateLimit {
+        /// The limit in bytes.
+        limit: u64,
+    },
+    /// The pickle's containers, shared through its memo, expand to more segments, blocks and
+    /// trace entries than its size can hold honestly (each takes at least 16 bytes of pickle).
+    Expansion {
+        /// The cap that was reached.
+        elements: u64,
+        /// Bytes of pickle.
+        bytes: u64,
+    },
     /// The decoder itself failed (a bug in it, caught before it reached the caller).
     Internal(String),
 }
@@ -83,6 +96,14 @@ impl fmt::Display for SnapshotErrorKind {
             SnapshotErrorKind::WrongType { field, expected, found } => {
                 write!(f, "field `{field}`: expected {expected}, found {found}")
             }
+            SnapshotErrorKind::InflateLimit { limit } => write!(
+                f,
+                "the gzip stream inflates to more than {limit} bytes; refused (raise the limit with --max-inflated-bytes or GPUFRAG_MAX_INFLATED_BYTES)"
+            ),
+            SnapshotErrorKind::Expansion { elements, bytes } => write!(
+                f,
+                "shared (memoized) containers expand to more than {elements} segments, blocks and trace entries from {bytes} bytes of pickle; refused"
+            ),
             SnapshotErrorKind::Internal(m) => write!(f, "internal decoder error: {m}"),
         }
     }

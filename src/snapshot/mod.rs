@@ -18,6 +18,7 @@ mod pickle;
 mod stats;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use error::{SnapshotError, SnapshotErrorKind};
 pub use events::CUDA_ERROR_OUT_OF_MEMORY;
@@ -25,6 +26,23 @@ pub use model::{
     Action, AllocatorSettings, BlockState, DeviceTrace, Pool, SnapBlock, SnapSegment, Snapshot, TraceEntry,
 };
 pub use stats::{DeviceStats, OomEntry, PoolStats};
+
+/// Default for [`inflate_limit`]: 1 GiB of decompressed pickle (PyTorch's snapshots of 100 k
+/// blocks with history are a few hundred MB).
+pub const DEFAULT_INFLATE_LIMIT: u64 = 1 << 30;
+
+static INFLATE_LIMIT: AtomicU64 = AtomicU64::new(DEFAULT_INFLATE_LIMIT);
+
+/// The most bytes a gzipped snapshot may inflate to; past it loading fails with
+/// [`SnapshotErrorKind::InflateLimit`] (a gzip bomb inflates 2 MB into gigabytes).
+pub fn inflate_limit() -> u64 {
+    INFLATE_LIMIT.load(Ordering::Relaxed)
+}
+
+/// Sets [`inflate_limit`] for the whole process (`--max-inflated-bytes`).
+pub fn set_inflate_limit(bytes: u64) {
+    INFLATE_LIMIT.store(bytes, Ordering::Relaxed);
+}
 
 /// Loads a snapshot file, `.pickle` or gzipped (detected by content).
 pub fn load(path: &Path) -> Result<Snapshot, SnapshotError> {
@@ -37,6 +55,13 @@ pub fn load(path: &Path) -> Result<Snapshot, SnapshotError> {
         SnapshotError::new(path, kind)
     })?;
     from_bytes(&bytes, path)
+}
+
+/// [`from_bytes`] without its panic guard: for the fuzz targets (fuzz/), which must see a panic
+/// as the crash it is. Not for callers that face users.
+#[doc(hidden)]
+pub fn from_bytes_unguarded(bytes: &[u8], name: &Path) -> Result<Snapshot, SnapshotError> {
+    decode::decode(bytes, name)
 }
 
 /// Decodes a snapshot from bytes in memory (gzip detected by content); `name` is the file name

@@ -63,6 +63,8 @@ pub(crate) struct Pickle {
     pub root: PV,
     /// Bytes after the STOP opcode (ignored, as Python's `pickle.loads` ignores them).
     pub trailing: usize,
+    /// Bytes of the pickle.
+    pub input_len: usize,
 }
 
 /// Why a pickle could not be decoded, and where.
@@ -320,7 +322,15 @@ impl<'a> Vm<'a> {
 
     fn pop_mark(&mut self) -> R<Vec<PV>> {
         match self.marks.pop() {
-            Some(h) if h <= self.stack.len() => Ok(self.stack.split_off(h)),
+            Some(h) if h <= self.stack.len() => {
+                let items = self.stack.split_off(h);
+                // A long run of items leaves the stack's capacity behind: give it back, so that a
+                // list of 10^7 items does not cost its size three times over.
+                if self.stack.capacity() > 4 * self.stack.len() + 4096 {
+                    self.stack.shrink_to(2 * self.stack.len() + 1024);
+                }
+                Ok(items)
+            }
             _ => self.fail("no MARK on the stack"),
         }
     }
@@ -404,7 +414,7 @@ impl<'a> Vm<'a> {
                 op::STOP => {
                     let root = self.pop()?;
                     let trailing = self.data.len().saturating_sub(self.pos);
-                    return Ok(Pickle { containers: self.containers, root, trailing });
+                    return Ok(Pickle { containers: self.containers, root, trailing, input_len: self.data.len() });
                 }
                 op::MARK => self.marks.push(self.stack.len()),
                 op::POP => {

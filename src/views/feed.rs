@@ -15,7 +15,18 @@
 //!
 //! The server never blocks the capture: frames are built on the observer's tick only while a
 //! client is connected, and each client has its own writer thread behind a channel of two frames;
-//! a client that cannot keep up misses frames (counted), it never slows the run.
+//! a client that cannot keep up misses frames (counted), it never slows the run. At most
+//! [`MAX_CLIENTS`] clients are served at once (each costs a thread); further connections are
+//! closed at once. A client's writes time out after [`WRITE_TIMEOUT`], so a client that stops
+//! reading is dropped.
+//!
+//! Nothing that is not the server's own socket is ever removed: at bind an existing path is
+//! replaced only when it is a socket nobody answers on (a run that was killed), anything else is
+//! an error; at the end the path is removed only while it is still the socket bound here (same
+//! device and inode).
+//!
+//! The client ([`connect`]) reads lines of at most [`MAX_LINE`] bytes: a longer one ends the
+//! feed with an error instead of growing a buffer without bound.
 
 use super::strip::{process_strip, ProcessStrip};
 use crate::analysis::summary::Summary;
@@ -35,6 +46,15 @@ use std::time::{Duration, Instant};
 
 /// Version of the feed protocol.
 pub const FEED_VERSION: u32 = 1;
+
+/// The most clients served at once.
+pub const MAX_CLIENTS: usize = 32;
+
+/// How long a write to a client may block its writer thread before the client is dropped.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest feed line a client accepts (a frame of thousands of processes is a few MB).
+pub const MAX_LINE: usize = 64 << 20;
 
 /// One line of the feed.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -121,6 +141,8 @@ struct Client {
 /// The feed server: an [`Observer`] that serves frames to `top`.
 pub struct FeedServer {
     path: PathBuf,
+    /// (device, inode) of the socket bound at `path`: only that is ever removed.
+    bound: Option<(u64, u64)>,
     source: String,
     clients: Arc<Mutex<Vec<Client>>>,
     stop: Arc<AtomicBool>,
@@ -137,17 +159,34 @@ impl FeedServer {
                 private_dir(dir)?;
             }
         }
-        // A socket left by a run that was killed: remove it only when nothing answers there.
-        if path.exists() && UnixStream::connect(path).is_err() {
-            let _ = std::fs::remove_file(path);
+        // A socket left by a run that was killed: remove it only when it is a socket and nothing
+        // answers there. Anything else at the path is the user's and stays.
+        if let Ok(md) = std::fs::symlink_metadata(path) {
+            use std::os::unix::fs::FileTypeExt;
+            if !md.file_type().is_socket() {
+                return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "the path exists and is not a socket; it is left as it is"));
+            }
+            if UnixStream::connect(path).is_ok() {
+                return Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, "another feed is served on this socket"));
+            }
+            std::fs::remove_file(path)?;
         }
         let listener = UnixListener::bind(path)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        let bound = std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()));
         let clients: Arc<Mutex<Vec<Client>>> = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (c2, s2) = (clients.clone(), stop.clone());
         std::thread::Builder::new().name("gpufrag-feed".into()).spawn(move || accept_loop(listener, c2, s2))?;
-        Ok(FeedServer { path: path.to_path_buf(), source: source.to_string(), clients, stop, seq: 0, missed: Arc::new(AtomicU64::new(0)) })
+        Ok(FeedServer { path: path.to_path_buf(), bound, source: source.to_string(), clients, stop, seq: 0, missed: Arc::new(AtomicU64::new(0)) })
+    }
+
+    /// Removes the socket, if the path still names the one bound here.
+    fn remove_own_socket(&mut self) {
+        let here = std::fs::symlink_metadata(&self.path).ok().map(|m| (m.dev(), m.ino()));
+        if here.is_some() && here == self.bound.take() {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 
     /// Where it listens.
@@ -191,6 +230,18 @@ fn accept_loop(listener: UnixListener, clients: Arc<Mutex<Vec<Client>>>, stop: A
         if peer_uid(&stream).map_or(true, |u| u != me && u != 0) {
             continue;
         }
+        // Bounded: clients whose writer ended (disconnected, timed out) leave first.
+        let served = match clients.lock() {
+            Ok(mut c) => {
+                c.retain(|c| !c.writer.is_finished());
+                c.len()
+            }
+            Err(_) => MAX_CLIENTS,
+        };
+        if served >= MAX_CLIENTS {
+            continue; // dropped: the connection closes
+        }
+        let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
         let (tx, rx) = sync_channel::<Arc<str>>(2);
         let Ok(writer) = std::thread::Builder::new().name("gpufrag-feed-client".into()).spawn(move || {
             let mut w = std::io::BufWriter::new(stream);
@@ -216,7 +267,7 @@ impl Observer for FeedServer {
     fn finish(&mut self, state: &State) {
         self.send(state, true);
         self.stop.store(true, Ordering::Relaxed);
-        let _ = std::fs::remove_file(&self.path);
+        self.remove_own_socket();
         let clients: Vec<Client> = match self.clients.lock() {
             Ok(mut c) => c.drain(..).collect(),
             Err(p) => p.into_inner().drain(..).collect(),
@@ -233,7 +284,7 @@ impl Observer for FeedServer {
 impl Drop for FeedServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        let _ = std::fs::remove_file(&self.path);
+        self.remove_own_socket();
     }
 }
 
@@ -252,35 +303,51 @@ pub fn connect(path: &Path) -> std::io::Result<Receiver<Update>> {
     let (tx, rx) = sync_channel(16);
     let name = path.display().to_string();
     std::thread::Builder::new().name("gpufrag-feed-reader".into()).spawn(move || {
-        let reader = BufReader::new(stream);
-        for line in reader.lines() {
-            let line = match line {
-                Ok(l) => l,
-                Err(e) => {
-                    let _ = tx.send(Update::Ended(format!("{name}: {e}")));
+        read_feed(BufReader::new(stream), &name, |u| tx.send(u).is_ok());
+    })?;
+    Ok(rx)
+}
+
+/// Reads feed lines from `reader` until it ends, handing each frame and then the reason it
+/// ended to `on` (which returns `false` to stop). Lines are bounded by [`MAX_LINE`].
+pub fn read_feed(mut reader: impl BufRead, name: &str, mut on: impl FnMut(Update) -> bool) {
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        if buf.capacity() > 1 << 20 {
+            buf = Vec::new(); // a large frame's buffer is not kept for the small ones
+        }
+        match std::io::Read::take(&mut reader, MAX_LINE as u64 + 1).read_until(b'\n', &mut buf) {
+            Ok(0) => break,
+            Ok(_) if buf.last() == Some(&b'\n') => {}
+            Ok(_) if buf.len() > MAX_LINE => {
+                on(Update::Ended(format!("{name}: a feed line longer than {MAX_LINE} bytes; not a gpufrag feed")));
+                return;
+            }
+            Ok(_) => break, // closed mid-line
+            Err(e) => {
+                on(Update::Ended(format!("{name}: {e}")));
+                return;
+            }
+        }
+        match serde_json::from_slice::<Frame>(&buf) {
+            Ok(f) => {
+                let last = f.last;
+                if !on(Update::Frame(Box::new(f))) {
                     return;
                 }
-            };
-            match serde_json::from_str::<Frame>(&line) {
-                Ok(f) => {
-                    let last = f.last;
-                    if tx.send(Update::Frame(Box::new(f))).is_err() {
-                        return;
-                    }
-                    if last {
-                        let _ = tx.send(Update::Ended("the traced command ended".into()));
-                        return;
-                    }
-                }
-                Err(e) => {
-                    let _ = tx.send(Update::Ended(format!("{name}: not a gpufrag feed line: {e}")));
+                if last {
+                    on(Update::Ended("the traced command ended".into()));
                     return;
                 }
             }
+            Err(e) => {
+                on(Update::Ended(format!("{name}: not a gpufrag feed line: {e}")));
+                return;
+            }
         }
-        let _ = tx.send(Update::Ended("the feed closed".into()));
-    })?;
-    Ok(rx)
+    }
+    on(Update::Ended("the feed closed".into()));
 }
 
 /// The sockets in the feed directory that answer, newest first.
@@ -299,6 +366,89 @@ pub fn live_sockets() -> Vec<PathBuf> {
 mod tests {
     use super::*;
     use crate::event::{Event, EventKind};
+
+    fn test_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("gpufrag-feed-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("test setup");
+        dir
+    }
+
+    fn threads() -> usize {
+        std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
+    }
+
+    /// Issue 14: `gpufrag run --feed EXISTING_FILE` deleted that file and exited 0.
+    #[test]
+    fn regression_feed_never_removes_what_is_not_its_own_socket() {
+        let dir = test_dir("keep");
+        let file = dir.join("notes.txt");
+        std::fs::write(&file, "the user's").expect("test setup");
+        let e = FeedServer::bind(&file, "test").err().expect("a regular file is refused");
+        assert!(e.to_string().contains("not a socket"), "{e}");
+        assert_eq!(std::fs::read_to_string(&file).expect("kept"), "the user's");
+        // A socket replaced under the server by the user's file survives the server's end.
+        let sock = dir.join("s.sock");
+        let mut server = FeedServer::bind(&sock, "test").expect("bind");
+        std::fs::remove_file(&sock).expect("test setup");
+        std::fs::write(&sock, "mine now").expect("test setup");
+        server.finish(&State::default());
+        drop(server);
+        assert_eq!(std::fs::read_to_string(&sock).expect("kept"), "mine now");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Issue 14: 2,000 idle feed clients took 2,000 threads.
+    #[test]
+    fn regression_feed_server_bounds_its_clients() {
+        let dir = test_dir("clients");
+        let sock = dir.join("c.sock");
+        let server = FeedServer::bind(&sock, "test").expect("bind");
+        let before = threads();
+        let idle: Vec<UnixStream> = (0..300).filter_map(|_| UnixStream::connect(&sock).ok()).collect();
+        assert_eq!(idle.len(), 300);
+        // Let the accept thread see them all.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            let served = server.clients.lock().expect("lock").len();
+            if served >= MAX_CLIENTS {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let served = server.clients.lock().expect("lock").len();
+        let grown = threads().saturating_sub(before);
+        assert_eq!(served, MAX_CLIENTS, "clients served of 300 connected");
+        assert!(grown <= MAX_CLIENTS + 2, "{grown} threads for 300 idle clients");
+        drop(idle);
+        drop(server);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Issue 14: `top` read its feed without a line-length limit (a feed that never sends a
+    /// newline grew it to 8.8 GB in 8 s).
+    #[test]
+    fn regression_feed_reader_bounds_its_line_length() {
+        let dir = test_dir("line");
+        let sock = dir.join("l.sock");
+        let listener = UnixListener::bind(&sock).expect("bind");
+        let writer = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().expect("accept");
+            let chunk = vec![b'x'; 1 << 20];
+            for _ in 0..(MAX_LINE >> 20) + 4 {
+                if s.write_all(&chunk).is_err() {
+                    return;
+                }
+            }
+        });
+        let rx = connect(&sock).expect("connect");
+        match rx.recv_timeout(Duration::from_secs(30)).expect("an update") {
+            Update::Ended(why) => assert!(why.contains("longer than"), "{why}"),
+            Update::Frame(_) => panic!("no frame in a line of x"),
+        }
+        let _ = writer.join();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn a_client_gets_frames_and_the_final_one() {

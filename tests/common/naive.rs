@@ -27,6 +27,14 @@ pub struct NaiveSegment {
     pub stream: u64,
 }
 
+/// No range of no bytes, or one past 2^64, is ever kept: an anomaly, nothing changes.
+fn bad_range(addr: u64, size: u64) -> Result<(), Anomaly> {
+    if size == 0 || u128::from(addr) + u128::from(size) > u128::from(u64::MAX) {
+        return Err(Anomaly::BadRange { addr, size });
+    }
+    Ok(())
+}
+
 impl NaiveSegment {
     pub fn end(&self) -> u64 {
         self.start + self.size
@@ -151,7 +159,7 @@ impl NaiveSpace {
         for s in self.segments.iter().filter(|s| matches!(s.kind, SegmentKind::Driver | SegmentKind::Pitch) && s.size < DRIVER_PAGE) {
             for page in s.start / DRIVER_PAGE..=(s.end() - 1) / DRIVER_PAGE {
                 let lo = s.start.max(page * DRIVER_PAGE);
-                let hi = s.end().min((page + 1) * DRIVER_PAGE);
+                let hi = s.end().min((page + 1).saturating_mul(DRIVER_PAGE));
                 match pages.iter_mut().find(|(p, _)| *p == page) {
                     Some((_, live)) => *live += hi - lo,
                     None => pages.push((page, hi - lo)),
@@ -163,7 +171,7 @@ impl NaiveSpace {
 
     /// Every figure, from scratch.
     pub fn figures(&self) -> Figures {
-        let pool_cached: u64 = self.pools.iter().map(|p| p.cached).sum();
+        let pool_cached: u64 = self.pools.iter().fold(0u64, |a, p| a.saturating_add(p.cached));
         let mut f = Figures { pool_cached, framework_seen: self.framework_seen, ..Figures::default() };
         let (mut raw, mut live) = (0, 0);
         for s in self.segment_list() {
@@ -190,11 +198,12 @@ impl NaiveSpace {
                 }
             }
         }
-        let pool_used: u64 = self.pools.iter().map(|p| p.used).sum();
-        f.allocated = if self.framework_seen || self.pools_seen { live + pool_used } else { raw };
-        f.reserved += pool_cached;
-        f.releasable += pool_cached;
-        f.framework_reserved += pool_cached;
+        let pool_used: u64 = self.pools.iter().fold(0u64, |a, p| a.saturating_add(p.used));
+        f.allocated = if self.framework_seen || self.pools_seen { u64::saturating_add(live, pool_used) } else { raw };
+        // Totals that pass 2^64 (absurd input) saturate.
+        f.reserved = f.reserved.saturating_add(pool_cached);
+        f.releasable = f.releasable.saturating_add(pool_cached);
+        f.framework_reserved = f.framework_reserved.saturating_add(pool_cached);
         f.largest_free_block = self.free_runs().iter().map(|&(_, l)| l).max().unwrap_or(0);
         f.page_stranded = self.page_stranded();
         let physical: u64 = self.handles.iter().map(|&(_, l)| l).sum();
@@ -219,6 +228,7 @@ impl NaiveSpace {
 
     /// A new segment; any it overlaps are forgotten (their frees were lost).
     fn insert(&mut self, seg: NaiveSegment) -> Result<(), Anomaly> {
+        bad_range(seg.start, seg.size)?;
         let mut result = Ok(());
         while let Some(i) = self.segments.iter().position(|s| s.start < seg.end() && seg.start < s.end()) {
             self.take_segment(i);
@@ -251,9 +261,11 @@ impl NaiveSpace {
         self.driver_free(addr)
     }
 
-    pub fn reserve(&mut self, addr: u64, size: u64) {
+    pub fn reserve(&mut self, addr: u64, size: u64) -> Result<(), Anomaly> {
+        bad_range(addr, size)?;
         self.reservations.retain(|&(s, _)| s != addr);
         self.reservations.push((addr, size));
+        Ok(())
     }
 
     /// The range goes, and every segment that starts inside it.
@@ -290,6 +302,7 @@ impl NaiveSpace {
 
     /// A mapping joins the mapped segments of the same range that touch it on either side.
     pub fn map(&mut self, addr: u64, size: u64, framework: bool) -> Result<(), Anomaly> {
+        bad_range(addr, size)?;
         let owner = self.reservation_of(addr);
         let result = self.insert(NaiveSegment { start: addr, size, kind: SegmentKind::Mapped, framework, owner, stream: 0 });
         let joins = |s: &NaiveSegment| s.kind == SegmentKind::Mapped && s.owner == owner;
@@ -313,6 +326,7 @@ impl NaiveSpace {
     /// Unmaps `[addr, addr + size)`: mapped segments are cut, blocks touching the cut are dropped;
     /// bytes not mapped (a hole, a driver segment) make it an anomaly.
     pub fn unmap(&mut self, addr: u64, size: u64) -> Result<(), Anomaly> {
+        bad_range(addr, size)?;
         let end = addr + size;
         let mut anomaly = false;
         // Holes: any byte of the range that no segment holds.
@@ -356,12 +370,14 @@ impl NaiveSpace {
     }
 
     pub fn pool_alloc(&mut self, addr: u64, size: u64, pool: u64, stream: u64) -> Result<(), Anomaly> {
+        bad_range(addr, size)?;
         self.pools_seen = true;
+        let r = self.insert(NaiveSegment { start: addr, size, kind: SegmentKind::Pool, framework: false, owner: pool, stream });
         let p = self.pool(pool);
         let reuse = p.cached.min(size);
         p.cached -= reuse;
-        p.used += size;
-        self.insert(NaiveSegment { start: addr, size, kind: SegmentKind::Pool, framework: false, owner: pool, stream })
+        p.used = p.used.saturating_add(size);
+        r
     }
 
     pub fn pool_trim(&mut self, pool: u64, keep: u64) {
@@ -458,10 +474,7 @@ impl NaiveState {
             EventKind::MemAllocPitch => m.driver_alloc(ev.addr, ev.size, SegmentKind::Pitch, framework, ev.stream),
             EventKind::MemAllocManaged => m.driver_alloc(ev.addr, ev.size, SegmentKind::Managed, framework, ev.stream),
             EventKind::MemFree | EventKind::PoolFree => m.driver_free(ev.addr),
-            EventKind::AddressReserve => {
-                m.reserve(ev.addr, ev.size);
-                Ok(())
-            }
+            EventKind::AddressReserve => m.reserve(ev.addr, ev.size),
             EventKind::AddressFree => m.reserve_free(ev.addr),
             EventKind::PhysCreate => {
                 m.phys_create(ev.handle, ev.size);

@@ -20,19 +20,22 @@ pub fn spawn(path: &Path, speed: f64) -> anyhow::Result<Receiver<Update>> {
     std::thread::Builder::new().name("gpufrag-replay".into()).spawn(move || {
         let mut state = State::new(rules);
         let t0 = events.iter().map(|e| e.ts_ns).find(|t| *t > 0).unwrap_or(0);
-        let mut start = Instant::now();
+        let start = Instant::now();
+        // Idle stretches cut so far: the replay clock is `start.elapsed() + skipped`. (Moving
+        // `start` back instead overflows `Instant` on a trace whose stamps jump by centuries.)
+        let mut skipped = Duration::ZERO;
         let mut last_frame = Instant::now();
         let mut seq = 0u64;
         for ev in &events {
             if speed > 0.0 && ev.ts_ns >= t0 && t0 > 0 {
-                let due = Duration::from_secs_f64((ev.ts_ns - t0) as f64 / 1e9 / speed);
-                let now = start.elapsed();
-                if due > now + MAX_GAP {
-                    // Cut an idle stretch: move the origin so that this event is due MAX_GAP from now.
-                    start -= due - now - MAX_GAP;
+                let due = Duration::try_from_secs_f64((ev.ts_ns - t0) as f64 / 1e9 / speed).unwrap_or(Duration::MAX);
+                let now = start.elapsed().saturating_add(skipped);
+                if due > now.saturating_add(MAX_GAP) {
+                    // Cut an idle stretch: this event becomes due MAX_GAP from now.
+                    skipped = skipped.saturating_add(due - now - MAX_GAP);
                 }
-                while start.elapsed() < due {
-                    let left = due.saturating_sub(start.elapsed());
+                while start.elapsed().saturating_add(skipped) < due {
+                    let left = due.saturating_sub(start.elapsed().saturating_add(skipped));
                     std::thread::sleep(left.min(Duration::from_millis(50)));
                     if last_frame.elapsed() >= FRAME_EVERY {
                         seq += 1;

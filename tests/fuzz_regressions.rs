@@ -1,0 +1,86 @@
+//! Every input kept in fuzz/regressions/ as an ordinary named test (`include_bytes!`), so that a
+//! fixed bug stays fixed without the fuzzer: each goes through the same steps as the fuzz target
+//! of its kind (decode, replay, summary, rendering, the map invariants) and must end without a
+//! panic within a second. A crash the fuzzer finds later is minimised (`cargo +nightly fuzz tmin`),
+//! copied here with a name saying what it provoked, and gets a test below (docs/robustness.md).
+
+use gpufrag::ingest::State;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// What the fuzz targets run after decoding (fuzz/fuzz_targets/common.rs).
+fn after_decoding(state: &State) {
+    let summary = gpufrag::analysis::summary::Summary::from_state(state, "regression");
+    let _ = gpufrag::analysis::render::render(&summary);
+    for s in state.spaces.values() {
+        if let Err(e) = s.map.check_invariants() {
+            panic!("address map invariant broken: {e}");
+        }
+        let mut again = State::default();
+        again.apply_all(&s.map.to_events(s.pid, s.device));
+    }
+}
+
+fn record(bytes: &[u8]) -> State {
+    let t = Instant::now();
+    let rec = gpufrag::record::parse(Path::new("regression.rec"), bytes).expect("a record file");
+    let mut state = State::default();
+    state.apply_all(&rec.events);
+    after_decoding(&state);
+    assert!(t.elapsed() < Duration::from_secs(1), "took {:?}", t.elapsed());
+    state
+}
+
+// A zero-size map and an unmap over it: `AddressSpace::unmap` looped for ever (issue 14's
+// 176-byte record file).
+#[test]
+fn fuzz_regression_record_zero_size_map_then_unmap_terminates() {
+    let state = record(include_bytes!("../fuzz/regressions/record_zero_size_map_then_unmap.rec"));
+    assert_eq!(state.anomaly_count, 2, "{:?}", state.anomalies);
+}
+
+// An empty segment at the start of a live one orphaned its tiling: `Tiling::split` walked a list
+// that never ended and the live-block counter wrapped (capacity overflow in `to_events`).
+#[test]
+fn fuzz_regression_record_empty_segment_on_a_live_one_keeps_the_map_consistent() {
+    let state = record(include_bytes!("../fuzz/regressions/record_empty_segment_on_a_live_one.rec"));
+    assert!(!state.exact());
+}
+
+// A segment whose end wraps past 2^64 was accepted (and its end wrapped to a small address).
+#[test]
+fn fuzz_regression_record_segment_end_wrapping_past_2_64_is_an_anomaly() {
+    let state = record(include_bytes!("../fuzz/regressions/record_segment_end_wraps_past_2_64.rec"));
+    assert_eq!(state.spaces.values().map(|s| s.map.figures().segments).sum::<u64>(), 0);
+    assert!(state.anomaly_count >= 1);
+}
+
+// Memo-shared containers: 8 KB naming 2,000 segments of 2,000 blocks each (4 million blocks) were
+// expanded in full (21 KB took 2.2 GB). Refused with an error naming the file and the offset.
+#[test]
+fn fuzz_regression_pickle_memo_shared_containers_are_refused_not_expanded() {
+    let t = Instant::now();
+    let bytes = include_bytes!("../fuzz/regressions/pickle_memo_shared_containers.pickle");
+    let e = gpufrag::snapshot::from_bytes_unguarded(bytes, Path::new("shared.pickle")).expect_err("refused");
+    let msg = e.to_string();
+    assert!(msg.starts_with("shared.pickle: shared (memoized) containers expand to more than"), "{msg}");
+    assert!(e.offset().is_some(), "{msg}");
+    assert!(t.elapsed() < Duration::from_secs(1), "took {:?}", t.elapsed());
+}
+
+// The seed corpus itself decodes and replays (a corpus entry that stops decoding is a fixture
+// that no longer exercises the decoder).
+#[test]
+fn fuzz_seed_corpus_entries_decode_and_replay() {
+    for bytes in [&include_bytes!("../fuzz/corpus/snapshot/frag_oom.pickle")[..], &include_bytes!("../fuzz/corpus/snapshot/pinned_splits.pickle")[..]] {
+        let snap = gpufrag::snapshot::from_bytes_unguarded(bytes, Path::new("seed.pickle")).expect("a snapshot");
+        after_decoding(&gpufrag::input::replay_snapshot(snap).state);
+    }
+    record(include_bytes!("../fuzz/corpus/record/gpt2_run_h200_head.rec"));
+    let mut frames = 0;
+    gpufrag::views::feed::read_feed(&include_bytes!("../fuzz/corpus/feed/frames.jsonl")[..], "seed", |u| {
+        frames += matches!(u, gpufrag::views::feed::Update::Frame(_)) as usize;
+        true
+    });
+    assert_eq!(frames, 2);
+}

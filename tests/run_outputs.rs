@@ -1,0 +1,121 @@
+//! `gpufrag run` loses nothing the user already has (issue 14): every output path and argument is
+//! checked before the workload starts and before any file is touched, `--feed` never removes what
+//! is not its own socket, a write error names the path, makes the figures inexact and keeps the
+//! traced command's exit code, and the private temporary directory goes on every exit path.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gpufrag-run-outputs-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// `gpufrag run ARGS`, with its private directory under `tmp` (XDG_RUNTIME_DIR unset).
+fn run(tmp: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpufrag"))
+        .arg("run")
+        .args(["--quiet", "--no-feed", "--no-report"])
+        .args(args)
+        .env("TMPDIR", tmp)
+        .env_remove("XDG_RUNTIME_DIR")
+        .current_dir(tmp)
+        .output()
+        .expect("run gpufrag")
+}
+
+fn leftovers(tmp: &Path) -> Vec<String> {
+    std::fs::read_dir(tmp)
+        .expect("tmp")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("gpufrag-"))
+        .collect()
+}
+
+#[test]
+fn regression_run_feed_on_an_existing_file_keeps_it() {
+    let dir = scratch("feed");
+    let file = dir.join("notes.txt");
+    std::fs::write(&file, "the user's notes").expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_gpufrag"))
+        .args(["run", "--quiet", "--no-report", "--feed"])
+        .arg(&file)
+        .args(["--", "true"])
+        .env("TMPDIR", &dir)
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(&file.display().to_string()) && stderr.contains("not a socket"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&file).expect("kept"), "the user's notes");
+}
+
+#[test]
+fn regression_bad_arguments_never_truncate_an_existing_record() {
+    let dir = scratch("record");
+    let rec = dir.join("old.rec");
+    let old: Vec<u8> = (0..82_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&rec, &old).expect("write");
+    let r = rec.to_str().expect("utf-8");
+    for args in [
+        vec!["--record", r, "--prometheus", "nonsense", "--", "true"],
+        vec!["--record", r, "--ring-capacity", "3", "--", "true"],
+        vec!["--record", r, "--python-interval", "nan", "--", "true"],
+        vec!["--record", r, "--otlp", "http://127.0.0.1:4318", "--otlp-interval", "99999999999999999999s", "--", "true"],
+        vec!["--record", r, "--", "/nonexistent/gpufrag-no-such-command"],
+        vec!["--record", r, "--summary-json", "/nonexistent/dir/s.json", "--", "true"],
+    ] {
+        let out = run(&dir, &args);
+        assert_ne!(out.status.code(), Some(0), "{args:?} must fail");
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(std::fs::read(&rec).expect("kept").len(), old.len(), "{args:?} truncated the record");
+    }
+    assert_eq!(std::fs::read(&rec).expect("kept"), old);
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+}
+
+#[test]
+fn regression_a_missing_summary_directory_is_found_before_the_workload_runs() {
+    let dir = scratch("summary");
+    let marker = dir.join("ran");
+    let script = format!("touch '{}'; exit 7", marker.display());
+    let out = run(&dir, &["--summary-json", "/nonexistent/dir/s.json", "--", "sh", "-c", &script]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--summary-json /nonexistent/dir/s.json") && stderr.contains("does not exist"), "{stderr}");
+    assert!(!marker.exists(), "the workload must not have run");
+}
+
+#[test]
+fn regression_a_full_disk_names_the_record_keeps_the_exit_code_and_is_not_exact() {
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata("/dev/full").is_ok_and(|m| m.file_type().is_char_device()), "/dev/full is the kernel's full device");
+    let dir = scratch("full");
+    let summary = dir.join("s.json");
+    let out = run(&dir, &["--record", "/dev/full", "--summary-json", summary.to_str().expect("utf-8"), "--", "sh", "-c", "exit 7"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(7), "the command's own code: {stderr}");
+    assert!(stderr.contains("/dev/full: "), "the error names the record file: {stderr}");
+    let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&summary).expect("summary written")).expect("json");
+    assert_eq!(s["exact"], serde_json::Value::Bool(false), "{s}");
+    assert!(s["notes"].as_array().expect("notes").iter().any(|n| n.as_str().is_some_and(|n| n.contains("/dev/full"))), "{s}");
+    // The summary itself on a full disk: named, no partial file, the command's code kept.
+    let out = run(&dir, &["--summary-json", "/dev/full", "--", "sh", "-c", "exit 7"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(7), "{stderr}");
+    assert!(stderr.contains("writing the summary /dev/full"), "{stderr}");
+    assert!(std::fs::metadata("/dev/full").is_ok_and(|m| m.file_type().is_char_device()), "a path that existed is never removed");
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+}
+
+#[test]
+fn regression_temporary_directories_go_on_every_exit_path() {
+    let dir = scratch("tmpdirs");
+    for args in [vec!["--", "sh", "-c", "exit 3"], vec!["--", "true"], vec!["--no-python-hook", "--", "sh", "-c", "kill -TERM $$"]] {
+        let _ = run(&dir, &args);
+        assert!(leftovers(&dir).is_empty(), "{args:?} left {:?}", leftovers(&dir));
+    }
+}
