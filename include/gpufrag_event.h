@@ -55,6 +55,7 @@ enum gpufrag_event_kind {
 #define GPUFRAG_F_BLOCK_SIZE_KNOWN  (1u << 5) /* a block event's size is the block's real extent */
 #define GPUFRAG_F_FAILED            (1u << 6) /* the call returned rc != 0 */
 #define GPUFRAG_F_FRAMEWORK_OWNED   (1u << 7) /* a segment or mapping made by a framework's caching allocator */
+#define GPUFRAG_F_SRC_NVML          (1u << 8) /* DEVICE_INFO read from NVML (pid != 0: for that process's failed allocation) */
 
 struct gpufrag_event {
 	__u64 ts_ns;       /* CLOCK_MONOTONIC (live) or the trace's own clock (import) */

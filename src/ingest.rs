@@ -6,8 +6,21 @@
 //! it knows (a free of an unknown address, a block outside every segment, events the source
 //! dropped) is counted, the first few are kept with their event index for the user, and the
 //! figures are then reported as inexact.
+//!
+//! The device free of a failure. An OOM verdict needs what the device had free at the moment
+//! of the failure, and a process that dies of its OOM gives its memory back within ~100 ms
+//! (measured on the H200), so a reading taken later is wrong. An OOM record takes, in order:
+//! the figure its own event carries (the shim reads `cuMemGetInfo` in the process right after the
+//! failed call; PyTorch's observer and the annotation API pass the allocator's own figure); else
+//! the failing process's own latest `cuMemGetInfo`/`cudaMemGetInfo` reading on that device within
+//! [`READING_WINDOW_NS`] of the failure, before or after it (PyTorch reads it while building its
+//! message), while the process's traced bytes there are what they were at the failure; else an
+//! NVML read that the capture made for this failure while the process was alive (a `DeviceInfo`
+//! with the process's pid and [`F_SRC_NVML`]). Each record says which ([`DeviceFreeSource`]) and
+//! how far from the failure the reading was. Readings that arrive after the failure complete the
+//! record when applied, so a replay of the same events gives the same record.
 
-use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
+use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED, F_SRC_NVML};
 use crate::map::{AddressSpace, Anomaly, Figures, SegmentKind};
 use crate::rules::AllocatorRules;
 use crate::analysis::histogram::SizeStats;
@@ -41,6 +54,45 @@ impl ProcessDevice {
     }
 }
 
+/// How close to a failure (before or after it) a reading of device free must be to stand for
+/// the failure's moment.
+pub const READING_WINDOW_NS: u64 = 100_000_000;
+
+/// Where an OOM record's device free came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceFreeSource {
+    /// The failure's own event carried it (the shim's reading right after the failed call,
+    /// PyTorch's figure, the annotation API's figure).
+    FailureEvent,
+    /// The failing process's own `cuMemGetInfo`/`cudaMemGetInfo` reading near the failure.
+    ProcessReading,
+    /// An NVML read made for this failure while the process was still alive.
+    NvmlAtFailure,
+    /// Not measured: the verdict cannot weigh device free.
+    NotMeasured,
+}
+
+impl DeviceFreeSource {
+    /// The JSON name.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceFreeSource::FailureEvent => "failure_event",
+            DeviceFreeSource::ProcessReading => "process_reading",
+            DeviceFreeSource::NvmlAtFailure => "nvml_at_failure",
+            DeviceFreeSource::NotMeasured => "not_measured",
+        }
+    }
+}
+
+/// A process's latest own reading of device free on one device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Reading {
+    ts_ns: u64,
+    free: u64,
+    /// The process's traced bytes on the device when it read.
+    traced: u64,
+}
+
 /// A failed allocation with the state of its address space at that moment.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OomRecord {
@@ -56,10 +108,21 @@ pub struct OomRecord {
     pub rc: i32,
     /// What kind of call failed.
     pub op: Option<EventKind>,
-    /// Device free bytes when the failure was observed, if measured.
+    /// Device free bytes at the failure, if measured (see [`DeviceFreeSource`]).
     pub device_free: Option<u64>,
+    /// Where `device_free` came from.
+    pub device_free_source: DeviceFreeSource,
+    /// Failure time minus reading time, ns: positive for a reading before the failure,
+    /// negative after; `None` when not measured.
+    pub device_free_age_ns: Option<i64>,
     /// The process's figures on that device at that moment.
     pub figures: Figures,
+}
+
+impl OomRecord {
+    fn traced(&self) -> u64 {
+        self.figures.reserved + self.figures.unmapped_physical
+    }
 }
 
 impl OomRecord {
@@ -143,6 +206,10 @@ pub struct State {
     /// Processes that exited.
     pub exited: BTreeMap<u32, u64>,
     rules: AllocatorRules,
+    /// Per (pid, device): the process's latest own reading of device free.
+    readings: BTreeMap<(u32, i16), Reading>,
+    /// OOM records (indices into `ooms`) that a reading arriving later may still complete.
+    awaiting: Vec<usize>,
 }
 
 impl State {
@@ -169,6 +236,45 @@ impl State {
     /// process's OOM records, anomalies and exit time stay.
     pub fn forget(&mut self, pid: u32) {
         self.spaces.retain(|&(p, _), _| p != pid);
+        self.readings.retain(|&(p, _), _| p != pid);
+        let ooms = &self.ooms;
+        self.awaiting.retain(|&i| ooms[i].pid != pid);
+    }
+
+    fn traced_bytes(&self, pid: u32, device: i16) -> u64 {
+        self.spaces.get(&(pid, device)).map_or(0, |s| {
+            let f = s.map.figures();
+            f.reserved + f.unmapped_physical
+        })
+    }
+
+    /// A reading of device free by (or, with `nvml`, for) `pid` on `device`: remembered as the
+    /// process's latest, and given to the OOM records it may complete.
+    fn reading(&mut self, pid: u32, device: i16, ts_ns: u64, free: u64, nvml: bool) {
+        let traced = self.traced_bytes(pid, device);
+        if !nvml {
+            self.readings.insert((pid, device), Reading { ts_ns, free, traced });
+        }
+        let ooms = &mut self.ooms;
+        for &i in &self.awaiting {
+            let o = &mut ooms[i];
+            if o.pid != pid || o.device != device || ts_ns < o.ts_ns || ts_ns - o.ts_ns > READING_WINDOW_NS {
+                continue;
+            }
+            let take = if nvml { o.device_free_source == DeviceFreeSource::NotMeasured } else { o.traced() == traced };
+            if take {
+                o.device_free = Some(free);
+                o.device_free_source = if nvml { DeviceFreeSource::NvmlAtFailure } else { DeviceFreeSource::ProcessReading };
+                o.device_free_age_ns = Some(-((ts_ns - o.ts_ns) as i64));
+            }
+        }
+    }
+
+    /// The device free of a failure whose event carries none: the process's own latest reading
+    /// before it, when recent and nothing of the process changed since.
+    fn reading_before(&self, pid: u32, device: i16, ts_ns: u64, traced: u64) -> Option<(u64, i64)> {
+        let r = self.readings.get(&(pid, device))?;
+        (r.ts_ns <= ts_ns && ts_ns - r.ts_ns <= READING_WINDOW_NS && r.traced == traced).then(|| (r.free, (ts_ns - r.ts_ns) as i64))
     }
 
     /// The map of (pid, device), created on first use.
@@ -180,6 +286,10 @@ impl State {
     /// Applies one event. Never fails: what does not fit is counted.
     pub fn apply(&mut self, ev: &Event) {
         self.events += 1;
+        if !self.awaiting.is_empty() {
+            let ooms = &self.ooms;
+            self.awaiting.retain(|&i| ev.ts_ns <= ooms[i].ts_ns.saturating_add(READING_WINDOW_NS));
+        }
         let Some(kind) = ev.kind() else {
             self.unknown_kinds += 1;
             return;
@@ -195,6 +305,9 @@ impl State {
                 }
                 if let Some(free) = ev.device_free() {
                     d.free = Some(free);
+                    if pid != 0 {
+                        self.reading(pid, device, ev.ts_ns, free, ev.flags & F_SRC_NVML != 0);
+                    }
                 }
                 Ok(())
             }
@@ -220,6 +333,17 @@ impl State {
                     return;
                 }
                 let figures = self.space(pid, device).map.figures();
+                let traced = figures.reserved + figures.unmapped_physical;
+                let (device_free, device_free_source, device_free_age_ns) = match ev.device_free() {
+                    Some(free) => (Some(free), DeviceFreeSource::FailureEvent, Some(0)),
+                    None => match self.reading_before(pid, device, ev.ts_ns, traced) {
+                        Some((free, age)) => (Some(free), DeviceFreeSource::ProcessReading, Some(age)),
+                        None => (None, DeviceFreeSource::NotMeasured, None),
+                    },
+                };
+                if device_free_source != DeviceFreeSource::FailureEvent {
+                    self.awaiting.push(self.ooms.len());
+                }
                 self.ooms.push(OomRecord {
                     ts_ns: ev.ts_ns,
                     pid,
@@ -227,7 +351,9 @@ impl State {
                     requested: ev.requested,
                     rc: ev.rc,
                     op: ev.failed_op(),
-                    device_free: ev.device_free(),
+                    device_free,
+                    device_free_source,
+                    device_free_age_ns,
                     figures,
                 });
                 Ok(())

@@ -120,7 +120,14 @@ pub struct Live {
     pub observers: Vec<Box<dyn crate::observe::Observer>>,
     /// Driver failures held back: (index in `state.ooms`, when seen).
     pending_ooms: Vec<(usize, Instant)>,
+    /// Final OOMs whose device free may still come from a reading that follows the failure
+    /// (see `crate::ingest`): printed once [`READING_HOLD`] has passed.
+    held_ooms: Vec<(usize, Instant)>,
 }
+
+/// How long an OOM without a device free of its own event waits for a reading that follows it
+/// before it is printed (the reorder window of the eBPF path plus the reading window).
+const READING_HOLD: Duration = Duration::from_millis(300);
 
 /// How long a caching allocator's failed driver call waits for the allocator's own OOM report
 /// before it is printed as the verdict.
@@ -163,7 +170,7 @@ impl Live {
             Some(p) => Some(record::Writer::create(p).with_context(|| format!("creating the record file {}", p.display()))?),
             None => None,
         };
-        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: Vec::new(), observers: Vec::new(), pending_ooms: Vec::new() })
+        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: Vec::new(), observers: Vec::new(), pending_ooms: Vec::new(), held_ooms: Vec::new() })
     }
 
     fn apply(&mut self, e: &Event) {
@@ -238,6 +245,10 @@ impl Live {
                 continue;
             }
             self.pending_ooms.retain(|&(j, _)| (self.state.ooms[j].pid, self.state.ooms[j].device) != key);
+            if o.device_free_source != crate::ingest::DeviceFreeSource::FailureEvent {
+                self.held_ooms.push((i, Instant::now()));
+                continue;
+            }
             self.print_oom(i);
         }
         self.flush_pending_ooms(false);
@@ -246,8 +257,11 @@ impl Live {
     /// Prints held-back driver failures whose allocator said nothing within [`OOM_HOLD`] (all of
     /// them with `all`).
     fn flush_pending_ooms(&mut self, all: bool) {
-        let due: Vec<usize> = self.pending_ooms.iter().filter(|(_, t)| all || t.elapsed() >= OOM_HOLD).map(|&(i, _)| i).collect();
+        let mut due: Vec<usize> = self.pending_ooms.iter().filter(|(_, t)| all || t.elapsed() >= OOM_HOLD).map(|&(i, _)| i).collect();
+        due.extend(self.held_ooms.iter().filter(|(_, t)| all || t.elapsed() >= READING_HOLD).map(|&(i, _)| i));
         self.pending_ooms.retain(|(i, _)| !due.contains(i));
+        self.held_ooms.retain(|(i, _)| !due.contains(i));
+        due.sort_unstable();
         for i in due {
             self.print_oom(i);
         }
@@ -258,14 +272,7 @@ impl Live {
         if self.quiet {
             return;
         }
-        let inputs = crate::analysis::OomInputs {
-            requested: o.requested,
-            device_free: o.device_free.unwrap_or(0),
-            stranded: o.figures.stranded,
-            releasable: o.figures.releasable,
-            largest_free_block: o.figures.largest_free_block,
-            framework: o.figures.framework_seen,
-        };
+        let inputs = crate::analysis::OomInputs::of(o);
         let clear = if std::io::stderr().is_terminal() { "\r\x1b[K" } else { "" };
         eprintln!(
             "{clear}[gpufrag] OOM in pid {} on device {}: {} requested: {}\n[gpufrag]   {}\n[gpufrag]   fix: {}",

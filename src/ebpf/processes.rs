@@ -158,6 +158,12 @@ impl ProcessTable {
         out
     }
 
+    /// The device an event of `pid` with no device of its own will be given (rules 3 to 5).
+    pub fn likely_device(&self, pid: u32) -> i16 {
+        let nvml_one = self.nvml_devices.get(&pid).filter(|d| d.len() == 1).map(|d| d[0]);
+        self.procs.get(&pid).and_then(|p| p.last_device).or(nvml_one).unwrap_or(0)
+    }
+
     /// Marks a process not exact (attached mid-run, or events of it were lost).
     pub fn mark_inexact(&mut self, pid: u32) {
         if let Some(p) = self.procs.get_mut(&pid) {

@@ -340,14 +340,7 @@ impl Builder {
             if o.figures.framework_seen && o.op != Some(EventKind::BlockAlloc) {
                 continue;
             }
-            let inputs = OomInputs {
-                requested: o.requested,
-                device_free: o.device_free.unwrap_or(0),
-                stranded: o.figures.stranded,
-                releasable: o.figures.releasable,
-                largest_free_block: o.figures.largest_free_block,
-                framework: o.figures.framework_seen,
-            };
+            let inputs = OomInputs::of(o);
             let v = inputs.verdict();
             let i = super::catalog::VERDICTS.iter().position(|x| *x == v).unwrap_or(2);
             ooms.entry((o.pid, o.device)).or_default()[i] += 1;

@@ -143,6 +143,9 @@ pub const F_BLOCK_SIZE_KNOWN: u32 = 1 << 5;
 pub const F_FAILED: u32 = 1 << 6;
 /// A segment or mapping made by a framework's caching allocator (its free space is cache, not in use).
 pub const F_FRAMEWORK_OWNED: u32 = 1 << 7;
+/// A `DeviceInfo` that NVML gave (not the process's own `cuMemGetInfo`); with a non-zero `pid`, a
+/// read made for that process's failed allocation while it was still alive.
+pub const F_SRC_NVML: u32 = 1 << 8;
 
 /// The wire record: 80 bytes, little-endian on every platform gpufrag runs on.
 #[repr(C)]
