@@ -5,14 +5,27 @@
 //! that replay cannot reach the snapshot's own final `segments`; then the state at the start of
 //! the ring is rebuilt by undoing the ring, newest entry first, from the final segments and blocks,
 //! and the ring is replayed forward from there, so that every OOM in it is judged on the state of
-//! its moment. The output says which way was taken.
+//! its moment. The output says which way was taken. This is the one place that rebuilds a
+//! truncated ring: [`Loaded::replay`] carries the events it replayed, so that the views that play
+//! an input back event by event (the report's timeline, `top --replay`) follow the same path.
+//!
+//! An input that cannot be used fails with an [`UnusableInput`] in its error chain; the command
+//! line turns that kind into its exit code.
 
+use crate::event::Event;
 use crate::ingest::State;
 use crate::record;
 use crate::rules::{AllocatorRules, ROUNDUP_INTERVALS};
 use crate::snapshot::{self, AllocatorSettings, Snapshot};
 use std::io::Read;
 use std::path::Path;
+
+/// The error kind of an input that cannot be used (unreadable, of no format gpufrag knows,
+/// corrupt, or asking for what it does not hold); the message names the file and, where it
+/// applies, the offset.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UnusableInput(pub String);
 
 /// What kind of file an input was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +49,14 @@ pub struct Loaded {
     pub kind: InputKind,
     /// The snapshot, when the input was one.
     pub snapshot: Option<Snapshot>,
+    /// The allocator rules the replay followed.
+    pub rules: AllocatorRules,
+    /// The events that rebuild the replayed state from empty, in order: a record file's events;
+    /// a snapshot's trace ring, preceded (when the ring does not start from an empty cache) by the
+    /// events that build the state at its first entry. When the replay could not reproduce the
+    /// snapshot's final segments (`complete` false), playing these gives the replay's end, not
+    /// the final figures of `state`.
+    pub replay: Vec<Event>,
 }
 
 /// The caching allocator rules a snapshot's settings describe.
@@ -56,18 +77,19 @@ pub fn load(path: &Path) -> anyhow::Result<Loaded> {
     let mut head = [0u8; 8];
     let n = std::fs::File::open(path)
         .and_then(|mut f| f.read(&mut head))
-        .map_err(|e| crate::cli::UnusableInput(format!("{}: {e}", path.display())))?;
+        .map_err(|e| UnusableInput(format!("{}: {e}", path.display())))?;
     if record::is_record(&head[..n]) {
-        let rec = record::read(path).map_err(|e| crate::cli::UnusableInput(e.to_string()))?;
-        let mut state = State::default();
+        let rec = record::read(path).map_err(|e| UnusableInput(e.to_string()))?;
+        let rules = AllocatorRules::default();
+        let mut state = State::new(rules.clone());
         state.apply_all(&rec.events);
         let mut notes = vec![format!("replayed {} recorded events", rec.events.len())];
         if let Some(at) = rec.partial_tail_at {
             notes.push(format!("{}: the last record is cut short at offset {at} (the writer stopped mid-record); it was left out", path.display()));
         }
-        return Ok(Loaded { state, notes, complete: rec.partial_tail_at.is_none(), kind: InputKind::Record, snapshot: None });
+        return Ok(Loaded { state, notes, complete: rec.partial_tail_at.is_none(), kind: InputKind::Record, snapshot: None, rules, replay: rec.events });
     }
-    let snap = snapshot::load(path).map_err(|e| crate::cli::UnusableInput(e.to_string()))?;
+    let snap = snapshot::load(path).map_err(|e| UnusableInput(e.to_string()))?;
     Ok(replay_snapshot(snap))
 }
 
@@ -85,15 +107,16 @@ fn matches_final(state: &State, snap: &Snapshot) -> bool {
 /// Replays a snapshot's trace rings, rebuilding their starting state when they were truncated.
 pub fn replay_snapshot(snap: Snapshot) -> Loaded {
     let rules = rules_from(&snap.settings);
+    let events = snap.events();
     let mut state = State::new(rules.clone());
-    state.apply_all(&snap.events());
+    state.apply_all(&events);
     let mut notes = Vec::new();
     for w in &snap.warnings {
         notes.push(w.clone());
     }
     if matches_final(&state, &snap) {
         notes.push(format!("replayed the complete trace ring ({} entries) from an empty cache", snap.entry_count()));
-        return Loaded { state, notes, complete: true, kind: InputKind::Snapshot, snapshot: Some(snap) };
+        return Loaded { state, notes, complete: true, kind: InputKind::Snapshot, snapshot: Some(snap), rules, replay: events };
     }
     // Truncated ring: final segments and blocks, undo the ring, then replay it forward.
     let mut start = State::new(rules.clone());
@@ -102,12 +125,13 @@ pub fn replay_snapshot(snap: Snapshot) -> Loaded {
         start.apply_all(&snap.reverse_events(d));
     }
     let undo_clean = start.exact();
-    let mut rebuilt = State::new(rules);
-    for s in start.spaces.values() {
-        rebuilt.apply_all(&s.map.to_events(s.pid, s.device));
-    }
+    let mut replay: Vec<Event> = start.spaces.values().flat_map(|s| s.map.to_events(s.pid, s.device)).collect();
+    let seeded = replay.len();
+    replay.extend(events);
+    let mut rebuilt = State::new(rules.clone());
+    rebuilt.apply_all(&replay[..seeded]);
     rebuilt.events = 0;
-    rebuilt.apply_all(&snap.events());
+    rebuilt.apply_all(&replay[seeded..]);
     let complete = undo_clean && matches_final(&rebuilt, &snap);
     notes.push(format!(
         "the trace ring does not start from an empty cache (truncated by max_entries, or recording began late): the state at its first entry was rebuilt from the snapshot's segments by undoing its {} entries{}",
@@ -119,15 +143,15 @@ pub fn replay_snapshot(snap: Snapshot) -> Loaded {
         }
     ));
     if complete {
-        return Loaded { state: rebuilt, notes, complete, kind: InputKind::Snapshot, snapshot: Some(snap) };
+        return Loaded { state: rebuilt, notes, complete, kind: InputKind::Snapshot, snapshot: Some(snap), rules, replay };
     }
     // The snapshot's segments and blocks are the truth about the end: the final figures come from
     // them; the replay contributes what only it knows (the OOMs with their moment's figures).
-    let mut last = State::new(rules_from(&snap.settings));
+    let mut last = State::new(rules.clone());
     last.apply_all(&snap.seed_events());
     last.ooms = rebuilt.ooms;
     last.events = rebuilt.events;
     last.anomaly_count += rebuilt.anomaly_count;
     last.anomalies.extend(rebuilt.anomalies);
-    Loaded { state: last, notes, complete: false, kind: InputKind::Snapshot, snapshot: Some(snap) }
+    Loaded { state: last, notes, complete: false, kind: InputKind::Snapshot, snapshot: Some(snap), rules, replay }
 }

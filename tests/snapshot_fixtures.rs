@@ -323,3 +323,28 @@ fn a_snapshot_without_history_counts_its_empty_segments_as_cache() {
     assert_eq!(got("largest_free_block"), st.largest_free_block);
     assert_eq!(got("segments"), st.segment_entries);
 }
+
+/// The one replay (`input::Loaded::replay`, which the report's timeline and `top --replay` play)
+/// rebuilds, from empty, the state `analyze` reports, for every fixture and for each of them
+/// with its ring cut to its second half (a truncated ring: the replay starts from the rebuilt
+/// state at the ring's first entry).
+#[test]
+fn loaded_replay_rebuilds_the_analyzed_state_whole_and_truncated_rings() {
+    for (_, file, _, _) in FIXTURES {
+        let whole = gpufrag::input::load(&fixture(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let mut cut = load(file);
+        let n = cut.traces[0].entries.len();
+        cut.traces[0].entries.drain(..n / 2);
+        let truncated = gpufrag::input::replay_snapshot(cut);
+        for (what, loaded) in [("whole", whole), ("truncated", truncated)] {
+            let mut replayed = gpufrag::ingest::State::new(loaded.rules.clone());
+            replayed.apply_all(&loaded.replay);
+            assert!(loaded.complete, "{file} ({what}): the replay should reproduce the final segments; notes {:?}", loaded.notes);
+            for d in loaded.state.device_ids() {
+                let (got, want) = (replayed.device_figures(d), loaded.state.device_figures(d));
+                assert_eq!(got, want, "{file} ({what}) device {d}: replay {got:?} vs loaded {want:?}; notes {:?}", loaded.notes);
+            }
+            assert_eq!(replayed.ooms.len(), loaded.state.ooms.len(), "{file} ({what}): OOMs replayed vs loaded");
+        }
+    }
+}

@@ -5,7 +5,6 @@
 //! verdict with the numbers that prove it and the fix, the size distributions, and the
 //! [`summary::Summary`] that `analyze --json`, `run` and `attach` all write.
 
-pub mod histogram;
 pub mod render;
 pub mod summary;
 
@@ -45,6 +44,18 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// Every verdict, in the order exported counts list them ([`Verdict::index`]).
+    pub const ALL: [Verdict; 3] = [Verdict::TrueOom, Verdict::Fragmentation, Verdict::Inconclusive];
+
+    /// This verdict's place in [`Verdict::ALL`].
+    pub fn index(self) -> usize {
+        match self {
+            Verdict::TrueOom => 0,
+            Verdict::Fragmentation => 1,
+            Verdict::Inconclusive => 2,
+        }
+    }
+
     /// The JSON / display name.
     pub fn name(self) -> &'static str {
         match self {

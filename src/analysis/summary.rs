@@ -2,7 +2,7 @@
 //! `attach --summary-json` write. Field names are stable (docs/metrics.md documents them); new
 //! fields may be added, none renamed or removed. All sizes are exact bytes.
 
-use super::histogram::{Distribution, SizeStats};
+use crate::ingest::histogram::{Distribution, SizeStats};
 use super::{fragmentation, largest_allocatable, OomInputs, Verdict};
 use crate::ingest::State;
 use crate::map::{Figures, SegmentKind};

@@ -1,11 +1,11 @@
 //! `gpufrag agent`: traces every GPU process of the node through eBPF: every libcuda file that a
 //! process maps (in any container, reached through `/proc/PID/root`) is probed once, new
 //! processes and libraries are noticed within a scan interval, and an exited process's maps are
-//! dropped so that a long-running agent stays bounded. The state feeds the same `Live` as `run`
+//! dropped so that a long-running agent stays bounded. The session's messages feed the same `Live` as `run`
 //! and `attach` (status line, OOM verdicts, record file, exporters, the views' live feed).
 
 use crate::cli::attach::{probe_error, trace, LoopOptions};
-use crate::cli::run::Live;
+use crate::live::Live;
 use crate::ebpf::session::{Session, Target};
 use std::path::PathBuf;
 use std::process::ExitCode;

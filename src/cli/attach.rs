@@ -7,7 +7,7 @@
 //! The loop itself ([`trace`]) is shared with `gpufrag agent`.
 
 use crate::analysis::render::render;
-use crate::cli::run::Live;
+use crate::live::Live;
 use crate::ebpf::session::{Session, SessionOptions, Target};
 use crate::ebpf::ProbeError;
 use anyhow::Context;
@@ -127,27 +127,39 @@ pub fn trace(mut session: Session, mut live: Live, opts: LoopOptions<'_>) -> any
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
-    session.begin(&mut live);
+    for m in session.begin() {
+        live.handle(m);
+    }
     let tty = std::io::stderr().is_terminal() && !opts.quiet;
     let started = Instant::now();
     let mut last_status = Instant::now();
     loop {
-        session.step(&mut live, Duration::from_millis(100));
+        for m in session.step(Duration::from_millis(100)) {
+            live.handle(m);
+        }
+        for m in session.sample_nvml(&live.state) {
+            live.handle(m);
+        }
         live.status_tick(&mut last_status, tty);
         if INTERRUPTED.load(Ordering::Relaxed) || opts.duration.is_some_and(|d| started.elapsed() >= d) || !session.target_alive() {
             break;
         }
     }
-    session.finish(&mut live);
+    for m in session.finish() {
+        live.handle(m);
+    }
+    for m in session.sample_nvml(&live.state) {
+        live.handle(m);
+    }
     live.finish();
     let mut summary = live.summary(&opts.source)?;
-    let coverage = session.coverage(&live);
+    let coverage = session.coverage(&live.state);
     if !session.all_exact() {
         summary.exact = false;
     }
     summary.notes.retain(|n| !n.contains("LD_PRELOAD shim"));
     summary.notes.extend(session.notes.iter().cloned());
-    summary.notes.extend(session.coverage_notes(&live));
+    summary.notes.extend(session.coverage_notes(&live.state));
     if tty {
         eprint!("\r\x1b[K");
     }

@@ -10,6 +10,7 @@ pub mod report;
 pub mod run;
 pub mod top;
 
+use crate::input::UnusableInput;
 use clap::{Parser, Subcommand};
 use std::io::Write;
 use std::process::ExitCode;
@@ -43,12 +44,8 @@ pub enum Command {
     Agent(agent::Args),
 }
 
-/// An error whose exit code is fixed: the input cannot be used (2).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct UnusableInput(pub String);
-
-/// Exit code for an error: 2 for unusable input, 0 for a closed pipe, 1 otherwise.
+/// Exit code for an error: 2 when an [`UnusableInput`] is in its chain, 0 for a closed pipe, 1
+/// otherwise.
 pub fn exit_code(err: &anyhow::Error) -> u8 {
     for cause in err.chain() {
         if let Some(io) = cause.downcast_ref::<std::io::Error>() {

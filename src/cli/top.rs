@@ -25,7 +25,7 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let source = if let Some(p) = &args.replay {
         if !(args.speed >= 0.0 && args.speed.is_finite()) {
-            return Err(crate::cli::UnusableInput(format!("--speed {}: give a speed of 0 or more", args.speed)).into());
+            return Err(crate::input::UnusableInput(format!("--speed {}: give a speed of 0 or more", args.speed)).into());
         }
         Source::Replay { path: p.clone(), speed: args.speed }
     } else if let Some(p) = &args.connect {

@@ -220,7 +220,7 @@ pub const PY_ARMED: u32 = 3;
 const PY_MAX_FRAME: u64 = 1 << 31;
 
 /// Reads a Python hook's frames until it closes, handing each to `emit`.
-pub fn python_reader(hello: Hello, mut stream: UnixStream, mut emit: impl FnMut(super::Msg)) {
+pub fn python_reader(hello: Hello, mut stream: UnixStream, mut emit: impl FnMut(crate::source::Msg)) {
     let name = format!("python hook of pid {}", hello.pid);
     loop {
         let mut head = [0u8; 16];
@@ -230,7 +230,7 @@ pub fn python_reader(hello: Hello, mut stream: UnixStream, mut emit: impl FnMut(
         let word = |o: usize| u32::from_le_bytes([head[o], head[o + 1], head[o + 2], head[o + 3]]);
         let len = u64::from_le_bytes([head[8], head[9], head[10], head[11], head[12], head[13], head[14], head[15]]);
         if word(0) != PY_MAGIC || len > PY_MAX_FRAME {
-            emit(super::Msg::Warning(format!("{name}: bad frame header; hook disconnected")));
+            emit(crate::source::Msg::Warning(format!("{name}: bad frame header; hook disconnected")));
             return;
         }
         let mut body = vec![0u8; len as usize];
@@ -239,8 +239,8 @@ pub fn python_reader(hello: Hello, mut stream: UnixStream, mut emit: impl FnMut(
         }
         match word(4) {
             PY_SNAPSHOT => match crate::snapshot::from_bytes(&body, Path::new(&name)) {
-                Ok(s) => emit(super::Msg::Blocks { pid: hello.pid, snapshot: Box::new(s) }),
-                Err(e) => emit(super::Msg::Warning(e.to_string())),
+                Ok(s) => emit(crate::source::Msg::Blocks { pid: hello.pid, snapshot: Box::new(s) }),
+                Err(e) => emit(crate::source::Msg::Warning(e.to_string())),
             },
             PY_OOM if body.len() == 32 => {
                 let q = |o: usize| {
@@ -248,14 +248,14 @@ pub fn python_reader(hello: Hello, mut stream: UnixStream, mut emit: impl FnMut(
                     w.copy_from_slice(&body[o..o + 8]);
                     u64::from_le_bytes(w)
                 };
-                emit(super::Msg::PyOom { pid: hello.pid, device: q(0) as i64 as i16, requested: q(8), device_free: q(24) });
+                emit(crate::source::Msg::PyOom { pid: hello.pid, device: q(0) as i64 as i16, requested: q(8), device_free: q(24) });
             }
             PY_ARMED if body.len() == 8 => {
                 let mut w = [0u8; 8];
                 w.copy_from_slice(&body);
-                emit(super::Msg::Armed { pid: hello.pid, device: i64::from_le_bytes(w) as i16 });
+                emit(crate::source::Msg::Armed { pid: hello.pid, device: i64::from_le_bytes(w) as i16 });
             }
-            t => emit(super::Msg::Warning(format!("{name}: unknown frame type {t}"))),
+            t => emit(crate::source::Msg::Warning(format!("{name}: unknown frame type {t}"))),
         }
     }
 }

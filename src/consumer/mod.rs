@@ -13,7 +13,7 @@ mod conn;
 pub mod blocks;
 
 use crate::event::{Event, EventKind, F_SRC_SHIM};
-use crate::hello::{Hello, SOURCE_PYTHON, SOURCE_SHIM};
+use crate::hello::{SOURCE_PYTHON, SOURCE_SHIM};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use std::collections::VecDeque;
 use std::io;
@@ -25,45 +25,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 pub use conn::RingConn;
-
-/// What the consumer hands to the state owner.
-#[derive(Debug)]
-pub enum Msg {
-    /// One event from a ring (or made by the consumer: `Dropped`, `ProcessExit`).
-    Event(Event),
-    /// A process connected.
-    Connected {
-        /// Its hello.
-        hello: Hello,
-    },
-    /// A PyTorch allocator snapshot from a Python hook: the process's blocks now.
-    Blocks {
-        /// The process.
-        pid: u32,
-        /// The snapshot (segments with blocks).
-        snapshot: Box<crate::snapshot::Snapshot>,
-    },
-    /// A Python hook found PyTorch's native caching allocator in charge of the process's memory.
-    Armed {
-        /// The process.
-        pid: u32,
-        /// Its current device.
-        device: i16,
-    },
-    /// PyTorch's out-of-memory observer fired.
-    PyOom {
-        /// The process.
-        pid: u32,
-        /// Device.
-        device: i16,
-        /// Bytes requested.
-        requested: u64,
-        /// Device free bytes PyTorch measured.
-        device_free: u64,
-    },
-    /// A Python hook's message could not be used.
-    Warning(String),
-}
+use crate::source::{now_ns, Msg};
 
 struct Shared {
     stop: AtomicBool,
@@ -251,7 +213,7 @@ fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
                     let e = Event { size: dropped - c.dropped_seen, flags: F_SRC_SHIM, ..Event::new(EventKind::Dropped, c.hello.pid, -1) };
                     let _ = tx.send(Msg::Event(e));
                 }
-                let exit = Event { ts_ns: crate::consumer::now_ns(), flags: F_SRC_SHIM, ..Event::new(EventKind::ProcessExit, c.hello.pid, -1) };
+                let exit = Event { ts_ns: now_ns(), flags: F_SRC_SHIM, ..Event::new(EventKind::ProcessExit, c.hello.pid, -1) };
                 let _ = tx.send(Msg::Event(exit));
                 shared.open.fetch_sub(1, Ordering::Relaxed);
             }
@@ -275,14 +237,6 @@ fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
             idle = 0;
         }
     }
-}
-
-/// CLOCK_MONOTONIC in nanoseconds, the shim's clock.
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[allow(dead_code)]

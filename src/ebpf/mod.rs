@@ -7,8 +7,9 @@
 //! the one wire event (`include/gpufrag_event.h`) into a ring buffer; [`Probes`] loads them,
 //! attaches them once per distinct library file (device + inode), and drains the ring;
 //! [`session::Session`] finds the processes and files, keys processes by pid and start time
-//! ([`processes`]), measures coverage against NVML ([`nvml`]), and feeds the same `Live` state
-//! that `gpufrag run` uses.
+//! ([`processes`]), measures coverage against NVML ([`nvml`]), and returns the messages
+//! ([`crate::source::Msg`]) that the loop feeds to the same [`crate::live::Live`] that
+//! `gpufrag run` uses.
 
 pub mod nvml;
 pub mod processes;

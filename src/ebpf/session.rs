@@ -1,7 +1,14 @@
 //! One tracing session: which processes to report (one pid and maybe its children, or all),
 //! finding the CUDA libraries they map and probing each file once, noticing new processes and
 //! files within a scan interval, ending processes that exit, turning lost ring-buffer records
-//! into `Dropped` events, and measuring coverage against NVML.
+//! into `Dropped` events, and measuring coverage against NVML. It holds no pipeline: each call
+//! returns the [`Msg`]s it produced, in order, and the loop of `attach` / `agent` feeds them to the
+//! same [`Live`](crate::live::Live) that `gpufrag run` feeds from the consumer's channel, so the
+//! status line, OOM verdicts, record file, summary and observers are the same.
+//!
+//! A loop round is [`Session::step`], its messages applied, then [`Session::sample_nvml`] with the
+//! state they built (NVML's per-process bytes are compared with the traced bytes of the same
+//! moment, so the step that makes a sample due first brings the trace up to now).
 //!
 //! Traced from the first call. At start every libcuda the node has is probed (the dynamic
 //! linker's cache and configuration, the usual driver directories, `/run/nvidia/driver`, each
@@ -16,16 +23,14 @@
 //! wakeup); if the event carries no device free, NVML is read right then and, if the failing
 //! process is still alive after the read, the figure goes into the stream as a `DeviceInfo` for
 //! that pid ([`F_SRC_NVML`]): the state takes it only when the process made no reading of its own
-//! near the failure (see `crate::ingest`). It feeds the same
-//! [`Live`](crate::cli::run::Live) that `gpufrag run` uses, so the status line, OOM verdicts,
-//! record file, summary and observers are the same.
+//! near the failure (see `crate::ingest`).
 
 use super::nvml::DeviceMonitor;
 use super::processes::{coverage, Action, Coverage, ProcFs, ProcessTable};
 use super::procfs::{self, FileId, LibKind};
 use super::{Attached, ProbeError, ProbeOptions, Probes};
-use crate::cli::run::Live;
-use crate::consumer::{now_ns, Msg};
+use crate::ingest::State;
+use crate::source::{now_ns, Msg};
 use crate::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_SRC_EBPF, F_SRC_NVML};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
@@ -101,6 +106,8 @@ pub struct Session {
     pub nvml_reads_at_failure: u64,
     /// Failed allocations whose process was gone before NVML could be read for them.
     pub failures_after_exit: u64,
+    /// The trace is up to now and an NVML sample is due ([`Session::sample_nvml`]).
+    nvml_due: bool,
 }
 
 /// How long probe events wait before they are applied, so that a free (stamped when its call
@@ -146,6 +153,7 @@ impl Session {
             unreadable: HashSet::new(),
             nvml_reads_at_failure: 0,
             failures_after_exit: 0,
+            nvml_due: false,
         };
         if let Some(e) = &s.probes.mmap_probe_error {
             s.notes.push(format!("no kprobe on a kernel mmap function ({e}): a libcuda file not probed at start is found only by the /proc scan, every {} ms", s.opts.scan_interval.as_millis()));
@@ -172,9 +180,11 @@ impl Session {
         Ok(s)
     }
 
-    /// Registers the target process (and its children) in `live` before any event: a process
-    /// that maps no probed library yet is traced from before its first CUDA call (exact).
-    pub fn begin(&mut self, live: &mut Live) {
+    /// Registers the target process (and its children) before any event: a process that maps no
+    /// probed library yet is traced from before its first CUDA call (exact). Returns the messages
+    /// that say so.
+    pub fn begin(&mut self) -> Vec<Msg> {
+        let mut out = Vec::new();
         if let Target::Pid { pid, follow } = self.opts.target {
             let mut pids = vec![pid];
             if follow {
@@ -184,9 +194,10 @@ impl Session {
                 let Some(st) = procfs::stat(p) else { continue };
                 let exact = !self.preexisting.contains(&(p, st.start_time));
                 let acts = self.table.register(p, st.start_time, procfs::exe_name(p), exact, now_ns());
-                self.apply(live, acts);
+                self.apply(&mut out, acts);
             }
         }
+        out
     }
 
     /// Probes the libraries named by the user (an error if one cannot be) and the libcuda
@@ -373,24 +384,37 @@ impl Session {
         }
     }
 
-    fn apply(&mut self, live: &mut Live, actions: Vec<Action>) {
+    fn apply(&mut self, out: &mut Vec<Msg>, actions: Vec<Action>) {
         for a in actions {
             match a {
                 Action::Apply(e) => {
-                    if e.kind() == Some(EventKind::ProcessExec) && !live.processes.iter().any(|(p, _)| *p == e.pid) {
+                    if e.kind() == Some(EventKind::ProcessExec) {
                         let name = self.table.get(e.pid).map(|p| p.name.clone()).unwrap_or_default();
-                        live.processes.push((e.pid, name));
+                        out.push(Msg::Named { pid: e.pid, name });
                     }
-                    live.handle(Msg::Event(e));
+                    out.push(Msg::Event(e));
                 }
-                Action::Forget(pid) => live.state.forget(pid),
+                Action::Forget(pid) => out.push(Msg::Forget(pid)),
             }
         }
     }
 
-    /// One round: drain the ring, apply, and (at the scan interval) look for new processes,
-    /// libraries and exits, and refresh NVML. Returns the number of probe events handled.
-    pub fn step(&mut self, live: &mut Live, wait: Duration) -> usize {
+    /// One round: drain the ring, and (at the scan interval) look for new processes, libraries
+    /// and exits; once a second, bring the whole trace up to now and mark an NVML sample due.
+    /// Returns the messages, in the order they are to be applied.
+    pub fn step(&mut self, wait: Duration) -> Vec<Msg> {
+        let mut out = Vec::new();
+        self.round(&mut out, wait);
+        if self.nvml.is_some() && self.last_nvml.elapsed() >= Duration::from_secs(1) {
+            self.last_nvml = Instant::now();
+            self.catch_up(&mut out);
+            self.nvml_due = true;
+        }
+        out
+    }
+
+    /// One round of [`Session::step`] without NVML; the number of probe events drained.
+    fn round(&mut self, out: &mut Vec<Msg>, wait: Duration) -> usize {
         if !self.opts.drain_delay.is_zero() {
             std::thread::sleep(self.opts.drain_delay);
         }
@@ -402,13 +426,13 @@ impl Session {
         self.buffer(events);
         self.buffer(readings);
         let ready = self.release(Some(now_ns().saturating_sub(REORDER_WINDOW_NS)));
-        self.handle_events(live, ready);
+        self.handle_events(out, ready);
         let lookup = ProcFs;
         let lost = self.probes.lost();
         if lost > self.lost_seen {
             let e = Event { ts_ns: now_ns(), size: lost - self.lost_seen, flags: F_SRC_EBPF, ..Event::new(EventKind::Dropped, 0, -1) };
             self.lost_seen = lost;
-            live.handle(Msg::Event(e));
+            out.push(Msg::Event(e));
         }
         if self.last_scan.elapsed() >= self.opts.scan_interval {
             self.last_scan = Instant::now();
@@ -417,19 +441,23 @@ impl Session {
             if !stale.is_empty() {
                 // A process that is gone has all its events in the buffer already.
                 let all = self.release(None);
-                self.handle_events(live, all);
+                self.handle_events(out, all);
             }
             for pid in stale {
                 let acts = self.table.exited(pid, now_ns());
                 self.probes.untrace(pid);
-                self.apply(live, acts);
+                self.apply(out, acts);
             }
         }
-        if self.last_nvml.elapsed() >= Duration::from_secs(1) {
-            self.last_nvml = Instant::now();
-            self.refresh_nvml(live);
-        }
         n
+    }
+
+    /// Everything in the ring and the reorder buffer, now.
+    fn catch_up(&mut self, out: &mut Vec<Msg>) {
+        let events = self.probes.drain();
+        self.buffer(events);
+        let all = self.release(None);
+        self.handle_events(out, all);
     }
 
     fn buffer(&mut self, events: Vec<Event>) {
@@ -448,33 +476,32 @@ impl Session {
         std::mem::replace(&mut self.reorder, keep).into_values().collect()
     }
 
-    fn handle_events(&mut self, live: &mut Live, events: Vec<Event>) {
+    fn handle_events(&mut self, out: &mut Vec<Msg>, events: Vec<Event>) {
         let lookup = ProcFs;
         for ev in events {
             let pre = &self.preexisting;
             let exact_if_new = |pid: u32, start: u64| !pre.contains(&(pid, start));
             let acts = self.table.on_event(ev, &lookup, &exact_if_new);
-            self.apply(live, acts);
+            self.apply(out, acts);
         }
     }
 
-    fn refresh_nvml(&mut self, live: &mut Live) {
-        if self.nvml.is_none() {
-            return;
+    /// When a sample is due (the step or finish before it brought the trace up to now, and
+    /// `state` has its messages applied): NVML's per-process used bytes beside the traced bytes
+    /// of `state`, and the device totals as `DeviceInfo` events to apply.
+    pub fn sample_nvml(&mut self, state: &State) -> Vec<Msg> {
+        let mut out = Vec::new();
+        if !std::mem::take(&mut self.nvml_due) {
+            return out;
         }
-        // Bring the trace up to now first, so that the sample and the traced bytes match.
-        let events = self.probes.drain();
-        self.buffer(events);
-        let all = self.release(None);
-        self.handle_events(live, all);
-        let Some(n) = &self.nvml else { return };
+        let Some(n) = &self.nvml else { return out };
         // Exited processes keep the last figure NVML gave for them (coverage at the end).
         let now = n.process_used();
         for (&(pid, _), _) in now.iter() {
             self.nvml_used.retain(|&(p, _), _| p != pid);
         }
         for ((pid, d), used) in now {
-            let traced = super::processes::traced_bytes(&live.state, pid, d);
+            let traced = super::processes::traced_bytes(state, pid, d);
             self.nvml_used.insert((pid, d), (used, traced));
         }
         self.table.nvml_devices.clear();
@@ -484,28 +511,29 @@ impl Session {
         for d in 0..n.device_count() {
             if let Some((total, free)) = n.device_memory(d as i16) {
                 let e = Event { ts_ns: now_ns(), size: total, device_free: free, flags: F_DEVICE_FREE_KNOWN | F_SRC_EBPF, ..Event::new(EventKind::DeviceInfo, 0, d as i16) };
-                live.handle(Msg::Event(e));
+                out.push(Msg::Event(e));
             }
         }
+        out
     }
 
-    /// Drains what is left in the ring (after the traced processes ended).
-    pub fn finish(&mut self, live: &mut Live) {
+    /// Drains what is left in the ring (after the traced processes ended) and marks a last NVML
+    /// sample due.
+    pub fn finish(&mut self) -> Vec<Msg> {
+        let mut out = Vec::new();
         for _ in 0..3 {
-            if self.step(live, Duration::from_millis(50)) == 0 {
+            if self.round(&mut out, Duration::from_millis(50)) == 0 {
                 break;
             }
         }
-        let events = self.probes.drain();
-        self.buffer(events);
-        let all = self.release(None);
-        self.handle_events(live, all);
-        self.refresh_nvml(live);
+        self.catch_up(&mut out);
+        self.nvml_due = self.nvml.is_some();
+        out
     }
 
-    /// Coverage of every process now.
-    pub fn coverage(&self, live: &Live) -> Vec<Coverage> {
-        coverage(&self.table, &live.state, &self.nvml_used)
+    /// Coverage of every process in `state` now.
+    pub fn coverage(&self, state: &State) -> Vec<Coverage> {
+        coverage(&self.table, state, &self.nvml_used)
     }
 
     /// Whether every process was traced from its start and nothing was lost.
@@ -524,9 +552,9 @@ impl Session {
     }
 
     /// Notes on coverage and device attribution for the summary.
-    pub fn coverage_notes(&self, live: &Live) -> Vec<String> {
+    pub fn coverage_notes(&self, state: &State) -> Vec<String> {
         let mut notes = Vec::new();
-        for c in self.coverage(live) {
+        for c in self.coverage(state) {
             if !c.exact {
                 let un = c.unattributed.map_or_else(|| "unknown (no NVML)".to_string(), crate::units::human_bytes);
                 notes.push(format!(

@@ -167,7 +167,7 @@ pub static METRICS: &[Metric] = &[
         points: |v| {
             let mut out = Vec::new();
             for p in &v.processes {
-                for (i, verdict) in VERDICTS.iter().enumerate() {
+                for (i, verdict) in Verdict::ALL.iter().enumerate() {
                     let mut attrs = process_attrs(p);
                     attrs.push(("gpufrag.verdict", AttrValue::Static(verdict.name())));
                     out.push(Point { attrs, value: U64(p.ooms[i]) });
@@ -179,9 +179,6 @@ pub static METRICS: &[Metric] = &[
     // Global.
     Metric { name: "gpufrag.events.dropped", unit: "{event}", kind: Kind::Counter, float: false, help: "Events the capture dropped rather than block the traced program (figures are lower bounds when this grows)", points: |v| vec![Point { attrs: Vec::new(), value: U64(v.dropped) }] },
 ];
-
-/// The verdicts in the order of [`ProcessPoint::ooms`].
-pub const VERDICTS: [Verdict; 3] = [Verdict::TrueOom, Verdict::Fragmentation, Verdict::Inconclusive];
 
 /// The Prometheus name of a metric, as the OpenTelemetry → Prometheus compatibility rules give
 /// it (and a collector's `prometheus` exporter, with its default suffixes, shows it): characters

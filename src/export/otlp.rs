@@ -12,7 +12,7 @@
 
 use super::catalog::{AttrValue, Kind, Value, ALLOC_SIZE, ALLOC_SIZE_HELP, METRICS};
 use super::snapshot::{HistPoint, Reader, BUCKETS};
-use crate::analysis::histogram::BUCKET_BOUNDS;
+use crate::ingest::histogram::BUCKET_BOUNDS;
 use anyhow::Context;
 use opentelemetry::metrics::{Histogram, Meter, MeterProvider as _};
 use opentelemetry::KeyValue;

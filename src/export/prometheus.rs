@@ -9,7 +9,7 @@
 
 use super::catalog::{prometheus_label, prometheus_name, AttrValue, Kind, Point, Value, ALLOC_SIZE, ALLOC_SIZE_HELP, METRICS};
 use super::snapshot::{Reader, View, BUCKETS};
-use crate::analysis::histogram::BUCKET_BOUNDS;
+use crate::ingest::histogram::BUCKET_BOUNDS;
 use anyhow::Context;
 use std::fmt::Write as _;
 use std::io::{Read, Write};

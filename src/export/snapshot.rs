@@ -9,8 +9,8 @@
 //! process series in one export.
 
 use super::gpu::GpuIds;
-use crate::analysis::histogram::{SizeStats, BUCKET_BOUNDS};
-use crate::analysis::OomInputs;
+use crate::ingest::histogram::{SizeStats, BUCKET_BOUNDS};
+use crate::analysis::{OomInputs, Verdict};
 use crate::event::EventKind;
 use crate::ingest::State;
 use crate::map::Figures;
@@ -43,8 +43,8 @@ pub struct ProcessPoint {
     pub allocs: u64,
     /// Frees.
     pub frees: u64,
-    /// OOMs by verdict, in the order of [`super::catalog::VERDICTS`].
-    pub ooms: [u64; 3],
+    /// OOMs by verdict, in the order of [`Verdict::ALL`].
+    pub ooms: [u64; Verdict::ALL.len()],
     /// Whether the process exited.
     pub exited: bool,
 }
@@ -335,15 +335,13 @@ impl Builder {
         // OOMs per (pid, device) and verdict. In a process whose caching allocator is seen, a
         // failure of the driver call is the allocator's first try (it frees its cache and tries
         // again, and reports the OOM itself if that fails too): not counted.
-        let mut ooms: BTreeMap<(u32, i16), [u64; 3]> = BTreeMap::new();
+        let mut ooms: BTreeMap<(u32, i16), [u64; Verdict::ALL.len()]> = BTreeMap::new();
         for o in &state.ooms {
             if o.figures.framework_seen && o.op != Some(EventKind::BlockAlloc) {
                 continue;
             }
             let inputs = OomInputs::of(o);
-            let v = inputs.verdict();
-            let i = super::catalog::VERDICTS.iter().position(|x| *x == v).unwrap_or(2);
-            ooms.entry((o.pid, o.device)).or_default()[i] += 1;
+            ooms.entry((o.pid, o.device)).or_default()[inputs.verdict().index()] += 1;
         }
         // Allocation sizes count every process ever traced (the histogram is cumulative): the
         // spaces of the state, plus those it no longer has.

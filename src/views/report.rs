@@ -19,10 +19,8 @@ use super::svg::{esc, put, short_bytes};
 use super::timeline;
 use crate::analysis::summary::{DeviceSummary, OomSummary, Summary};
 use crate::analysis::Verdict;
-use crate::event::Event;
 use crate::ingest::{ProcessDevice, State};
-use crate::input::{self, InputKind, Loaded};
-use crate::rules::AllocatorRules;
+use crate::input::{self, UnusableInput};
 use crate::units::human_bytes;
 use std::path::Path;
 
@@ -42,38 +40,6 @@ pub struct ReportData {
     pub log: Option<TraceLog>,
 }
 
-/// The events that rebuild an input's state from empty, with the allocator rules they follow:
-/// a record file's events; a snapshot's trace ring, preceded (when the ring does not start from an
-/// empty cache) by the events that build the state at its first entry, as [`crate::input`] does.
-pub fn replay_events(loaded: &Loaded, path: &Path) -> anyhow::Result<(AllocatorRules, Vec<Event>)> {
-    match (&loaded.kind, &loaded.snapshot) {
-        (InputKind::Snapshot, Some(snap)) => {
-            let rules = input::rules_from(&snap.settings);
-            let events = snap.events();
-            let mut forward = State::new(rules.clone());
-            forward.apply_all(&events);
-            let same = loaded.state.device_ids().iter().all(|&d| forward.device_figures(d) == loaded.state.device_figures(d))
-                && forward.anomaly_count == loaded.state.anomaly_count;
-            if same {
-                return Ok((rules, events));
-            }
-            // The ring was truncated: undo it from the final segments (as input.rs does).
-            let mut start = State::new(rules.clone());
-            start.apply_all(&snap.seed_events());
-            for d in snap.devices() {
-                start.apply_all(&snap.reverse_events(d));
-            }
-            let mut all: Vec<Event> = start.spaces.values().flat_map(|s| s.map.to_events(s.pid, s.device)).collect();
-            all.extend(events);
-            Ok((rules, all))
-        }
-        _ => {
-            let rec = crate::record::read(path).map_err(|e| crate::cli::UnusableInput(e.to_string()))?;
-            Ok((AllocatorRules::default(), rec.events))
-        }
-    }
-}
-
 /// Whether a file holds a summary JSON (its first non-blank byte is `{`).
 pub fn is_summary_json(path: &Path) -> bool {
     use std::io::Read;
@@ -85,9 +51,9 @@ pub fn is_summary_json(path: &Path) -> bool {
 /// Loads any input `report` accepts. `log_entries`: keep the trace for a memviz export.
 pub fn load(path: &Path, max_points: usize, log_entries: Option<usize>) -> anyhow::Result<ReportData> {
     if is_summary_json(path) {
-        let text = std::fs::read_to_string(path).map_err(|e| crate::cli::UnusableInput(format!("{}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path).map_err(|e| UnusableInput(format!("{}: {e}", path.display())))?;
         let summary: Summary = serde_json::from_str(&text)
-            .map_err(|e| crate::cli::UnusableInput(format!("{}: not a gpufrag summary JSON: {e}", path.display())))?;
+            .map_err(|e| UnusableInput(format!("{}: not a gpufrag summary JSON: {e}", path.display())))?;
         return Ok(ReportData { summary, state: None, history: None, log: None });
     }
     let loaded = input::load(path)?;
@@ -96,11 +62,10 @@ pub fn load(path: &Path, max_points: usize, log_entries: Option<usize>) -> anyho
     let mut notes = loaded.notes.clone();
     notes.append(&mut summary.notes);
     summary.notes = notes;
-    let (rules, events) = replay_events(&loaded, path)?;
-    let mut state = State::new(rules);
+    let mut state = State::new(loaded.rules.clone());
     let mut history = History::new(max_points);
     let mut log = log_entries.map(TraceLog::new);
-    for e in &events {
+    for e in &loaded.replay {
         state.apply(e);
         history.observe(&state, e);
         if let Some(l) = log.as_mut() {

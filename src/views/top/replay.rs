@@ -14,8 +14,7 @@ const MAX_GAP: Duration = Duration::from_secs(2);
 
 /// Starts playing `path` back at `speed` × real time (0: as fast as possible).
 pub fn spawn(path: &Path, speed: f64) -> anyhow::Result<Receiver<Update>> {
-    let loaded = crate::input::load(path)?;
-    let (rules, events) = crate::views::report::replay_events(&loaded, path)?;
+    let crate::input::Loaded { rules, replay: events, .. } = crate::input::load(path)?;
     let source = format!("replay of {}", path.display());
     let (tx, rx) = sync_channel(4);
     std::thread::Builder::new().name("gpufrag-replay".into()).spawn(move || {

@@ -19,11 +19,16 @@
 //! with the process's pid and [`F_SRC_NVML`]). Each record says which ([`DeviceFreeSource`]) and
 //! how far from the failure the reading was. Readings that arrive after the failure complete the
 //! record when applied, so a replay of the same events gives the same record.
+//!
+//! The state's size distributions (allocation sizes as events arrive, free-run sizes at a
+//! summary) live beside it in [`histogram`].
+
+pub mod histogram;
 
 use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED, F_SRC_NVML};
 use crate::map::{AddressSpace, Anomaly, Figures, SegmentKind};
 use crate::rules::AllocatorRules;
-use crate::analysis::histogram::SizeStats;
+use histogram::SizeStats;
 use std::collections::BTreeMap;
 
 /// How many anomalies are kept verbatim (all are counted).

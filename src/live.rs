@@ -1,0 +1,270 @@
+//! The live pipeline that `run`, `attach` and `agent` share ([`Live`]): every message a source
+//! hands over (the consumer's channel for the shim and the Python hook, the eBPF session's
+//! returned messages) is applied to the [`State`], written to the record file and given to the
+//! observers (exporters, live feed, report writers); each OOM verdict is printed the moment it is
+//! known (a caching allocator's first failed driver call is held back until the allocator's own
+//! report, or half a second); the status line and the summary come from here.
+
+use crate::analysis::summary::Summary;
+use crate::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_FAILED};
+use crate::ingest::State;
+use crate::record;
+use crate::source::{now_ns, Msg};
+use crate::units::human_bytes as h;
+use anyhow::Context;
+use std::collections::BTreeSet;
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The live pipeline of `run`, `attach` and `agent`: applies messages, records, reports OOMs as
+/// they happen.
+pub struct Live {
+    /// The state.
+    pub state: State,
+    record: Option<record::Writer<std::fs::File>>,
+    record_error: Option<String>,
+    /// Processes whose Python hook connected.
+    pub python_pids: BTreeSet<u32>,
+    /// Warnings for the summary.
+    pub warnings: Vec<String>,
+    oom_seen: usize,
+    quiet: bool,
+    /// Processes that connected, with their names.
+    pub processes: Vec<(u32, String)>,
+    /// Exporters, live feeds, report writers.
+    pub observers: Vec<Box<dyn crate::observe::Observer>>,
+    /// Driver failures held back: (index in `state.ooms`, when seen).
+    pending_ooms: Vec<(usize, Instant)>,
+    /// Final OOMs whose device free may still come from a reading that follows the failure
+    /// (see `crate::ingest`): printed once [`READING_HOLD`] has passed.
+    held_ooms: Vec<(usize, Instant)>,
+}
+
+/// How long an OOM without a device free of its own event waits for a reading that follows it
+/// before it is printed (the reorder window of the eBPF path plus the reading window).
+const READING_HOLD: Duration = Duration::from_millis(300);
+
+/// How long a caching allocator's failed driver call waits for the allocator's own OOM report
+/// before it is printed as the verdict.
+const OOM_HOLD: Duration = Duration::from_millis(500);
+
+impl Live {
+    /// A live state with every output the command line asked for: the record file, the metrics
+    /// exporters, the reports and live views (`run`, `attach` and `agent` alike).
+    pub fn with_outputs(
+        record: Option<&Path>,
+        quiet: bool,
+        export: &crate::export::ExportArgs,
+        views: &crate::views::ViewArgs,
+        summary_json: Option<&Path>,
+    ) -> anyhow::Result<Live> {
+        let mut live = Live::new(record, quiet)?;
+        live.observers.extend(crate::export::observers(export)?);
+        live.observers.extend(crate::views::observers(views, summary_json)?);
+        Ok(live)
+    }
+
+    /// Once 500 ms have passed since `last`: the periodic work ([`Live::tick`]) and, on a
+    /// terminal (`tty`), the status line redrawn in place on stderr.
+    pub fn status_tick(&mut self, last: &mut Instant, tty: bool) {
+        if last.elapsed() < Duration::from_millis(500) {
+            return;
+        }
+        *last = Instant::now();
+        self.tick();
+        if tty {
+            let mut e = std::io::stderr().lock();
+            let _ = write!(e, "\r\x1b[K{}", self.status_line());
+            let _ = e.flush();
+        }
+    }
+
+    /// A live state; `record` receives every applied event.
+    pub fn new(record: Option<&Path>, quiet: bool) -> anyhow::Result<Live> {
+        let record = match record {
+            Some(p) => Some(record::Writer::create(p).with_context(|| format!("creating the record file {}", p.display()))?),
+            None => None,
+        };
+        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: Vec::new(), observers: Vec::new(), pending_ooms: Vec::new(), held_ooms: Vec::new() })
+    }
+
+    fn apply(&mut self, e: &Event) {
+        self.state.apply(e);
+        for o in self.observers.iter_mut() {
+            o.event(&self.state, e);
+        }
+        if let Some(w) = self.record.as_mut() {
+            if let Err(err) = w.write(e) {
+                self.record_error = Some(err.to_string());
+                self.record = None;
+            }
+        }
+    }
+
+    /// Applies one source's message.
+    pub fn handle(&mut self, m: Msg) {
+        match m {
+            Msg::Event(e) => self.apply(&e),
+            Msg::Connected { hello } => {
+                self.processes.push((hello.pid, hello.exe_name()));
+                self.apply(&Event { ts_ns: now_ns(), ..Event::new(EventKind::ProcessExec, hello.pid, -1) });
+            }
+            Msg::Blocks { pid, snapshot } => {
+                self.python_pids.insert(pid);
+                let events = crate::consumer::blocks::sync_events(&self.state, pid, &snapshot, now_ns());
+                for e in &events {
+                    self.apply(e);
+                }
+            }
+            Msg::Armed { pid, device } => {
+                // Adopt at address 0: a caching allocator manages this process's memory on the
+                // device, so its failed driver calls are retries, not verdicts.
+                self.python_pids.insert(pid);
+                self.apply(&Event { ts_ns: now_ns(), ..Event::new(EventKind::Adopt, pid, device) });
+            }
+            Msg::PyOom { pid, device, requested, device_free } => {
+                self.python_pids.insert(pid);
+                let e = Event {
+                    ts_ns: now_ns(),
+                    requested,
+                    device_free,
+                    rc: 2,
+                    op: EventKind::BlockAlloc as u16,
+                    flags: F_DEVICE_FREE_KNOWN | F_FAILED,
+                    ..Event::new(EventKind::AllocFailed, pid, device)
+                };
+                self.apply(&e);
+            }
+            Msg::Named { pid, name } => {
+                if !self.processes.iter().any(|(p, _)| *p == pid) {
+                    self.processes.push((pid, name));
+                }
+            }
+            Msg::Forget(pid) => self.state.forget(pid),
+            Msg::Warning(w) => {
+                if !self.quiet {
+                    eprintln!("gpufrag: {w}");
+                }
+                self.warnings.push(w);
+            }
+        }
+        self.report_new_ooms();
+    }
+
+    fn report_new_ooms(&mut self) {
+        while self.oom_seen < self.state.ooms.len() {
+            let i = self.oom_seen;
+            self.oom_seen += 1;
+            let o = &self.state.ooms[i];
+            let key = (o.pid, o.device);
+            if o.is_framework_retry() {
+                // A caching allocator's try: it frees cache and retries, and reports its own OOM
+                // if the request fails for good. Held back until that report comes, or until
+                // OOM_HOLD passes without one (eBPF has no such report: then this is the verdict).
+                self.pending_ooms.retain(|&(j, _)| (self.state.ooms[j].pid, self.state.ooms[j].device) != key);
+                self.pending_ooms.push((i, Instant::now()));
+                continue;
+            }
+            self.pending_ooms.retain(|&(j, _)| (self.state.ooms[j].pid, self.state.ooms[j].device) != key);
+            if o.device_free_source != crate::ingest::DeviceFreeSource::FailureEvent {
+                self.held_ooms.push((i, Instant::now()));
+                continue;
+            }
+            self.print_oom(i);
+        }
+        self.flush_pending_ooms(false);
+    }
+
+    /// Prints held-back driver failures whose allocator said nothing within [`OOM_HOLD`] (all of
+    /// them with `all`).
+    fn flush_pending_ooms(&mut self, all: bool) {
+        let mut due: Vec<usize> = self.pending_ooms.iter().filter(|(_, t)| all || t.elapsed() >= OOM_HOLD).map(|&(i, _)| i).collect();
+        due.extend(self.held_ooms.iter().filter(|(_, t)| all || t.elapsed() >= READING_HOLD).map(|&(i, _)| i));
+        self.pending_ooms.retain(|(i, _)| !due.contains(i));
+        self.held_ooms.retain(|(i, _)| !due.contains(i));
+        due.sort_unstable();
+        for i in due {
+            self.print_oom(i);
+        }
+    }
+
+    fn print_oom(&self, i: usize) {
+        let o = &self.state.ooms[i];
+        if self.quiet {
+            return;
+        }
+        let inputs = crate::analysis::OomInputs::of(o);
+        let clear = if std::io::stderr().is_terminal() { "\r\x1b[K" } else { "" };
+        eprintln!(
+            "{clear}[gpufrag] OOM in pid {} on device {}: {} requested: {}\n[gpufrag]   {}\n[gpufrag]   fix: {}",
+            o.pid,
+            o.device,
+            h(o.requested),
+            inputs.verdict().name(),
+            inputs.explanation(),
+            inputs.fix()
+        );
+    }
+
+    /// Gives every observer the current state.
+    pub fn tick(&mut self) {
+        self.flush_pending_ooms(false);
+        for o in self.observers.iter_mut() {
+            o.tick(&self.state);
+        }
+    }
+
+    /// Gives every observer the final state.
+    pub fn finish(&mut self) {
+        self.flush_pending_ooms(true);
+        for o in self.observers.iter_mut() {
+            o.finish(&self.state);
+        }
+    }
+
+    /// The one-line status: per device reserved, allocated, largest free block, fragmentation, dropped.
+    pub fn status_line(&self) -> String {
+        let mut parts = Vec::new();
+        for d in self.state.device_ids() {
+            let f = self.state.device_figures(d);
+            let free = self.state.devices.get(&d).and_then(|t| t.free).unwrap_or(0);
+            let frag = crate::analysis::fragmentation(f.largest_free_block, free, f.stranded, f.releasable);
+            let level = if f.framework_seen { "" } else { " (segments)" };
+            parts.push(format!(
+                "gpu{d}: reserved {} allocated {} largest free {} frag {:.2}{level}",
+                h(f.reserved),
+                h(f.allocated),
+                h(f.largest_free_block),
+                frag
+            ));
+        }
+        if parts.is_empty() {
+            parts.push("no CUDA memory traced yet".into());
+        }
+        format!("[gpufrag] {} | dropped {}", parts.join(" | "), self.state.dropped)
+    }
+
+    /// The summary, with notes on how block figures were obtained.
+    pub fn summary(&mut self, source: &str) -> anyhow::Result<Summary> {
+        if let Some(w) = self.record.as_mut() {
+            w.flush().context("flushing the record file")?;
+        }
+        let mut s = Summary::from_state(&self.state, source);
+        if !self.python_pids.is_empty() {
+            s.notes.push(format!(
+                "block-level figures (allocated, stranded, largest free block) come from PyTorch's allocator snapshots sent by the Python hook of pid {}; segment-level figures from the LD_PRELOAD shim",
+                self.python_pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+            ));
+        } else if s.devices.iter().any(|d| d.level == "segment") {
+            s.notes.push("segment level only: no caching allocator's blocks were seen, so allocated equals reserved and nothing counts as stranded".into());
+        }
+        if let Some(e) = &self.record_error {
+            s.notes.push(format!("the record file stopped at an error: {e}"));
+        }
+        for w in &self.warnings {
+            s.notes.push(w.clone());
+        }
+        Ok(s)
+    }
+}

@@ -1,0 +1,66 @@
+//! What every live source (the consumer socket of the LD_PRELOAD shim and the Python hook, the
+//! eBPF session of `attach` and `agent`) hands to the live pipeline ([`crate::live::Live`]): one
+//! message type, applied in order by `Live::handle`, and the clock the sources stamp events with.
+//! A source never holds the pipeline: it returns (or sends) messages, and whoever runs the loop
+//! feeds them on.
+
+use crate::event::Event;
+use crate::hello::Hello;
+
+/// What a source hands to the live pipeline.
+#[derive(Debug)]
+pub enum Msg {
+    /// One event from a ring (or made by the consumer: `Dropped`, `ProcessExit`).
+    Event(Event),
+    /// A process connected.
+    Connected {
+        /// Its hello.
+        hello: Hello,
+    },
+    /// A PyTorch allocator snapshot from a Python hook: the process's blocks now.
+    Blocks {
+        /// The process.
+        pid: u32,
+        /// The snapshot (segments with blocks).
+        snapshot: Box<crate::snapshot::Snapshot>,
+    },
+    /// A Python hook found PyTorch's native caching allocator in charge of the process's memory.
+    Armed {
+        /// The process.
+        pid: u32,
+        /// Its current device.
+        device: i16,
+    },
+    /// PyTorch's out-of-memory observer fired.
+    PyOom {
+        /// The process.
+        pid: u32,
+        /// Device.
+        device: i16,
+        /// Bytes requested.
+        requested: u64,
+        /// Device free bytes PyTorch measured.
+        device_free: u64,
+    },
+    /// A Python hook's message could not be used, or a source has something to say.
+    Warning(String),
+    /// A process is known by this name (the eBPF session learns names from `/proc`, not from a
+    /// hello); the first name given for a pid is kept.
+    Named {
+        /// The process.
+        pid: u32,
+        /// Its executable's name.
+        name: String,
+    },
+    /// Drop everything the state holds for this process (the agent, once a process exited).
+    Forget(u32),
+}
+
+
+/// CLOCK_MONOTONIC in nanoseconds, the shim's clock.
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
