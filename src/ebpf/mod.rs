@@ -228,8 +228,9 @@ impl Probes {
         }
         // Every file mmap goes through these (the first argument is the file); the first one
         // this kernel lets us probe is used.
-        let mut mmap_probe_error = None;
-        for func in MMAP_FUNCTIONS {
+        let kprobes = Path::new("/sys/bus/event_source/devices/kprobe").exists() || Path::new("/sys/kernel/tracing/kprobe_events").exists() || Path::new("/sys/kernel/debug/tracing/kprobe_events").exists();
+        let mut mmap_probe_error = (!kprobes).then(|| "this kernel offers no kprobes (no kprobe PMU, no tracefs kprobe_events)".to_string());
+        for func in MMAP_FUNCTIONS.iter().filter(|_| kprobes) {
             match skel.progs.on_mmap_file.attach_kprobe(false, func) {
                 Ok(l) => {
                     links.push(l);
