@@ -174,7 +174,10 @@ impl Session {
             c.extend(procfs::node_libcuda(s.opts.host_root.as_deref()));
             s.attach_up_front(c)?;
         } else {
-            s.attach_up_front(procfs::node_libcuda(s.opts.host_root.as_deref()))?;
+            // Where this process would load libcuda from (its LD_LIBRARY_PATH), and the node's.
+            let mut c = procfs::libcuda_candidates(std::process::id());
+            c.extend(procfs::node_libcuda(s.opts.host_root.as_deref()));
+            s.attach_up_front(c)?;
         }
         s.scan()?;
         Ok(s)

@@ -530,3 +530,78 @@ mod failure_tests {
         assert!(sum.exact, "a refused call is not a lost event");
     }
 }
+
+#[cfg(test)]
+mod device_free_tests {
+    use super::*;
+    use crate::event::{F_DEVICE_FREE_KNOWN, F_FAILED};
+
+    const MS: u64 = 1_000_000;
+
+    fn alloc(ts_ns: u64, addr: u64, size: u64) -> Event {
+        Event { ts_ns, addr, size, requested: size, ..Event::new(EventKind::MemAlloc, 7, 0) }
+    }
+    fn reading(ts_ns: u64, pid: u32, free: u64, nvml: bool) -> Event {
+        let flags = F_DEVICE_FREE_KNOWN | if nvml { F_SRC_NVML } else { 0 };
+        Event { ts_ns, size: 16 << 30, device_free: free, flags, ..Event::new(EventKind::DeviceInfo, pid, 0) }
+    }
+    fn failure(ts_ns: u64, free: Option<u64>) -> Event {
+        let flags = F_FAILED | if free.is_some() { F_DEVICE_FREE_KNOWN } else { 0 };
+        Event { ts_ns, requested: 3 << 30, rc: RC_OUT_OF_MEMORY, op: EventKind::MemAlloc as u16, flags, device_free: free.unwrap_or(0), ..Event::new(EventKind::AllocFailed, 7, 0) }
+    }
+    fn run(events: &[Event]) -> (Option<u64>, DeviceFreeSource, Option<i64>) {
+        let mut s = State::default();
+        s.apply_all(events);
+        let o = &s.ooms[0];
+        (o.device_free, o.device_free_source, o.device_free_age_ns)
+    }
+
+    #[test]
+    fn the_failures_own_figure_comes_first() {
+        let e = [alloc(MS, 0x1000_0000, 2 << 20), reading(2 * MS, 7, 111, false), failure(3 * MS, Some(222)), reading(4 * MS, 7, 333, false)];
+        assert_eq!(run(&e), (Some(222), DeviceFreeSource::FailureEvent, Some(0)));
+    }
+
+    #[test]
+    fn the_processs_own_reading_just_before_stands_for_the_failure() {
+        let e = [alloc(MS, 0x1000_0000, 2 << 20), reading(2 * MS, 7, 111, false), failure(3 * MS, None)];
+        assert_eq!(run(&e), (Some(111), DeviceFreeSource::ProcessReading, Some(MS as i64)));
+    }
+
+    #[test]
+    fn a_reading_before_an_allocation_of_the_process_is_stale() {
+        let e = [reading(MS, 7, 111, false), alloc(2 * MS, 0x1000_0000, 2 << 20), failure(3 * MS, None)];
+        assert_eq!(run(&e), (None, DeviceFreeSource::NotMeasured, None));
+    }
+
+    #[test]
+    fn a_reading_older_than_the_window_is_not_taken() {
+        let e = [reading(MS, 7, 111, false), failure(MS + READING_WINDOW_NS + 1, None)];
+        assert_eq!(run(&e), (None, DeviceFreeSource::NotMeasured, None));
+    }
+
+    #[test]
+    fn a_reading_after_the_failure_completes_it_and_beats_nvml() {
+        // PyTorch reads cudaMemGetInfo while building its message, after the failure; the
+        // capture's NVML read for the failure came first.
+        let e = [failure(MS, None), reading(2 * MS, 7, 999, true), reading(3 * MS, 7, 111, false)];
+        assert_eq!(run(&e), (Some(111), DeviceFreeSource::ProcessReading, Some(-2 * MS as i64)));
+        let e = [failure(MS, None), reading(2 * MS, 7, 999, true)];
+        assert_eq!(run(&e), (Some(999), DeviceFreeSource::NvmlAtFailure, Some(-(MS as i64))));
+    }
+
+    #[test]
+    fn readings_of_other_processes_and_late_ones_are_not_taken() {
+        let e = [failure(MS, None), reading(2 * MS, 8, 999, false), reading(2 * MS, 0, 998, false), reading(MS + READING_WINDOW_NS + 1, 7, 111, false)];
+        assert_eq!(run(&e), (None, DeviceFreeSource::NotMeasured, None));
+    }
+
+    #[test]
+    fn an_unmeasured_failure_is_not_judged_on_zero_free() {
+        let mut s = State::default();
+        s.apply(&failure(MS, None));
+        let sum = crate::analysis::summary::Summary::from_state(&s, "t");
+        assert_eq!(sum.ooms[0].verdict, crate::analysis::Verdict::Inconclusive);
+        assert_eq!(sum.ooms[0].device_free_source, "not_measured");
+    }
+}
