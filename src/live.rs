@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 pub struct Live {
     /// The state.
     pub state: State,
-    record: Option<record::Writer<std::fs::File>>,
+    record: Option<record::Rotating>,
     record_error: Option<String>,
     /// Processes whose Python hook connected.
     pub python_pids: BTreeSet<u32>,
@@ -31,7 +31,7 @@ pub struct Live {
     oom_seen: usize,
     quiet: bool,
     /// Processes that connected, with their names.
-    pub processes: Vec<(u32, String)>,
+    pub processes: std::collections::VecDeque<(u32, String)>,
     /// Exporters, live feeds, report writers.
     pub observers: Vec<Box<dyn crate::observe::Observer>>,
     /// Driver failures held back: (index in `state.ooms`, when seen).
@@ -40,6 +40,9 @@ pub struct Live {
     /// (see `crate::ingest`): printed once [`READING_HOLD`] has passed.
     held_ooms: Vec<(usize, Instant)>,
 }
+
+/// How many process names [`Live::processes`] keeps (the most recent).
+pub const PROCESSES_KEPT: usize = 4096;
 
 /// How long an OOM without a device free of its own event waits for a reading that follows it
 /// before it is printed (the reorder window of the eBPF path plus the reading window).
@@ -80,13 +83,22 @@ impl Live {
         }
     }
 
+    /// Caps the record file at `max_bytes`, rotating it (see [`record::Rotating`]); it restarts
+    /// the file.
+    pub fn cap_record(&mut self, path: &Path, max_bytes: u64) -> anyhow::Result<()> {
+        if self.record.is_some() {
+            self.record = Some(record::Rotating::create(path, Some(max_bytes)).with_context(|| format!("creating the record file {}", path.display()))?);
+        }
+        Ok(())
+    }
+
     /// A live state; `record` receives every applied event.
     pub fn new(record: Option<&Path>, quiet: bool) -> anyhow::Result<Live> {
         let record = match record {
-            Some(p) => Some(record::Writer::create(p).with_context(|| format!("creating the record file {}", p.display()))?),
+            Some(p) => Some(record::Rotating::create(p, None).with_context(|| format!("creating the record file {}", p.display()))?),
             None => None,
         };
-        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: Vec::new(), observers: Vec::new(), pending_ooms: Vec::new(), held_ooms: Vec::new() })
+        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: std::collections::VecDeque::new(), observers: Vec::new(), pending_ooms: Vec::new(), held_ooms: Vec::new() })
     }
 
     fn apply(&mut self, e: &Event) {
@@ -107,7 +119,7 @@ impl Live {
         match m {
             Msg::Event(e) => self.apply(&e),
             Msg::Connected { hello } => {
-                self.processes.push((hello.pid, hello.exe_name()));
+                self.name_process(hello.pid, hello.exe_name());
                 self.apply(&Event { ts_ns: now_ns(), ..Event::new(EventKind::ProcessExec, hello.pid, -1) });
             }
             Msg::Blocks { pid, snapshot } => {
@@ -138,7 +150,7 @@ impl Live {
             }
             Msg::Named { pid, name } => {
                 if !self.processes.iter().any(|(p, _)| *p == pid) {
-                    self.processes.push((pid, name));
+                    self.name_process(pid, name);
                 }
             }
             Msg::Forget(pid) => self.state.forget(pid),
@@ -150,6 +162,15 @@ impl Live {
             }
         }
         self.report_new_ooms();
+    }
+
+    /// Remembers a process's name; a long-running agent keeps the most recent
+    /// [`PROCESSES_KEPT`] only.
+    fn name_process(&mut self, pid: u32, name: String) {
+        if self.processes.len() >= PROCESSES_KEPT {
+            self.processes.pop_front();
+        }
+        self.processes.push_back((pid, name));
     }
 
     fn report_new_ooms(&mut self) {
@@ -258,6 +279,9 @@ impl Live {
             ));
         } else if s.devices.iter().any(|d| d.level == "segment") {
             s.notes.push("segment level only: no caching allocator's blocks were seen, so allocated equals reserved and nothing counts as stranded".into());
+        }
+        if let Some(r) = self.record.as_ref().filter(|r| r.rotations > 0) {
+            s.notes.push(format!("the record file reached its size cap and rotated {} time(s): the part before the current one is kept as FILE.1, older parts were let go; a part after the first starts mid-stream", r.rotations));
         }
         if let Some(e) = &self.record_error {
             s.notes.push(format!("the record file stopped at an error: {e}"));

@@ -134,7 +134,11 @@ impl Session {
             }
         };
         let mut s = Session {
-            table: ProcessTable::new(opts.forget_on_exit),
+            table: {
+                let mut t = ProcessTable::new(opts.forget_on_exit);
+                t.keep_exited_max = opts.keep_exited_max;
+                t
+            },
             opts,
             probes,
             preexisting: HashSet::new(),
@@ -287,6 +291,9 @@ impl Session {
                 Ok(l) => l,
                 Err(procfs::Unreadable::Gone) => continue,
                 Err(procfs::Unreadable::Denied(why)) => {
+                    if self.unreadable.len() >= 65_536 {
+                        self.unreadable.clear();
+                    }
                     if !self.unreadable.insert(pid) {
                         continue;
                     }
@@ -507,6 +514,9 @@ impl Session {
             let traced = super::processes::traced_bytes(state, pid, d);
             self.nvml_used.insert((pid, d), (used, traced));
         }
+        // Only for processes the table still knows: a long-running agent stays bounded.
+        let table = &self.table;
+        self.nvml_used.retain(|&(p, _), _| table.get(p).is_some());
         self.table.nvml_devices.clear();
         for &(pid, d) in self.nvml_used.keys() {
             self.table.nvml_devices.entry(pid).or_default().push(d);
@@ -577,6 +587,9 @@ impl Session {
         }
         if self.failures_after_exit > 0 {
             notes.push(format!("{} failed allocation(s) were seen only after their process had gone: no NVML figure was taken for them", self.failures_after_exit));
+        }
+        if self.table.let_go > 0 {
+            notes.push(format!("{} exited process(es) beyond --keep-exited-max were let go: their final maps are not in this summary", self.table.let_go));
         }
         if self.table.reused > 0 {
             notes.push(format!("{} pid(s) were reused by new processes; their earlier holders' state was dropped", self.table.reused));

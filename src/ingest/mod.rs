@@ -31,6 +31,9 @@ use crate::rules::AllocatorRules;
 use histogram::SizeStats;
 use std::collections::BTreeMap;
 
+/// How many exit times [`State::exited`] keeps (the most recent).
+pub const EXITED_KEPT: usize = 4096;
+
 /// How many anomalies are kept verbatim (all are counted).
 pub const KEPT_ANOMALIES: usize = 20;
 
@@ -323,6 +326,12 @@ impl State {
             EventKind::ProcessExec => Ok(()),
             EventKind::ProcessExit => {
                 self.exited.insert(pid, ev.ts_ns);
+                if self.exited.len() > EXITED_KEPT {
+                    // The oldest exit goes: a long-running agent stays bounded.
+                    if let Some((&old, _)) = self.exited.iter().min_by_key(|(_, &t)| t) {
+                        self.exited.remove(&old);
+                    }
+                }
                 Ok(())
             }
             EventKind::AllocFailed => {
