@@ -229,7 +229,8 @@ fn ebpf_fragmentation_verdict_matches_the_workloads_own_figures() {
 fn fifty_short_processes_started_after_the_agent_are_all_traced_from_their_first_call() {
     require_ebpf!();
     let lib = simcuda_dir().join("libcuda.so.1").display().to_string();
-    let agent = start_clean_agent(&["--lib", &lib, "--keep-exited"]);
+    let w = workload().display().to_string();
+    let agent = start_clean_agent(&["--lib", &lib, "--lib", &w, "--keep-exited"]);
     let mut pids = Vec::new();
     let mut longest = Duration::ZERO;
     for _ in 0..50 {
@@ -278,4 +279,43 @@ fn without_nvml_the_gap_is_a_note_and_no_figure_is_invented() {
             other => panic!("device free from {other:?} without NVML: {o:#}"),
         }
     }
+}
+
+/// An executable with gpufrag's annotation probes that nobody named: its first exec is reported
+/// by the exec tracepoint and it is probed then. A process that ran before its probes were in
+/// (or ended before its executable could be looked at) is declared inexact; once probed, the
+/// next process is traced from its first call, blocks included. Never a process claimed exact
+/// with its blocks missing.
+#[test]
+fn an_annotated_executable_is_probed_at_its_first_exec_and_later_processes_are_exact() {
+    require_ebpf!();
+    let lib = simcuda_dir().join("libcuda.so.1").display().to_string();
+    // A copy: a file no other test's agent has probed or looked at.
+    let exe = unique("annotated-workload");
+    std::fs::copy(workload(), &exe).expect("copy the workload");
+    let agent = start_clean_agent(&["--lib", &lib, "--keep-exited"]);
+    let mut pids = Vec::new();
+    for _ in 0..4 {
+        let state = unique("simcuda-state");
+        std::fs::create_dir_all(&state).expect("state");
+        let child = Command::new(&exe).arg("frag-oom").env("LD_LIBRARY_PATH", simcuda_dir()).env("SIMCUDA_STATE_DIR", &state).stdout(Stdio::null()).spawn().expect("workload copy");
+        pids.push(child.id());
+        assert!(child.wait_with_output().expect("workload copy").status.success());
+        std::thread::sleep(Duration::from_millis(1000));
+    }
+    let (s, log) = stop(agent);
+    let notes = s["notes"].to_string();
+    assert!(notes.contains("gpufrag annotation USDT probes") && notes.contains("annotated-workload"), "{notes}\n{log}");
+    let exact = |pid: u32| s["coverage"].as_array().expect("coverage").iter().filter(|c| c["pid"].as_u64() == Some(u64::from(pid))).all(|c| c["exact"] == Value::Bool(true));
+    assert!(!exact(pids[0]), "the first process ran before its announcements were probed: {:#}", s["coverage"]);
+    let mut exact_seen = 0;
+    for &pid in &pids {
+        if exact(pid) {
+            exact_seen += 1;
+            let o = oom_of(&s, pid);
+            assert_eq!((o["verdict"].as_str(), u(&o, "stranded"), u(&o, "largest_free_block")), (Some("fragmentation"), FRAG_STRANDED, FRAG_LARGEST_FREE_BLOCK), "pid {pid} claimed exact: {o:#}");
+            assert_exact(&s, pid, &log);
+        }
+    }
+    assert!(exact_seen >= 1 && exact(pids[3]), "of 4 processes, only {exact_seen} traced from their first call once the executable was probed: {:#}\n{log}", s["coverage"]);
 }

@@ -458,6 +458,14 @@ impl Probes {
         let _ = self.skel.maps.probed_files.update(&key, &[1u8], MapFlags::ANY);
     }
 
+    /// Undoes [`Probes::mark_probed`]: the next mapping or exec of `id` is reported again.
+    pub fn unmark_probed(&self, id: FileId) {
+        let mut key = [0u8; 16];
+        key[0..8].copy_from_slice(&id.ino.to_ne_bytes());
+        key[8..12].copy_from_slice(&kernel_dev(id.dev).to_ne_bytes());
+        let _ = self.skel.maps.probed_files.delete(&key);
+    }
+
     /// The library mappings the kprobe reported since the last call.
     pub fn take_mapped(&mut self) -> Vec<LibMapped> {
         std::mem::take(&mut *self.mapped.borrow_mut())

@@ -102,6 +102,9 @@ pub struct Session {
     /// Processes whose `/proc` entries could not be read (a coverage gap), counted once each.
     pub unreadable_procs: u64,
     unreadable: HashSet<u32>,
+    /// Processes that ended before their (new) executable could be checked for annotation
+    /// probes: declared inexact.
+    unchecked_exec: HashSet<u32>,
     /// Failed allocations for which NVML was read at once.
     pub nvml_reads_at_failure: u64,
     /// Failed allocations whose process was gone before NVML could be read for them.
@@ -155,6 +158,7 @@ impl Session {
             checked_exes: HashSet::new(),
             unreadable_procs: 0,
             unreadable: HashSet::new(),
+            unchecked_exec: HashSet::new(),
             nvml_reads_at_failure: 0,
             failures_after_exit: 0,
             nvml_due: false,
@@ -318,8 +322,8 @@ impl Session {
     /// Probes the executable of `pid` if it carries gpufrag's annotation USDT probes (each
     /// executable file is checked once).
     fn check_exe(&mut self, pid: u32) {
-        let Some(path) = procfs::exe_path(pid) else { return };
-        let Ok(id) = procfs::file_id(&path) else { return };
+        let Some(exe) = procfs::exe_path(pid) else { return };
+        let Ok(id) = procfs::file_id(&exe) else { return };
         if self.probes.has_file(&id) || !self.checked_exes.insert(id) {
             return;
         }
@@ -327,10 +331,28 @@ impl Session {
         if self.checked_exes.len() > 65_536 {
             self.checked_exes.clear();
         }
+        // A path that outlives the process (the uprobe is attached by path).
+        let path = std::fs::read_link(&exe)
+            .ok()
+            .map(|p| procfs::reachable(pid, &p.to_string_lossy()))
+            .filter(|p| procfs::file_id(p).is_ok_and(|i| i == id))
+            .unwrap_or(exe);
         if procfs::file_size(&path).is_some_and(|n| n > 512 << 20) || super::symbols::annotate_probes(&path).is_empty() {
             return;
         }
+        // It ran before its announcements were probed: what it announced meanwhile is missing.
+        let start = procfs::stat(pid).map(|st| st.start_time).or_else(|| self.table.get(pid).map(|p| p.start_time));
+        if let Some(start) = start {
+            self.preexisting.insert((pid, start));
+        }
+        self.table.mark_inexact(pid);
         if let Err(e) = self.attach_file(LibKind::Annotated, &path) {
+            // Looked at again at its next exec: never a process of it claimed exact unprobed.
+            self.checked_exes.remove(&id);
+            self.probes.unmark_probed(id);
+            if !procfs::alive(pid) {
+                return;
+            }
             self.notes.push(format!("could not probe the annotations in {} of pid {pid}: {e}", path.display()));
         }
     }
@@ -346,7 +368,17 @@ impl Session {
             }
             if LibKind::of(&m.name).is_none() {
                 // An executable the exec tracepoint saw for the first time.
-                self.check_exe(m.pid);
+                if procfs::exe_path(m.pid).is_some() {
+                    self.check_exe(m.pid);
+                } else {
+                    // Gone before its executable could be looked at: it may have announced
+                    // blocks nobody saw.
+                    if self.unchecked_exec.len() >= 65_536 {
+                        self.unchecked_exec.clear();
+                    }
+                    self.unchecked_exec.insert(m.pid);
+                    self.table.mark_inexact(m.pid);
+                }
                 continue;
             }
             let found = procfs::cuda_libs(m.pid).into_iter().find(|l| l.id == m.id || l.path.file_name().is_some_and(|n| n.to_string_lossy() == m.name) && !self.probes.has_file(&l.id));
@@ -490,7 +522,10 @@ impl Session {
         let lookup = ProcFs;
         for ev in events {
             let pre = &self.preexisting;
-            let exact_if_new = |pid: u32, start: u64| !pre.contains(&(pid, start));
+            let unchecked = &self.unchecked_exec;
+            // A process gone before its first event is handled has no start time (0): then any
+            // holder of its pid that used a file before its probes were in makes it inexact.
+            let exact_if_new = |pid: u32, start: u64| !pre.contains(&(pid, start)) && !(start == 0 && (unchecked.contains(&pid) || pre.iter().any(|&(p, _)| p == pid)));
             let acts = self.table.on_event(ev, &lookup, &exact_if_new);
             self.apply(out, acts);
         }
