@@ -56,10 +56,13 @@ fn run_once(prog: &Path, simcuda: &Path, mode: Mode, pairs: u32) -> Result<(f64,
         .spawn()
         .expect("start cuda_prog");
     let lib = simcuda.join("libcuda.so.1");
-    let mut probes = None;
-    if mode != Mode::None {
+    let pid = child.id();
+    let attach = || -> Result<Option<Probes>, ProbeError> {
+        if mode == Mode::None {
+            return Ok(None);
+        }
         let mut p = Probes::load(&ProbeOptions::default(), "the benchmark")?;
-        p.trace(child.id())?;
+        p.trace(pid)?;
         for f in ["cuMemAlloc_v2", "cuMemFree_v2"] {
             match mode {
                 Mode::Empty => p.attach_empty(&lib, f)?,
@@ -67,8 +70,17 @@ fn run_once(prog: &Path, simcuda: &Path, mode: Mode, pairs: u32) -> Result<(f64,
                 Mode::None => {}
             }
         }
-        probes = Some(p);
-    }
+        Ok(Some(p))
+    };
+    let mut probes = match attach() {
+        Ok(p) => p,
+        Err(e) => {
+            // The program waits at its gate: end it rather than leave it behind.
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+    };
     std::fs::write(&gate, b"go").expect("gate");
     let mut events = 0usize;
     while child.try_wait().expect("wait").is_none() {

@@ -4,8 +4,10 @@
 //! address [`map`] with the caching allocator's [`rules`], the [`analysis`] that turns a map into
 //! figures and OOM verdicts, the PyTorch [`snapshot`] importer, and the [`ingest`] state that feeds
 //! events into maps. The `gpufrag` binary (src/main.rs) is a thin dispatcher over it.
+#![warn(missing_docs)]
 
 pub mod analysis;
+pub mod attribution;
 pub mod cli;
 pub mod consumer;
 pub mod ebpf;
@@ -18,6 +20,7 @@ pub mod map;
 pub mod observe;
 pub mod record;
 pub mod rules;
+pub mod sim;
 pub mod snapshot;
 pub mod source;
 pub mod units;

@@ -39,6 +39,9 @@ pub struct Live {
     /// Final OOMs whose device free may still come from a reading that follows the failure
     /// (see `crate::ingest`): printed once [`READING_HOLD`] has passed.
     held_ooms: Vec<(usize, Instant)>,
+    /// Who each process is and which node GPU each of its CUDA ordinals is: every event is
+    /// filed under the node's GPU index before it is applied.
+    pub attribution: crate::attribution::Attribution,
 }
 
 /// How many process names [`Live::processes`] keeps (the most recent).
@@ -63,6 +66,7 @@ impl Live {
         summary_json: Option<&Path>,
     ) -> anyhow::Result<Live> {
         let mut live = Live::new(record, quiet)?;
+        live.attribution = crate::attribution::Attribution::for_node(export.nvml_lib.as_deref());
         live.observers.extend(crate::export::observers(export)?);
         live.observers.extend(crate::views::observers(views, summary_json)?);
         Ok(live)
@@ -98,10 +102,40 @@ impl Live {
             Some(p) => Some(record::Rotating::create(p, None).with_context(|| format!("creating the record file {}", p.display()))?),
             None => None,
         };
-        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: std::collections::VecDeque::new(), observers: Vec::new(), pending_ooms: Vec::new(), held_ooms: Vec::new() })
+        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: std::collections::VecDeque::new(), observers: Vec::new(), pending_ooms: Vec::new(), held_ooms: Vec::new(), attribution: crate::attribution::Attribution::for_node(std::env::var("GPUFRAG_NVML_LIB").ok().as_deref()) })
+    }
+
+    /// Reads who a process is when it starts (or is first seen), and files the event under the
+    /// node GPU behind the process's CUDA ordinal.
+    fn place(&mut self, e: &mut Event) {
+        if e.pid == 0 {
+            return;
+        }
+        let fresh = e.kind() == Some(EventKind::ProcessExec);
+        if fresh || !self.state.identities.contains_key(&e.pid) {
+            let id = if fresh { self.attribution.identify(e.pid) } else { self.attribution.identity(e.pid) };
+            for p in self.processes.iter_mut().filter(|p| p.0 == e.pid && (p.1.is_empty() || p.1 == "unknown")) {
+                p.1 = id.exe.clone();
+            }
+            self.state.identities.insert(e.pid, id);
+        }
+        e.device = self.attribution.node_device(e.pid, e.device);
     }
 
     fn apply(&mut self, e: &Event) {
+        let mut e = *e;
+        self.place(&mut e);
+        self.apply_placed(&e);
+    }
+
+    /// Forgets a process that is gone: its maps and who it was.
+    pub fn forget(&mut self, pid: u32) {
+        self.state.forget(pid);
+        self.attribution.forget(pid);
+    }
+
+    /// Applies an event whose device is already the node's GPU index.
+    fn apply_placed(&mut self, e: &Event) {
         self.state.apply(e);
         for o in self.observers.iter_mut() {
             o.event(&self.state, e);
@@ -118,15 +152,21 @@ impl Live {
     pub fn handle(&mut self, m: Msg) {
         match m {
             Msg::Event(e) => self.apply(&e),
-            Msg::Connected { hello } => {
+            Msg::Connected { hello, proc } => {
+                if let Some(p) = proc {
+                    self.attribution.prefetch(hello.pid, *p);
+                }
                 self.name_process(hello.pid, hello.exe_name());
                 self.apply(&Event { ts_ns: now_ns(), ..Event::new(EventKind::ProcessExec, hello.pid, -1) });
             }
-            Msg::Blocks { pid, snapshot } => {
+            Msg::Blocks { pid, mut snapshot } => {
                 self.python_pids.insert(pid);
+                for seg in snapshot.segments.iter_mut() {
+                    seg.device = self.attribution.node_device(pid, seg.device);
+                }
                 let events = crate::consumer::blocks::sync_events(&self.state, pid, &snapshot, now_ns());
                 for e in &events {
-                    self.apply(e);
+                    self.apply_placed(e);
                 }
             }
             Msg::Armed { pid, device } => {
@@ -149,11 +189,14 @@ impl Live {
                 self.apply(&e);
             }
             Msg::Named { pid, name } => {
+                // A process gone before /proc was read has no name there: the one read early.
+                let name = if name.is_empty() || name == "unknown" { self.state.identities.get(&pid).map(|i| i.exe.clone()).unwrap_or(name) } else { name };
                 if !self.processes.iter().any(|(p, _)| *p == pid) {
                     self.name_process(pid, name);
                 }
             }
-            Msg::Forget(pid) => self.state.forget(pid),
+            Msg::Proc { pid, read } => self.attribution.prefetch(pid, *read),
+            Msg::Forget(pid) => self.forget(pid),
             Msg::Warning(w) => {
                 if !self.quiet {
                     eprintln!("gpufrag: {w}");
@@ -216,9 +259,11 @@ impl Live {
             return;
         }
         let inputs = crate::analysis::OomInputs::of(o);
+        // The live line as it stood at the failure stays on screen above the verdict.
         let clear = if std::io::stderr().is_terminal() { "\r\x1b[K" } else { "" };
         eprintln!(
-            "{clear}[gpufrag] OOM in pid {} on device {}: {} requested: {}\n[gpufrag]   {}\n[gpufrag]   fix: {}",
+            "{clear}{}\n[gpufrag] OOM in pid {} on device {}: {} requested: {}\n[gpufrag]   {}\n[gpufrag]   fix: {}",
+            self.status_line(),
             o.pid,
             o.device,
             h(o.requested),
@@ -289,6 +334,8 @@ impl Live {
         for w in &self.warnings {
             s.notes.push(w.clone());
         }
+        s.notes.extend(self.attribution.notes());
+        s.attribute(&self.state, &self.attribution);
         Ok(s)
     }
 }

@@ -16,6 +16,18 @@ pub enum Msg {
     Connected {
         /// Its hello.
         hello: Hello,
+        /// Its `/proc` entries, read as its connection was accepted (a short-lived process is
+        /// gone by the time the live loop handles this message), with the shim's own
+        /// environment block in place of `environ` when it sent one.
+        proc: Option<Box<crate::attribution::ProcRead>>,
+    },
+    /// What `/proc` said of a process, read as soon as its first probe event arrived (the eBPF
+    /// session: events wait out a reorder window, and a short-lived process is gone by then).
+    Proc {
+        /// The process.
+        pid: u32,
+        /// What was read.
+        read: Box<crate::attribution::ProcRead>,
     },
     /// A PyTorch allocator snapshot from a Python hook: the process's blocks now.
     Blocks {

@@ -1,18 +1,36 @@
-//! Human units for byte counts: GiB/MiB/KiB with two decimals, as PyTorch prints them.
+//! Human units for byte counts: GiB/MiB/KiB with two decimals, as PyTorch prints them
+//! (`format_size` in c10/cuda/CUDACachingAllocator.cpp: a unit is used only above one whole of
+//! it, so exactly 1 GiB is "1024.00 MiB", as in PyTorch's OOM message), so that a figure gpufrag
+//! prints can be matched with PyTorch's text; and exact counts with thousands separators.
 
-/// `2684354560` → `"2.50 GiB"`.
+/// `2684354560` → `"2.50 GiB"`, `1073741824` → `"1024.00 MiB"`, `1024` → `"1024 B"`.
 pub fn human_bytes(b: u64) -> String {
-    const KIB: f64 = 1024.0;
+    const KIB: u64 = 1024;
+    const MIB: u64 = KIB * KIB;
+    const GIB: u64 = MIB * KIB;
     let f = b as f64;
-    if f >= KIB * KIB * KIB {
-        format!("{:.2} GiB", f / (KIB * KIB * KIB))
-    } else if f >= KIB * KIB {
-        format!("{:.2} MiB", f / (KIB * KIB))
-    } else if f >= KIB {
-        format!("{:.2} KiB", f / KIB)
+    if b > GIB {
+        format!("{:.2} GiB", f / GIB as f64)
+    } else if b > MIB {
+        format!("{:.2} MiB", f / MIB as f64)
+    } else if b > KIB {
+        format!("{:.2} KiB", f / KIB as f64)
     } else {
         format!("{b} B")
     }
+}
+
+/// `2684354560` → `"2,684,354,560"`: exact byte counts with thousands separators.
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Parses `12GiB`, `512MiB`, `1.5G`, `4096` (bytes) into bytes.
@@ -44,6 +62,25 @@ mod tests {
         assert_eq!(human_bytes(2_097_152_000), "1.95 GiB");
         assert_eq!(human_bytes(209_715_200), "200.00 MiB");
         assert_eq!(human_bytes(100), "100 B");
+    }
+
+    #[test]
+    fn unit_boundaries_follow_pytorch_format_size() {
+        assert_eq!(human_bytes(1 << 30), "1024.00 MiB");
+        assert_eq!(human_bytes((1 << 30) + 1), "1.00 GiB");
+        assert_eq!(human_bytes(1 << 20), "1024.00 KiB");
+        assert_eq!(human_bytes(1024), "1024 B");
+        assert_eq!(human_bytes(1025), "1.00 KiB");
+        assert_eq!(human_bytes(0), "0 B");
+    }
+
+    #[test]
+    fn thousands_are_grouped() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(12), "12");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(2_684_354_560), "2,684,354,560");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! `gpufrag analyze` driven as a user drives it, against the real H200 traces and their ground
 //! truth (`torch.cuda.memory_stats()` saved beside each snapshot, and the largest free blocks of
-//! ../shared/traces/README.md), and against bad input of every kind.
+//! tests/fixtures/README.md), and against bad input of every kind.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -58,7 +58,7 @@ fn frag_oom_matches_ground_truth_and_is_a_fragmentation_oom() {
     assert_eq!(o["stranded"].as_u64(), Some(2_097_152_000));
     assert_eq!(o["largest_free_block"].as_u64(), Some(209_715_200));
     let f = s["devices"][0]["fragmentation"].as_f64().expect("fragmentation");
-    assert!((f - 0.467).abs() < 0.001, "fragmentation {f}, DESIGN.md works it out as 1 - 2.23/4.18 = 0.47");
+    assert!((f - 0.467).abs() < 0.001, "fragmentation {f}, docs/metrics.md works it out as 1 - 2.23/4.18 = 0.47");
 }
 
 #[test]

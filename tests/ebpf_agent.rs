@@ -3,6 +3,7 @@
 //! maps dropped (unless `--keep-exited`), and the agent stops cleanly on SIGINT with a summary.
 //! Other tests' processes run at the same time; assertions look only at this test's pids.
 
+mod tool_support;
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
 
@@ -50,7 +51,7 @@ fn run_prog(m: &Machine, args: &[&str]) -> (u32, String) {
     (pid, String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn process<'a>(s: &'a Value, pid: u32) -> Option<&'a Value> {
+fn process(s: &Value, pid: u32) -> Option<&Value> {
     s["processes"].as_array()?.iter().find(|p| p["pid"].as_u64() == Some(u64::from(pid)))
 }
 

@@ -4,6 +4,7 @@
 //! privileges are each checked the way a user would meet them. Tests skip (printing why) only
 //! where the kernel refuses eBPF.
 
+mod tool_support;
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
 
@@ -179,7 +180,7 @@ fn lost_events_are_counted_when_the_ring_overflows() {
 fn attach_without_privileges_names_the_capabilities_and_run() {
     // As nobody, with no capabilities: refused before anything is loaded.
     if !std::path::Path::new("/usr/bin/setpriv").exists() || unsafe_euid() != 0 {
-        eprintln!("SKIPPED: needs root and setpriv to drop privileges");
+        tool_support::missing("root with /usr/bin/setpriv (to drop privileges)", "run as root; setpriv is in util-linux");
         return;
     }
     let out = Command::new("/usr/bin/setpriv")

@@ -4,6 +4,7 @@
 //! allocated, stranded, releasable, segments, pool cache and page stranding, the same failed
 //! requests, the same per-process counts, and no anomaly on the eBPF side.
 
+mod tool_support;
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
 
@@ -126,7 +127,7 @@ macro_rules! scenario {
         fn $name() {
             require_ebpf!();
             if !shim_available() {
-                eprintln!("SKIPPED: libgpufrag_preload.so is not built next to gpufrag (the shim); the eBPF figures are checked against the programs' own in ebpf_attach");
+                tool_support::missing("libgpufrag_preload.so next to gpufrag (the shim)", "build it with `cargo build --workspace --release`");
                 return;
             }
             compare(&[$($arg),+]);

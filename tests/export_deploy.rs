@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod tool_support;
 mod export_support;
 
 use export_support::*;
@@ -119,7 +120,7 @@ fn the_daemonset_has_the_privileges_it_documents_and_no_more() {
     assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]));
     let mut add: Vec<&str> = sc["capabilities"]["add"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
     add.sort_unstable();
-    assert_eq!(add, ["BPF", "PERFMON", "SYS_PTRACE"]);
+    assert_eq!(add, ["BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE"]);
     assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
     // Every host path is mounted read-only.
     let vols = pod["volumes"].as_array().unwrap();
@@ -203,4 +204,92 @@ fn every_metric_name_used_is_exported_and_documented() {
         assert!(docs.contains(&format!("`{}`", prometheus_name(m.name, m.unit, m.kind, false))), "docs/operations.md lacks the Prometheus name of {}", m.name);
     }
     assert!(docs.contains(&format!("`{ALLOC_SIZE}`")));
+}
+
+/// `kubernetes-validate` (PyPI): `$KUBERNETES_VALIDATE`, on PATH, or in the virtual environment
+/// .ci/run installs it into.
+fn kubernetes_validate() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("KUBERNETES_VALIDATE").map(PathBuf::from).filter(|p| p.is_file()) {
+        return Some(p);
+    }
+    if let Some(p) = std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join("kubernetes-validate")).find(|f| f.is_file())) {
+        return Some(p);
+    }
+    Some(PathBuf::from("/opt/gpufrag-ci/kubernetes-validate/bin/kubernetes-validate")).filter(|p| p.is_file())
+}
+
+/// The Kubernetes releases the manifests are validated against: the ones supported upstream
+/// when this was written, and the newest kubernetes-validate knows.
+const KUBERNETES_VERSIONS: [&str; 5] = ["1.33.0", "1.34.0", "1.35.0", "1.36.0", "1.37.0"];
+
+#[test]
+fn manifests_validate_against_current_kubernetes_versions() {
+    let Some(kv) = require("kubernetes-validate", kubernetes_validate(), "python3 -m venv /opt/gpufrag-ci/kubernetes-validate && /opt/gpufrag-ci/kubernetes-validate/bin/pip install kubernetes-validate") else { return };
+    let dir = root().join("deploy/kubernetes");
+    // The built-in kinds (the Prometheus Operator's custom resources have no schema there:
+    // checked by the test below).
+    let manifests: Vec<PathBuf> = ["namespace.yaml", "daemonset.yaml", "collector.yaml"].iter().map(|f| dir.join(f)).collect();
+    for v in KUBERNETES_VERSIONS {
+        let out = Command::new(&kv).args(["--strict", "-k", v]).args(&manifests).output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && !text.contains("ERROR"), "kubernetes-validate --strict -k {v}:\n{text}");
+        for kind in ["namespace/gpufrag", "resourcequota/gpufrag-node-critical", "serviceaccount/gpufrag-agent", "daemonset/gpufrag-agent", "deployment/gpufrag-collector", "service/gpufrag-collector"] {
+            assert!(text.contains(&format!("passed for resource {kind} against version")), "{kind} not validated against {v}:\n{text}");
+        }
+    }
+}
+
+#[test]
+fn the_manifests_run_on_gpu_nodes_as_docs_say() {
+    let Some(py) = require("python3 with PyYAML", python_yaml(), "apt-get install python3-yaml") else { return };
+    let k = root().join("deploy/kubernetes");
+    let ds_docs = yaml_docs(&py, &k.join("daemonset.yaml"));
+    let ds = ds_docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["runtimeClassName"], "nvidia");
+    let env = pod["containers"][0]["env"].as_array().unwrap();
+    let var = |n: &str| env.iter().find(|e| e["name"] == n).map(|e| e["value"].clone()).unwrap_or(Value::Null);
+    assert_eq!(var("NVIDIA_VISIBLE_DEVICES"), "all");
+    let caps_var = var("NVIDIA_DRIVER_CAPABILITIES");
+    let caps: BTreeSet<&str> = caps_var.as_str().unwrap().split(',').collect();
+    assert_eq!(caps, BTreeSet::from(["compute", "utility"]), "NVML and libcuda, no more");
+    assert!(pod["containers"][0]["resources"]["limits"].get("nvidia.com/gpu").is_none(), "the agent requests no GPU");
+    // system-node-critical outside kube-system comes with its quota.
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    let ns = yaml_docs(&py, &k.join("namespace.yaml"));
+    let quota = ns.iter().find(|d| d["kind"] == "ResourceQuota").expect("a ResourceQuota for system-node-critical");
+    assert_eq!(quota["metadata"]["namespace"], ds["metadata"]["namespace"]);
+    let scope = &quota["spec"]["scopeSelector"]["matchExpressions"][0];
+    assert_eq!((scope["scopeName"].as_str(), scope["values"][0].as_str()), (Some("PriorityClass"), Some("system-node-critical")));
+    // The image is named once and overridden in the kustomization.
+    let image = pod["containers"][0]["image"].as_str().unwrap();
+    let kust = &yaml_docs(&py, &k.join("kustomization.yaml"))[0];
+    assert!(kust["images"].as_array().unwrap().iter().any(|i| i["name"] == image && i["newName"].is_string() && i["newTag"].is_string()), "{kust}");
+    // The PrometheusRule carries exactly the rule file's groups, each alert with its runbook_url.
+    let rules = &yaml_docs(&py, &root().join("deploy/prometheus/gpufrag-alerts.yaml"))[0];
+    let po = k.join("prometheus-operator");
+    let pr = yaml_docs(&py, &po.join("prometheusrule.yaml"));
+    assert_eq!(pr[0]["kind"], "PrometheusRule");
+    assert_eq!(pr[0]["spec"]["groups"], rules["groups"], "prometheusrule.yaml drifted from gpufrag-alerts.yaml");
+    for g in rules["groups"].as_array().unwrap() {
+        for r in g["rules"].as_array().unwrap() {
+            let url = r["annotations"]["runbook_url"].as_str().unwrap_or_else(|| panic!("{} has no runbook_url", r["alert"]));
+            assert!(url.starts_with("https://") && url.contains("docs/operations.md#"), "{url}");
+            if r["labels"]["severity"] != "info" {
+                assert!(url.ends_with("#runbook-alert-drain-the-node-resume-from-a-checkpoint"), "{}: {url}", r["alert"]);
+            }
+        }
+    }
+    let sm = &yaml_docs(&py, &po.join("servicemonitor.yaml"))[0];
+    assert_eq!(sm["kind"], "ServiceMonitor");
+    let coll = yaml_docs(&py, &k.join("collector.yaml"));
+    let svc = coll.iter().find(|d| d["kind"] == "Service").unwrap();
+    for (key, val) in sm["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(&svc["metadata"]["labels"][key], val, "the ServiceMonitor selects the collector's Service");
+    }
+    let port = sm["spec"]["endpoints"][0]["port"].as_str().unwrap();
+    assert!(svc["spec"]["ports"].as_array().unwrap().iter().any(|p| p["name"] == port), "port {port}");
+    // The Dockerfile's context leaves the build outputs out.
+    let ignore = std::fs::read_to_string(root().join(".dockerignore")).expect(".dockerignore");
+    assert!(ignore.lines().any(|l| l.trim() == "target/"), "{ignore}");
 }

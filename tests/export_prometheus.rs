@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod tool_support;
 mod export_support;
 
 use export_support::*;

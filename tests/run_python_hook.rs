@@ -5,7 +5,10 @@
 //! for the handful of torch functions the hook calls, returning the real frag_oom snapshot
 //! recorded on the H200. The real PyTorch path is checked on the GPU (docs/gpu-validation.md).
 
+use gpufrag::event::EventKind;
+use gpufrag::ingest::State;
 use serde_json::Value;
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
@@ -44,5 +47,50 @@ fn hook_brings_blocks_and_the_oom_verdict() {
     assert_eq!(ooms[0]["verdict"], "fragmentation");
     assert_eq!(ooms[0]["requested"].as_u64(), Some(2_684_354_560));
     assert_eq!(ooms[0]["device_free"].as_u64(), Some(2_398_224_384));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `run --record` with the hook: the record holds the hook's block events (each with its
+/// requested size and its segment's stream), and replaying it gives exactly the snapshot's live
+/// blocks (issue 15: a replay of the allocator's decisions reads block events from `run` records).
+#[test]
+fn a_run_record_holds_the_hooks_blocks_and_replays_to_the_snapshots_blocks() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::temp_dir().join(format!("gpufrag-pyhook-rec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let rec = dir.join("run.rec");
+    let fixture = root.join("tests/fixtures/frag_oom.pickle");
+    let out = Command::new(env!("CARGO_BIN_EXE_gpufrag"))
+        .args(["run", "-q", "--no-report", "--no-feed", "--python-interval", "0.05", "--record"])
+        .arg(&rec)
+        .arg("--")
+        .arg("python3")
+        .arg(root.join("tests/python_hook/train.py"))
+        .env("PYTHONPATH", root.join("tests/python_hook"))
+        .env("FAKE_TORCH_SNAPSHOT", &fixture)
+        .output()
+        .expect("run gpufrag");
+    assert!(out.status.success(), "gpufrag run failed: {}", String::from_utf8_lossy(&out.stderr));
+    let events = gpufrag::record::read(&rec).expect("the record").events;
+    let snap = gpufrag::snapshot::load(&fixture).expect("the fixture");
+    // The snapshot's live blocks: (address, extent, requested size, its segment's stream).
+    let want: BTreeSet<(u64, u64, u64, u64)> = snap
+        .segments
+        .iter()
+        .flat_map(|s| s.blocks.iter().filter(|b| b.state.is_active()).map(move |b| (b.address, b.size, b.requested_size, s.stream)))
+        .collect();
+    assert!(!want.is_empty());
+    let allocs: BTreeSet<(u64, u64, u64, u64)> = events
+        .iter()
+        .filter(|e| e.kind() == Some(EventKind::BlockAlloc))
+        .map(|e| (e.addr, e.size, e.requested, e.stream))
+        .collect();
+    assert_eq!(allocs, want, "the record's BlockAlloc events are not the snapshot's blocks");
+    let mut state = State::default();
+    state.apply_all(&events);
+    let got: BTreeSet<(u64, u64, u64)> = state.spaces.values().flat_map(|s| s.map.blocks().map(|b| (b.addr, b.size, b.requested))).collect();
+    let want3: BTreeSet<(u64, u64, u64)> = want.iter().map(|&(a, s, r, _)| (a, s, r)).collect();
+    assert_eq!(got.len(), want3.len(), "replayed {} blocks, the snapshot has {}", got.len(), want3.len());
+    assert_eq!(got, want3, "the replayed blocks differ from the snapshot's");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,5 +1,5 @@
 //! The four recorded PyTorch snapshots (`tests/fixtures`, described in
-//! `/work/shared/traces/README.md`) load, match their `torch.cuda.memory_stats()` ground truth,
+//! `tests/fixtures/README.md`) load, match their `torch.cuda.memory_stats()` ground truth,
 //! and turn into events that replay to the snapshot's own final state, forward from empty and
 //! backward from the final state.
 

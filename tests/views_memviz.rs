@@ -3,6 +3,7 @@
 //! record files, and for a live capture recorded on the H200; and the pickle is one Python's own
 //! unpickler reads, with PyTorch's keys.
 
+mod tool_support;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -130,7 +131,7 @@ fn a_live_gpu_capture_round_trips_through_the_export() {
 #[test]
 fn python_reads_the_export_with_pytorchs_keys() {
     if Command::new("python3").arg("--version").output().is_err() {
-        eprintln!("skipped: no python3");
+        tool_support::missing("python3", "apt-get install python3");
         return;
     }
     let dir = tmp("py");

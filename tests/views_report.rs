@@ -2,6 +2,7 @@
 //! (Debian's `chromium`), its DOM read after the scripts ran, and the numbers checked where the
 //! page shows them: the memory map, the timeline and the verdict for the H200 traces.
 
+mod tool_support;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -37,8 +38,7 @@ fn chromium() -> Option<PathBuf> {
 /// Runs headless Chromium on `page` with `extra` flags; returns stdout.
 fn browse(page: &Path, extra: &[&str]) -> Option<String> {
     let Some(bin) = chromium() else {
-        assert!(std::env::var_os("CI").is_none(), "chromium is missing in CI (.ci/run installs it)");
-        eprintln!("skipped: no chromium (apt-get install chromium)");
+        tool_support::missing("chromium", "apt-get install chromium");
         return None;
     };
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

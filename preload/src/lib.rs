@@ -20,6 +20,7 @@
 //! or `CLOCK_MONOTONIC`), `state` arms and disarms tracing (environment, ring, connection, fork,
 //! exec). The shim never aborts the process: any failure
 //! leaves it a pure pass-through.
+#![warn(missing_docs)]
 
 #![allow(clippy::missing_safety_doc)]
 

@@ -18,7 +18,7 @@
 //!
 //! Environment: `GPUFRAG_SOCK` (the consumer's Unix socket path; `@name` for the abstract
 //! namespace), `GPUFRAG_RING_CAPACITY` (events the whole region holds, all lanes together, a
-//! power of two, default `lanes::DEFAULT_TOTAL_CAPACITY` = 256 Ki; each lane holds this divided
+//! power of two, default `lanes::DEFAULT_TOTAL_CAPACITY` = 1 Mi; each lane holds this divided
 //! by the lane count, at least 2: a thread alone in its lane can have that many events waiting
 //! before it drops), `GPUFRAG_RING_LANES` (lanes, a power of two up to `lanes::MAX_LANES`,
 //! default 16; 1 = every thread shares one ring), `GPUFRAG_NO_FOLLOW=1` with
@@ -34,7 +34,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-use gpufrag_wire::hello::{Hello, HELLO_BYTES, HELLO_F_FORKED, HELLO_F_TSC, SOURCE_SHIM};
+use gpufrag_wire::hello::{env_block, Hello, HELLO_BYTES, HELLO_ENV_MAX, HELLO_F_ENV, HELLO_F_FORKED, HELLO_F_TSC, SOURCE_SHIM};
 use gpufrag_wire::lanes::{region_bytes, Lanes, DEFAULT_LANES, DEFAULT_TOTAL_CAPACITY, MAX_LANES};
 
 use crate::hook;
@@ -232,12 +232,17 @@ pub const LAST_LANE: u32 = !LANE_EXCLUSIVE;
 ///
 /// The first thread given a lane brings its pages into memory, so that no push takes a page fault
 /// (a fresh lane is untouched zeroes: lanes no thread uses cost nothing): one `madvise`
-/// (`MADV_POPULATE_WRITE`, Linux 5.14), else a load from each page.
+/// (`MADV_POPULATE_WRITE`, Linux 5.14), else a load from each page. The count of lanes handed
+/// out is published in the region's header first: the consumer keeps the lane after it
+/// populated through its own mapping of the memfd (`gpufrag_wire::lanes::Prefault`), so the
+/// pages are usually allocated and cleared already and this only maps them.
 #[cold]
 pub fn assign_lane() -> u32 {
     let n = NEXT_LANE.fetch_add(1, Ordering::Relaxed);
     // Not armed yet: the last lane, always a shared one (lane numbers are taken modulo the count).
     let Some(lanes) = ring() else { return LAST_LANE };
+    // Tell the consumer, which brings the next lane into memory before another thread needs it.
+    lanes.note_assigned(n.saturating_add(1));
     let count = lanes.count() as u32;
     let own = count / 2;
     let lane = if n < own { n | LANE_EXCLUSIVE } else { own + (n - own) % (count - own) };
@@ -360,11 +365,14 @@ fn arm(cfg: &Config, forked: bool) -> bool {
         ring_bytes: len as u64,
         start_time: own_start_time().unwrap_or(0),
         // A fork child keeps the parent's clock (same machine, same counter).
-        flags: if forked { HELLO_F_FORKED } else { 0 } | if crate::clock::tsc() { HELLO_F_TSC } else { 0 },
+        flags: if forked { HELLO_F_FORKED } else { 0 } | if crate::clock::tsc() { HELLO_F_TSC } else { 0 } | HELLO_F_ENV,
         source: SOURCE_SHIM,
         exe: own_comm(),
     };
-    if let Err(e) = send_hello(sock, memfd, &hello.to_bytes()) {
+    // Which GPUs this process sees (and its pod's names), for the consumer: read once, here.
+    let mut env = [0u8; HELLO_ENV_MAX + 2];
+    let env_len = env_block(|k| std::env::var_os(k).map(|v| std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str()).to_vec()), &mut env);
+    if let Err(e) = send_hello(sock, memfd, &hello.to_bytes(), &env[..env_len]) {
         debug!("cannot send the hello: {e}");
         return fail("hello", Some(base), Some(memfd));
     }
@@ -414,15 +422,19 @@ fn connect(cfg: &Config) -> std::io::Result<c_int> {
     Err(std::io::Error::from_raw_os_error(libc::EAGAIN))
 }
 
-/// Sends the hello with `memfd` attached.
-fn send_hello(sock: c_int, memfd: c_int, bytes: &[u8; HELLO_BYTES]) -> std::io::Result<()> {
+/// Sends the hello and the environment block after it, with `memfd` attached.
+fn send_hello(sock: c_int, memfd: c_int, bytes: &[u8; HELLO_BYTES], env: &[u8]) -> std::io::Result<()> {
     // Room for one cmsghdr carrying one fd, 8-byte aligned.
     let mut control = [0u64; 4];
-    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut c_void, iov_len: bytes.len() };
+    let mut iov = [
+        libc::iovec { iov_base: bytes.as_ptr() as *mut c_void, iov_len: bytes.len() },
+        libc::iovec { iov_base: env.as_ptr() as *mut c_void, iov_len: env.len() },
+    ];
+    let total = bytes.len() + env.len();
     // SAFETY: msghdr is plain old data; all zeroes is a valid value.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = 2;
     msg.msg_control = control.as_mut_ptr().cast();
     // SAFETY: CMSG_SPACE only computes a size.
     msg.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<c_int>() as u32) } as _;
@@ -439,7 +451,7 @@ fn send_hello(sock: c_int, memfd: c_int, bytes: &[u8; HELLO_BYTES]) -> std::io::
     loop {
         // SAFETY: msg describes buffers that live across the call.
         let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
-        if n == bytes.len() as isize {
+        if n == total as isize {
             return Ok(());
         }
         if n >= 0 {

@@ -1,4 +1,5 @@
-//! Turns address maps into the figures of DESIGN.md and failed allocations into verdicts.
+//! Turns address maps into the figures of docs/metrics.md (the facts behind them: docs/design.md)
+//! and failed allocations into verdicts.
 //!
 //! The figures themselves are kept incrementally by the map ([`crate::map::Figures`]); this module
 //! adds what needs the device's view (device free, largest allocatable, fragmentation), the OOM

@@ -2,20 +2,8 @@
 //! device, the segments that strand the most, and every OOM with its verdict and fix.
 
 use super::summary::{DeviceSummary, Summary};
-use crate::units::human_bytes as h;
+use crate::units::{human_bytes as h, thousands as group};
 use std::fmt::Write;
-
-fn group(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
 
 fn line(out: &mut String, name: &str, bytes: u64) {
     let _ = writeln!(out, "  {name:<21}{:>12}  ({} B)", h(bytes), group(bytes));
@@ -29,20 +17,21 @@ fn device(out: &mut String, d: &DeviceSummary, title: &str) {
     };
     let _ = writeln!(out, "{title} ({level})");
     line(out, "reserved", d.reserved);
-    line(out, "allocated", d.allocated);
     if d.non_framework > 0 && d.level == "block" {
+        // Both parts of reserved: the caching allocator's segments and driver memory beside them.
         line(out, "  held by the cache", d.framework_reserved);
         line(out, "  outside the cache", d.non_framework);
     }
+    line(out, "allocated", d.allocated);
     let _ = writeln!(
         out,
-        "  {:<21}{:>12}  ({} B, {:.1} % of reserved)",
+        "  {:<21}{:>12}  ({} B, {:.1} % of reserved; PyTorch's inactive_split: free, but not releasable)",
         "stranded",
         h(d.stranded),
         group(d.stranded),
         d.stranded_ratio * 100.0
     );
-    line(out, "releasable", d.releasable);
+    let _ = writeln!(out, "  {:<21}{:>12}  ({} B, what empty_cache() returns)", "releasable", h(d.releasable), group(d.releasable));
     line(out, "largest free block", d.largest_free_block);
     match d.device_free {
         Some(free) => line(out, "device free", free),
@@ -87,6 +76,16 @@ fn device(out: &mut String, d: &DeviceSummary, title: &str) {
 
 /// The whole summary as text.
 pub fn render(s: &Summary) -> String {
+    render_ooms(s, true)
+}
+
+/// The summary of a live command (`run`, `attach`, `agent`), whose OOM verdicts, explanations
+/// and fixes were printed the moment each allocation failed: each OOM is one line here.
+pub fn render_after_live(s: &Summary) -> String {
+    render_ooms(s, false)
+}
+
+fn render_ooms(s: &Summary, explain: bool) -> String {
     let mut out = String::new();
     let exact = if s.exact { "exact" } else { "NOT exact: see notes" };
     let _ = writeln!(out, "gpufrag: {} ({} events, {exact})", s.source, s.events);
@@ -97,14 +96,24 @@ pub fn render(s: &Summary) -> String {
     if s.processes.len() > 1 {
         for p in &s.processes {
             out.push('\n');
-            device(&mut out, &p.figures, &format!("process {} on device {}", p.pid, p.figures.device));
+            let who = super::summary::Summary::process_label(p);
+            let gpu = p.figures.hw_id.as_deref().map(|u| format!(" ({u})")).unwrap_or_default();
+            device(&mut out, &p.figures, &format!("process {} on device {}{gpu}", who.trim_start_matches("pid "), p.figures.device));
         }
     }
     if s.ooms.is_empty() {
         let _ = writeln!(out, "\nno failed allocation in this trace");
     }
+    if !explain && !s.ooms.is_empty() {
+        let _ = writeln!(out);
+    }
     for (i, o) in s.ooms.iter().enumerate() {
-        let _ = writeln!(out, "\nOOM {} on device {} (pid {}): {} requested", i + 1, o.device, o.pid, h(o.requested));
+        let ctr = o.container_id.as_deref().map(|c| format!(", container {}", &c[..c.len().min(12)])).unwrap_or_default();
+        if !explain {
+            let _ = writeln!(out, "OOM {} on device {} (pid {}{ctr}): {} requested: {} (explained above)", i + 1, o.device, o.pid, h(o.requested), o.verdict.name());
+            continue;
+        }
+        let _ = writeln!(out, "\nOOM {} on device {} (pid {}{ctr}): {} requested", i + 1, o.device, o.pid, h(o.requested));
         let _ = writeln!(out, "  verdict: {}", o.verdict.name());
         if o.driver_failures_before > 0 {
             let _ = writeln!(out, "  (after {} failed driver allocation(s): the allocator's own tries and retries)", o.driver_failures_before);
@@ -119,16 +128,4 @@ pub fn render(s: &Summary) -> String {
         }
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn thousands_are_grouped() {
-        assert_eq!(group(0), "0");
-        assert_eq!(group(999), "999");
-        assert_eq!(group(2_684_354_560), "2,684,354,560");
-    }
 }

@@ -5,7 +5,7 @@
 use crate::ingest::histogram::{Distribution, SizeStats};
 use super::{fragmentation, largest_allocatable, OomInputs, Verdict};
 use crate::ingest::State;
-use crate::map::{Figures, SegmentKind};
+use crate::map::Figures;
 use serde::{Deserialize, Serialize};
 
 /// Version of this schema.
@@ -38,10 +38,22 @@ pub struct Summary {
     /// final failure is an entry of `ooms`).
     #[serde(default)]
     pub driver_failures: u64,
+    /// What the simulation of the trace under other allocator settings gave (`gpufrag whatif`'s
+    /// sweep), when the trace had an OOM and its full allocation history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub whatif: Option<WhatIfSummary>,
     /// Allocation calls that failed with a code other than out-of-memory (no verdict: not OOMs),
     /// the first 20 of them; `notes` gives the count.
     #[serde(default)]
     pub failed_calls: Vec<FailedCallSummary>,
+    /// How a live command captured the trace: `shim` (`run`: the LD_PRELOAD shim, with the Python
+    /// hook's blocks) or `ebpf` (`attach`, `agent`); absent for a file (`analyze`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<String>,
+    /// eBPF capture: per process and device, the traced bytes beside NVML's used bytes; absent
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<Vec<crate::ingest::Coverage>>,
 }
 
 /// An allocation call that failed with a code other than out-of-memory.
@@ -64,8 +76,13 @@ pub struct FailedCallSummary {
 /// Figures of one device, or of one process on one device.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct DeviceSummary {
-    /// CUDA ordinal.
+    /// The device: under `run`, `attach` and `agent` the node's GPU index (NVML's order), the
+    /// process's CUDA ordinal placed through its `CUDA_VISIBLE_DEVICES` and
+    /// `NVIDIA_VISIBLE_DEVICES`; in a snapshot, PyTorch's device index.
     pub device: i16,
+    /// The GPU's UUID (`hw.id`), when the live front end knew it (NVML).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hw_id: Option<String>,
     /// Bytes held from the driver.
     pub reserved: u64,
     /// Bytes in live framework blocks (every segment's bytes where no framework is seen).
@@ -125,6 +142,24 @@ pub struct ProcessSummary {
     pub allocs: u64,
     /// Frees seen.
     pub frees: u64,
+    /// Base name of its executable, when the live front end read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exe: Option<String>,
+    /// `container.id`: the container it runs in, from its cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    /// `k8s.pod.uid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k8s_pod_uid: Option<String>,
+    /// `k8s.pod.name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k8s_pod_name: Option<String>,
+    /// `k8s.namespace.name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k8s_namespace_name: Option<String>,
+    /// `k8s.container.name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k8s_container_name: Option<String>,
 }
 
 /// One segment in a table.
@@ -144,6 +179,38 @@ pub struct SegmentSummary {
     pub live_blocks: u64,
     /// The largest free run inside.
     pub largest_free_run: u64,
+}
+
+/// The simulated sweep of allocator settings for a trace that ran out of memory.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct WhatIfSummary {
+    /// Whether the simulation reproduced the trace under its own settings.
+    pub faithful: bool,
+    /// Settings simulated, the baseline included.
+    pub scenarios: usize,
+    /// The trace's own settings.
+    pub baseline: ScenarioBrief,
+    /// The best setting of the sweep.
+    pub best: ScenarioBrief,
+    /// The sentence.
+    pub recommendation: String,
+}
+
+/// One simulated setting, briefly.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ScenarioBrief {
+    /// The `PYTORCH_CUDA_ALLOC_CONF` string.
+    pub alloc_conf: String,
+    /// Whether a request failed.
+    pub oom: bool,
+    /// The first failing request's size.
+    pub first_oom_requested: Option<u64>,
+    /// Peak reserved bytes.
+    pub peak_reserved: u64,
+    /// Peak allocated bytes.
+    pub peak_allocated: u64,
+    /// `num_alloc_retries`.
+    pub num_alloc_retries: u64,
 }
 
 /// One failed allocation.
@@ -195,20 +262,16 @@ pub struct OomSummary {
     /// allocator's own attempts and retries), folded into it.
     #[serde(default)]
     pub driver_failures_before: u64,
+    /// The GPU's UUID (`hw.id`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hw_id: Option<String>,
+    /// `container.id` of the failing process, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
 }
 
 fn not_measured() -> String {
     "not_measured".to_string()
-}
-
-fn segment_kind_name(k: SegmentKind) -> &'static str {
-    match k {
-        SegmentKind::Driver => "driver",
-        SegmentKind::Pitch => "pitch",
-        SegmentKind::Managed => "managed",
-        SegmentKind::Mapped => "mapped",
-        SegmentKind::Pool => "pool",
-    }
 }
 
 fn device_summary(
@@ -227,7 +290,7 @@ fn device_summary(
                 pid: s.pid,
                 address: g.start,
                 size: g.size,
-                kind: segment_kind_name(g.kind).to_string(),
+                kind: g.kind.name().to_string(),
                 stranded: g.stranded(),
                 live_blocks: g.live_blocks,
                 largest_free_run: m.free_runs_in(g.start, g.end()).map(|(_, l)| l).max().unwrap_or(0),
@@ -246,6 +309,7 @@ fn device_summary(
     }
     DeviceSummary {
         device,
+        hw_id: None,
         reserved: f.reserved,
         allocated: f.allocated,
         framework_reserved: f.framework_reserved,
@@ -271,6 +335,51 @@ fn device_summary(
 }
 
 impl Summary {
+    /// Adds who each process is (`state.identities`) and each device's UUID (`attribution`'s
+    /// node GPUs) to the figures: the live front ends call this; a replayed record has neither.
+    pub fn attribute(&mut self, state: &State, attribution: &crate::attribution::Attribution) {
+        let uuid = |d: i16| attribution.gpu_uuid(d).map(str::to_string);
+        for d in &mut self.devices {
+            d.hw_id = uuid(d.device);
+        }
+        for p in &mut self.processes {
+            p.figures.hw_id = uuid(p.figures.device);
+        }
+        for o in &mut self.ooms {
+            o.hw_id = uuid(o.device);
+        }
+        self.identify(state);
+    }
+
+    /// Adds who each process is (`state.identities`: executable, container, pod) to the
+    /// processes and OOMs (the live views, which see the state but not the GPU table).
+    pub fn identify(&mut self, state: &State) {
+        for p in &mut self.processes {
+            if let Some(id) = state.identities.get(&p.pid) {
+                p.exe = Some(id.exe.clone());
+                p.container_id = id.container_id.clone();
+                p.k8s_pod_uid = id.pod_uid.clone();
+                p.k8s_pod_name = id.pod_name.clone();
+                p.k8s_namespace_name = id.namespace.clone();
+                p.k8s_container_name = id.container_name.clone();
+            }
+        }
+        for o in &mut self.ooms {
+            o.container_id = state.identities.get(&o.pid).and_then(|id| id.container_id.clone());
+        }
+    }
+
+    /// `pid P`, with its pod (`NAMESPACE/NAME`) or container (first 12 hex digits) when known:
+    /// how views name a process.
+    pub fn process_label(p: &ProcessSummary) -> String {
+        match (&p.k8s_namespace_name, &p.k8s_pod_name, &p.container_id) {
+            (Some(ns), Some(pod), _) => format!("pid {} {ns}/{pod}", p.pid),
+            (None, Some(pod), _) => format!("pid {} {pod}", p.pid),
+            (_, None, Some(c)) => format!("pid {} ctr {}", p.pid, &c[..c.len().min(12)]),
+            _ => format!("pid {}", p.pid),
+        }
+    }
+
     /// The summary of `state`, for `source`.
     pub fn from_state(state: &State, source: &str) -> Summary {
         let mut devices = Vec::new();
@@ -286,6 +395,12 @@ impl Summary {
                     figures: device_summary(device, &s.map.figures(), totals.free, totals.total, std::slice::from_ref(s)),
                     allocs: s.allocs,
                     frees: s.frees,
+                    exe: None,
+                    container_id: None,
+                    k8s_pod_uid: None,
+                    k8s_pod_name: None,
+                    k8s_namespace_name: None,
+                    k8s_container_name: None,
                 });
             }
         }
@@ -343,6 +458,8 @@ impl Summary {
                     explanation: inputs.explanation(),
                     fix: inputs.fix(),
                     driver_failures_before,
+                    hw_id: None,
+                    container_id: None,
                 }
             })
             .collect();
@@ -384,6 +501,7 @@ impl Summary {
             dropped: state.dropped,
             anomalies: state.anomaly_count,
             driver_failures,
+            whatif: None,
             failed_calls: state
                 .failed_calls
                 .iter()
@@ -396,6 +514,8 @@ impl Summary {
                     op: c.op.map_or("unknown", |k| k.name()).to_string(),
                 })
                 .collect(),
+            capture: None,
+            coverage: None,
         }
     }
 }

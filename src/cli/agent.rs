@@ -5,29 +5,20 @@
 //! and `attach` (status line, OOM verdicts, record file, exporters, the views' live feed).
 
 use crate::cli::attach::{probe_error, trace, LoopOptions};
-use crate::live::Live;
 use crate::ebpf::session::{Session, Target};
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 /// Arguments of `agent`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Write the summary as JSON when the agent stops (the schema of `analyze --json`, plus
-    /// `coverage`).
-    #[arg(long, value_name = "PATH")]
-    pub summary_json: Option<PathBuf>,
-    /// Write every event to a record file.
-    #[arg(long, value_name = "PATH")]
-    pub record: Option<PathBuf>,
+    /// The summary JSON (written when the agent stops), the record file, quiet.
+    #[command(flatten)]
+    pub out: super::LiveArgs,
     /// Cap the record file at this many bytes: when full it is renamed to PATH.1 (replacing
     /// the previous part) and a fresh PATH starts, so at most twice this is on disk.
     #[arg(long, value_name = "BYTES", requires = "record")]
     pub record_max_bytes: Option<u64>,
-    /// No live status line and no summary on stderr.
-    #[arg(long, short)]
-    pub quiet: bool,
     /// Stop after this many seconds (default: until SIGINT/SIGTERM).
     #[arg(long, value_name = "SECONDS")]
     pub duration: Option<f64>,
@@ -54,13 +45,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let mut opts = args.probe.session_options(Target::All, !args.keep_exited, Duration::ZERO)?;
     opts.keep_exited_max = args.keep_exited_max;
     let session = Session::start(opts, "gpufrag agent").map_err(probe_error)?;
-    let mut live = Live::with_outputs(args.record.as_deref(), args.quiet, &args.export, &args.views, args.summary_json.as_deref())?;
-    if let (Some(path), Some(max)) = (&args.record, args.record_max_bytes) {
+    let mut live = args.out.live(&args.export, &args.views)?;
+    if let (Some(path), Some(max)) = (&args.out.record, args.record_max_bytes) {
         live.cap_record(path, max)?;
     }
-    if !args.quiet {
+    if !args.out.quiet {
         eprintln!("[gpufrag] agent: tracing every GPU process ({} probes)", session.link_count());
     }
     let duration = args.duration.filter(|d| d.is_finite() && *d > 0.0).map(Duration::from_secs_f64);
-    trace(session, live, LoopOptions { summary_json: args.summary_json.as_deref(), quiet: args.quiet, source: "agent".into(), duration })
+    trace(session, live, LoopOptions { summary_json: args.out.summary_json.as_deref(), quiet: args.out.quiet, source: "agent".into(), duration })
 }

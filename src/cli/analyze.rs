@@ -30,6 +30,7 @@ pub fn summarize(file: &std::path::Path, device: Option<i16>) -> anyhow::Result<
     let mut notes = loaded.notes;
     notes.append(&mut s.notes);
     s.notes = notes;
+    crate::sim::apply_to_summary(&mut s, || crate::sim::stream_of_file(file));
     if let Some(d) = device {
         s.devices.retain(|x| x.device == d);
         s.processes.retain(|x| x.figures.device == d);

@@ -6,7 +6,7 @@
 //!
 //! The loop itself ([`trace`]) is shared with `gpufrag agent`.
 
-use crate::analysis::render::render;
+use crate::analysis::render::render_after_live;
 use crate::live::Live;
 use crate::ebpf::session::{Session, SessionOptions, Target};
 use crate::ebpf::ProbeError;
@@ -25,15 +25,9 @@ pub struct Args {
     /// Trace its children too (those alive now and those it starts).
     #[arg(long)]
     pub follow: bool,
-    /// Write the summary as JSON (the schema of `analyze --json`, plus `coverage`).
-    #[arg(long, value_name = "PATH")]
-    pub summary_json: Option<PathBuf>,
-    /// Write every event to a record file that `gpufrag analyze` replays to the same figures.
-    #[arg(long, value_name = "PATH")]
-    pub record: Option<PathBuf>,
-    /// No live status line and no summary on stderr (files are still written).
-    #[arg(long, short)]
-    pub quiet: bool,
+    /// The summary JSON, the record file, quiet.
+    #[command(flatten)]
+    pub out: super::LiveArgs,
     /// Probes.
     #[command(flatten)]
     pub probe: ProbeArgs,
@@ -153,7 +147,8 @@ pub fn trace(mut session: Session, mut live: Live, opts: LoopOptions<'_>) -> any
     }
     live.finish();
     let mut summary = live.summary(&opts.source)?;
-    let coverage = session.coverage(&live.state);
+    summary.capture = Some("ebpf".into());
+    summary.coverage = Some(session.coverage(&live.state));
     if !session.all_exact() {
         summary.exact = false;
     }
@@ -164,16 +159,11 @@ pub fn trace(mut session: Session, mut live: Live, opts: LoopOptions<'_>) -> any
         eprint!("\r\x1b[K");
     }
     if !opts.quiet {
-        eprint!("\n[gpufrag] summary\n{}", render(&summary));
+        eprint!("\n[gpufrag] summary\n{}", render_after_live(&summary));
     }
     if let Some(p) = opts.summary_json {
-        let mut v = serde_json::to_value(&summary)?;
-        if let Some(o) = v.as_object_mut() {
-            o.insert("capture".into(), serde_json::json!("ebpf"));
-            o.insert("coverage".into(), serde_json::to_value(&coverage)?);
-        }
         let f = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
-        serde_json::to_writer_pretty(f, &v)?;
+        serde_json::to_writer_pretty(f, &summary)?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -183,8 +173,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let target = Target::Pid { pid: args.pid, follow: args.follow };
     let opts = args.probe.session_options(target, false, Duration::from_millis(args.drain_delay_ms))?;
     let session = Session::start(opts, "gpufrag attach").map_err(probe_error)?;
-    let live = Live::with_outputs(args.record.as_deref(), args.quiet, &args.export, &args.views, args.summary_json.as_deref())?;
-    if !args.quiet {
+    let live = args.out.live(&args.export, &args.views)?;
+    if !args.out.quiet {
         eprintln!("[gpufrag] attached to pid {} ({} probes)", args.pid, session.link_count());
         if !session.driver_probed() {
             eprintln!(
@@ -194,5 +184,5 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
     }
     let source = format!("pid {} ({})", args.pid, crate::ebpf::procfs::exe_name(args.pid));
-    trace(session, live, LoopOptions { summary_json: args.summary_json.as_deref(), quiet: args.quiet, source, duration: None })
+    trace(session, live, LoopOptions { summary_json: args.out.summary_json.as_deref(), quiet: args.out.quiet, source, duration: None })
 }

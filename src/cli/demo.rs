@@ -1,6 +1,7 @@
 //! `gpufrag demo`: the whole story on any machine, no GPU needed. Runs the simcuda stand-in's
 //! `frag-oom` workload (the H200 fragmentation OOM, reproduced by a small caching allocator) under
-//! the LD_PRELOAD shim: the live line, the OOM the moment it happens, the verdict and the fix.
+//! the LD_PRELOAD shim: the live line, the OOM the moment it happens, the verdict and the fix
+//! (the simulated program's own lines only with `--program-output`).
 //! `--print-env` prints what to export to run your own program against the stand-ins.
 
 use super::run;
@@ -22,6 +23,10 @@ pub struct Args {
     /// Simulated device memory.
     #[arg(long, default_value = "16GiB")]
     pub mem: String,
+    /// Show the simulated program's own output (its RESULT/EVENT lines and its PyTorch-style
+    /// OOM message) as well.
+    #[arg(long)]
+    pub program_output: bool,
     /// Write the summary as JSON.
     #[arg(long, value_name = "PATH")]
     pub summary_json: Option<PathBuf>,
@@ -59,20 +64,20 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     std::env::set_var("SIMCUDA_STATE_DIR", &state_dir);
     std::env::set_var("LD_LIBRARY_PATH", &libs);
     eprintln!(
-        "[gpufrag] demo: {scenario} on a simulated {} GPU (simcuda); the program's own output follows, then gpufrag's verdict\n",
-        args.mem
+        "[gpufrag] demo: {scenario} on a simulated {} GPU (simcuda), traced by the LD_PRELOAD shim{}\n",
+        args.mem,
+        if args.program_output { "; the program's own output is mixed in" } else { " (--program-output shows the program's own lines)" }
     );
     let run_args = run::Args {
-        summary_json: args.summary_json.clone(),
-        record: None,
+        out: super::LiveArgs { summary_json: args.summary_json.clone(), record: None, quiet: false },
         no_follow: false,
         no_python_hook: true,
-        quiet: false,
         python_interval: 1.0,
         ring_capacity: None,
         preload: None,
         export: Default::default(),
         views: Default::default(),
+        program_output: args.program_output,
         cmd: vec![OsString::from(workload.as_os_str()), OsString::from(scenario)],
     };
     let code = run::run(&run_args);

@@ -9,11 +9,36 @@ pub mod attach;
 pub mod report;
 pub mod run;
 pub mod top;
+pub mod whatif;
 
 use crate::input::UnusableInput;
 use clap::{Parser, Subcommand};
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+/// The outputs every live command (`run`, `attach`, `agent`) shares besides the exporters and
+/// views: the summary JSON, the record file, and quiet.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct LiveArgs {
+    /// Write the summary as JSON at the end (the schema of `analyze --json`, with `capture`, and
+    /// `coverage` for eBPF: docs/metrics.md).
+    #[arg(long, value_name = "PATH")]
+    pub summary_json: Option<PathBuf>,
+    /// Write every event to a record file that `gpufrag analyze` replays to the same figures.
+    #[arg(long, value_name = "PATH")]
+    pub record: Option<PathBuf>,
+    /// No live status line and no summary on stderr (files are still written).
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+impl LiveArgs {
+    /// The live pipeline with every output asked for: these, the exporters and the views.
+    pub fn live(&self, export: &crate::export::ExportArgs, views: &crate::views::ViewArgs) -> anyhow::Result<crate::live::Live> {
+        crate::live::Live::with_outputs(self.record.as_deref(), self.quiet, export, views, self.summary_json.as_deref())
+    }
+}
 
 /// Why GPU jobs die of "out of memory" while nvidia-smi shows free memory.
 #[derive(Parser, Debug)]
@@ -42,6 +67,9 @@ pub enum Command {
     Attach(attach::Args),
     /// Trace every GPU process of this node through eBPF; needs CAP_BPF and CAP_PERFMON.
     Agent(agent::Args),
+    /// Replay a trace under other allocator settings and memory limits (a simulation of
+    /// PyTorch's caching allocator, checked against the trace first).
+    Whatif(whatif::Args),
 }
 
 /// Exit code for an error: 2 when an [`UnusableInput`] is in its chain, 0 for a closed pipe, 1
@@ -71,6 +99,7 @@ pub fn main() -> ExitCode {
         Command::Top(args) => top::run(&args),
         Command::Attach(args) => attach::run(&args),
         Command::Agent(args) => agent::run(&args),
+        Command::Whatif(args) => whatif::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -3,9 +3,8 @@
 //! prints each OOM verdict the moment it happens and the summary at exit, and exits with CMD's
 //! own code.
 
-use crate::analysis::render::render;
+use crate::analysis::render::render_after_live;
 use crate::consumer::Consumer;
-use crate::live::Live;
 use anyhow::{bail, Context};
 use std::ffi::OsString;
 use std::io::IsTerminal;
@@ -17,27 +16,21 @@ use std::time::{Duration, Instant};
 /// Arguments of `run`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Write the summary as JSON (the schema of `analyze --json`).
-    #[arg(long, value_name = "PATH")]
-    pub summary_json: Option<PathBuf>,
-    /// Write every event to a record file that `gpufrag analyze` replays to the same figures.
-    #[arg(long, value_name = "PATH")]
-    pub record: Option<PathBuf>,
+    /// The summary JSON, the record file, quiet.
+    #[command(flatten)]
+    pub out: super::LiveArgs,
     /// Trace only CMD itself, not the processes it starts.
     #[arg(long)]
     pub no_follow: bool,
     /// Do not load the Python start-up hook (no PyTorch block-level figures).
     #[arg(long)]
     pub no_python_hook: bool,
-    /// No live status line and no summary on stderr (files are still written).
-    #[arg(long, short)]
-    pub quiet: bool,
     /// Seconds between the Python hook's allocator snapshots.
     #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
     pub python_interval: f64,
-    /// Events each traced process's rings hold, all lanes together (a power of two; split evenly
-    /// over GPUFRAG_RING_LANES lanes, 16 by default); when full, events are dropped and counted,
-    /// never waited for.
+    /// Events each traced process's rings hold, all lanes together (a power of two, default
+    /// 1048576; split evenly over GPUFRAG_RING_LANES lanes, 16 by default); when full, events are
+    /// dropped and counted, never waited for.
     #[arg(long, value_name = "N")]
     pub ring_capacity: Option<u64>,
     /// The shim to preload (default: libgpufrag_preload.so next to this executable).
@@ -49,6 +42,9 @@ pub struct Args {
     /// Reports and live views.
     #[command(flatten)]
     pub views: crate::views::ViewArgs,
+    /// Whether CMD's own stdout and stderr are shown (the demo hides the simulator's lines).
+    #[arg(skip = true)]
+    pub program_output: bool,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub cmd: Vec<OsString>,
@@ -106,6 +102,9 @@ fn exit_code_of(status: ExitStatus) -> u8 {
     }
 }
 
+/// Messages applied between two looks at the child and the clock.
+const RECV_BATCH: usize = 4096;
+
 /// Runs `run`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let preload = find_preload(args.preload.as_deref())?;
@@ -115,6 +114,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     cmd.env("LD_PRELOAD", prepend_path("LD_PRELOAD", &preload));
     cmd.env("GPUFRAG_SOCK", consumer.socket_path());
     cmd.env("GPUFRAG_CONSUMER_PID", std::process::id().to_string());
+    if !args.program_output {
+        cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    }
     if args.no_follow {
         cmd.env("GPUFRAG_NO_FOLLOW", "1");
     }
@@ -131,7 +133,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         cmd.env("PYTHONPATH", prepend_path("PYTHONPATH", &dir));
         cmd.env("GPUFRAG_PY_INTERVAL", args.python_interval.to_string());
     }
-    let mut live = Live::with_outputs(args.record.as_deref(), args.quiet, &args.export, &args.views, args.summary_json.as_deref())?;
+    let mut live = args.out.live(&args.export, &args.views)?;
     // SAFETY: installs plain handlers; forward_signal only calls kill.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
@@ -140,12 +142,20 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     let mut child = cmd.spawn().with_context(|| format!("starting {}", args.cmd[0].to_string_lossy()))?;
     CHILD.store(child.id() as i32, Ordering::Relaxed);
-    let tty = std::io::stderr().is_terminal() && !args.quiet;
+    let tty = std::io::stderr().is_terminal() && !args.out.quiet;
     let rx = consumer.receiver().clone();
     let mut last_status = Instant::now();
     let status = loop {
         match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(m) => live.handle(m),
+            Ok(m) => {
+                live.handle(m);
+                // What else is queued, before the periodic work and the look at the child: one
+                // `wait4` and one clock read per message cost this thread as much as applying
+                // the message, and it shares the machine with the drainer and the program.
+                for m in rx.try_iter().take(RECV_BATCH) {
+                    live.handle(m);
+                }
+            }
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {}
         }
@@ -168,14 +178,15 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     live.finish();
     let source = args.cmd.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
-    let summary = live.summary(&source)?;
+    let mut summary = live.summary(&source)?;
+    summary.capture = Some("shim".into());
     if tty {
         eprint!("\r\x1b[K");
     }
-    if !args.quiet {
-        eprint!("\n[gpufrag] summary\n{}", render(&summary));
+    if !args.out.quiet {
+        eprint!("\n[gpufrag] summary\n{}", render_after_live(&summary));
     }
-    if let Some(p) = &args.summary_json {
+    if let Some(p) = &args.out.summary_json {
         let f = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
         serde_json::to_writer_pretty(f, &summary)?;
     }

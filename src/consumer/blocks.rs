@@ -5,8 +5,10 @@
 //! `torch.cuda.memory._snapshot()` periodically, on PyTorch's out-of-memory observer, and at exit.
 //! [`sync_events`] compares each snapshot segment's blocks with the map and emits the difference:
 //! `BlockFree` for blocks that are gone or changed, `Adopt` for segments the caching allocator owns,
-//! `BlockAlloc` (with the exact extent) for new blocks. The events go into the record like any
-//! other, so a replay reproduces the live figures.
+//! `BlockAlloc` (with the exact extent, the requested size and the segment's stream) for new
+//! blocks. The events go into the record like any other (`run --record`), so a replay
+//! reproduces the live figures and the block events are there for a replay of the allocator's
+//! decisions; between two snapshots they are the difference, not every allocation.
 
 use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
 use crate::ingest::State;
@@ -21,16 +23,17 @@ pub fn sync_events(state: &State, pid: u32, snap: &Snapshot, ts_ns: u64) -> Vec<
     devices.dedup();
     for device in devices {
         let ev = |kind| Event { ts_ns, ..Event::new(kind, pid, device) };
-        let mut want: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+        // Each live block's extent, requested size and its segment's stream.
+        let mut want: BTreeMap<u64, (u64, u64, u64)> = BTreeMap::new();
         for seg in snap.segments.iter().filter(|s| s.device == device) {
             for b in seg.blocks.iter().filter(|b| b.state.is_active()) {
-                want.insert(b.address, (b.size, b.requested_size));
+                want.insert(b.address, (b.size, b.requested_size, seg.stream));
             }
         }
         let space = state.spaces.get(&(pid, device));
         if let Some(space) = space {
             for b in space.map.blocks() {
-                if want.get(&b.addr).is_none_or(|&(size, _)| size != b.size) {
+                if want.get(&b.addr).is_none_or(|&(size, _, _)| size != b.size) {
                     out.push(Event { addr: b.addr, ..ev(EventKind::BlockFree) });
                 }
             }
@@ -47,10 +50,10 @@ pub fn sync_events(state: &State, pid: u32, snap: &Snapshot, ts_ns: u64) -> Vec<
                 }
             }
         }
-        for (&addr, &(size, requested)) in &want {
+        for (&addr, &(size, requested, stream)) in &want {
             let same = space.and_then(|s| s.map.block_at(addr)).is_some_and(|b| b.size == size);
             if !same {
-                out.push(Event { addr, size, requested, flags: F_BLOCK_SIZE_KNOWN, ..ev(EventKind::BlockAlloc) });
+                out.push(Event { addr, size, requested, stream, flags: F_BLOCK_SIZE_KNOWN, ..ev(EventKind::BlockAlloc) });
             }
         }
     }

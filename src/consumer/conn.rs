@@ -1,6 +1,7 @@
 //! One traced process's connection: the peer-uid check, the hello with its memfd
 //! (`SCM_RIGHTS`), the shared mapping of its event region (K ring lanes, merged by timestamp as
-//! they are drained), and the framed messages a Python hook sends.
+//! they are drained, and brought into memory one lane ahead of the threads that need them, see
+//! [`LanePrefaulter`]), and the framed messages a Python hook sends.
 //!
 //! A region stamped in TSC ticks (`HELLO_F_TSC`) is merged on the raw ticks and each event is
 //! converted to `CLOCK_MONOTONIC` ns right after the merge (`gpufrag_wire::clock`: the process's
@@ -9,10 +10,11 @@
 //! sees nanoseconds.
 
 use crate::event::Event;
-use crate::hello::{Hello, HELLO_BYTES, HELLO_F_TSC, SOURCE_PYTHON, SOURCE_SHIM};
+use crate::hello::{Hello, HELLO_BYTES, HELLO_ENV_MAX, HELLO_F_ENV, HELLO_F_TSC, SOURCE_PYTHON, SOURCE_SHIM};
 use gpufrag_wire::clock::{self, Converter};
-use gpufrag_wire::lanes::{Lanes, Merge};
+use gpufrag_wire::lanes::{Lanes, Merge, Prefault, SPARE_LANES};
 use std::io::{self, Read};
+use std::sync::Arc;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -23,17 +25,64 @@ pub struct RingConn {
     pub hello: Hello,
     /// Drops already reported.
     pub dropped_seen: u64,
+    /// The environment block that followed the hello (NUL-separated `KEY=VALUE`), if any.
+    pub env: Option<Vec<u8>>,
     stream: UnixStream,
-    base: *mut libc::c_void,
-    len: usize,
+    region: Arc<Region>,
     lanes: Lanes,
     merge: Merge,
     /// For a region stamped in TSC ticks: its conversion to ns.
     ticks: Option<Converter>,
 }
 
-// SAFETY: the mapping is owned by this value alone and the lanes view is Send.
+// SAFETY: the mapping is kept alive by the `Arc<Region>` this value holds and the lanes view is
+// Send.
 unsafe impl Send for RingConn {}
+
+/// The consumer's shared mapping of one event region, unmapped when the last holder (the
+/// connection, the prefaulter) lets go.
+struct Region {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: a mapping is a range of addresses; what is done through it is the holders' business
+// (the lanes view's atomics).
+unsafe impl Send for Region {}
+// SAFETY: as above.
+unsafe impl Sync for Region {}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `handshake`, which nothing uses any more
+        // (every holder of the Arc is gone).
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
+
+/// Keeps one lane beyond those a process has handed out in memory ([`Prefault`]), through the
+/// consumer's mapping: run by the consumer's prefault thread, so that neither the acceptor nor
+/// the drainer waits on it.
+pub struct LanePrefaulter {
+    region: Arc<Region>,
+    lanes: Lanes,
+    prefault: Prefault,
+}
+
+// SAFETY: the region is kept mapped by the Arc, and the lanes view is Send.
+unsafe impl Send for LanePrefaulter {}
+
+impl LanePrefaulter {
+    /// Populates what is due; whether there is anything left to do (more lanes to populate,
+    /// and the connection still alive).
+    pub fn run(&mut self) -> bool {
+        if Arc::strong_count(&self.region) < 2 {
+            return false; // the connection is gone
+        }
+        self.prefault.ahead(&self.lanes, SPARE_LANES);
+        !self.prefault.done(&self.lanes)
+    }
+}
 
 impl RingConn {
     /// Hands `out` up to about `limit` events, merged across the lanes in timestamp order (an
@@ -73,6 +122,11 @@ impl RingConn {
         self.lanes.dropped_count()
     }
 
+    /// The prefaulter of this region's lanes.
+    pub fn prefaulter(&self) -> LanePrefaulter {
+        LanePrefaulter { region: Arc::clone(&self.region), lanes: self.lanes, prefault: Prefault::new() }
+    }
+
     /// Whether the process closed its end (it exited).
     pub fn peer_closed(&self) -> bool {
         let mut p = libc::pollfd { fd: self.stream.as_raw_fd(), events: libc::POLLIN | libc::POLLRDHUP, revents: 0 };
@@ -88,13 +142,6 @@ impl RingConn {
         // SAFETY: peeks one byte into our buffer without blocking.
         let r = unsafe { libc::recv(self.stream.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
         r == 0
-    }
-}
-
-impl Drop for RingConn {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `handshake`; the ring view dies with self.
-        unsafe { libc::munmap(self.base, self.len) };
     }
 }
 
@@ -157,6 +204,19 @@ fn recv_hello(s: &UnixStream) -> io::Result<(Hello, Option<OwnedFd>)> {
     Ok((hello, fd))
 }
 
+/// Reads the environment block that follows a hello with `HELLO_F_ENV`.
+fn recv_env(mut s: &UnixStream, pid: u32) -> io::Result<Vec<u8>> {
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len)?;
+    let len = usize::from(u16::from_le_bytes(len));
+    if len > HELLO_ENV_MAX {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("pid {pid}: environment block of {len} bytes, more than {HELLO_ENV_MAX}")));
+    }
+    let mut env = vec![0u8; len];
+    s.read_exact(&mut env)?;
+    Ok(env)
+}
+
 /// Checks the peer and reads its hello; maps a shim's ring.
 pub fn handshake(stream: UnixStream) -> io::Result<Accepted> {
     // SAFETY: geteuid cannot fail.
@@ -173,6 +233,7 @@ pub fn handshake(stream: UnixStream) -> io::Result<Accepted> {
             Ok(Accepted::Python(hello, stream))
         }
         SOURCE_SHIM => {
+            let env = if hello.flags & HELLO_F_ENV != 0 { Some(recv_env(&stream, hello.pid)?) } else { None };
             let fd = fd.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("pid {}: hello without its ring", hello.pid)))?;
             // SAFETY: fstat fills one stat we own.
             let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -201,7 +262,8 @@ pub fn handshake(stream: UnixStream) -> io::Result<Accepted> {
             stream.set_read_timeout(None)?;
             let merge = Merge::new(lanes.count());
             let ticks = (hello.flags & HELLO_F_TSC != 0).then(Converter::new);
-            Ok(Accepted::Ring(RingConn { hello, dropped_seen: 0, stream, base, len, lanes, merge, ticks }))
+            let region = Arc::new(Region { base, len });
+            Ok(Accepted::Ring(RingConn { hello, dropped_seen: 0, env, stream, region, lanes, merge, ticks }))
         }
         other => Err(io::Error::new(io::ErrorKind::InvalidData, format!("pid {}: unknown source {other}", hello.pid))),
     }

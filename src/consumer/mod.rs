@@ -3,10 +3,11 @@
 //! whoever owns the [`State`](crate::ingest::State).
 //!
 //! Threads: an acceptor (checks each peer's uid, reads its hello, maps its event region or starts
-//! a reader for a Python hook) and a drainer (empties every region into the channel, its lanes
-//! merged by timestamp, turns lane drop counts into `Dropped` events and a closed socket into
-//! `ProcessExit`). A slow owner blocks only the drainer; the traced processes then drop and
-//! count, never wait. Python messages are forwarded only after a full drain pass, so a snapshot
+//! a reader for a Python hook), a prefaulter (keeps each region's next lane in memory before a
+//! thread of the process is given it, see [`conn::LanePrefaulter`]) and a drainer (empties every
+//! region into the channel, its lanes merged by timestamp, turns lane drop counts into `Dropped`
+//! events and a closed socket into `ProcessExit`). A slow owner blocks only the drainer; the
+//! traced processes then drop and count, never wait. Python messages are forwarded only after a full drain pass, so a snapshot
 //! never overtakes the driver events that preceded it.
 
 mod conn;
@@ -78,10 +79,15 @@ impl Consumer {
             open: AtomicU64::new(0),
         });
         let mut threads = Vec::new();
+        let (prefault_tx, prefault_rx) = crossbeam_channel::unbounded();
         {
             let shared = Arc::clone(&shared);
             let tx = tx.clone();
-            threads.push(std::thread::Builder::new().name("gpufrag-accept".into()).spawn(move || accept_loop(listener, shared, tx))?);
+            threads.push(std::thread::Builder::new().name("gpufrag-accept".into()).spawn(move || accept_loop(listener, shared, tx, prefault_tx))?);
+        }
+        {
+            let shared = Arc::clone(&shared);
+            threads.push(std::thread::Builder::new().name("gpufrag-prefault".into()).spawn(move || prefault_loop(shared, prefault_rx))?);
         }
         {
             let shared = Arc::clone(&shared);
@@ -135,21 +141,29 @@ impl Drop for Consumer {
     }
 }
 
-fn accept_loop(listener: UnixListener, shared: Arc<Shared>, tx: Sender<Msg>) {
+fn accept_loop(listener: UnixListener, shared: Arc<Shared>, tx: Sender<Msg>, prefault: Sender<conn::LanePrefaulter>) {
+    use std::os::fd::AsRawFd;
     while !shared.stop.load(Ordering::Acquire) {
         match listener.accept() {
             Ok((stream, _)) => {
                 let _ = stream.set_nonblocking(false);
                 match conn::handshake(stream) {
-                    Ok(conn::Accepted::Ring(ring)) => {
+                    Ok(conn::Accepted::Ring(mut ring)) => {
                         shared.connections.fetch_add(1, Ordering::Relaxed);
                         shared.open.fetch_add(1, Ordering::Relaxed);
                         let hello = ring.hello;
+                        let _ = prefault.send(ring.prefaulter());
+                        let mut read = crate::attribution::ProcRead::read(std::path::Path::new("/proc"), hello.pid);
+                        // The shim's own values, read when it armed: the process may be gone now.
+                        if let Some(env) = ring.env.take() {
+                            read.environ = Ok(env);
+                        }
+                        let proc = Some(Box::new(read));
                         if let Ok(mut rings) = shared.rings.lock() {
                             rings.push(ring);
                         }
                         if let Ok(mut p) = shared.pending.lock() {
-                            p.push_back(Msg::Connected { hello });
+                            p.push_back(Msg::Connected { hello, proc });
                         }
                     }
                     Ok(conn::Accepted::Python(hello, stream)) => {
@@ -167,8 +181,36 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>, tx: Sender<Msg>) {
                     }
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // Wait for the next connection, accepted the moment it comes (the process is
+                // starting, its first events are on their way), or for the next stop check.
+                let mut p = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: one pollfd we own, a bounded timeout.
+                unsafe { libc::poll(&mut p, 1, POLL_MS as libc::c_int) };
+            }
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// How often the acceptor and the prefaulter look at stop requests, and the prefaulter at lanes
+/// handed out, at most (milliseconds).
+const POLL_MS: u64 = 5;
+
+/// Keeps each region's next lane in memory ([`conn::LanePrefaulter`]): its own thread, so that
+/// neither accepting nor draining waits while a lane of 64 Ki events (5.5 MiB) is cleared.
+fn prefault_loop(shared: Arc<Shared>, new: Receiver<conn::LanePrefaulter>) {
+    let mut regions: Vec<conn::LanePrefaulter> = Vec::new();
+    while !shared.stop.load(Ordering::Acquire) {
+        match new.recv_timeout(Duration::from_millis(POLL_MS)) {
+            // Lane 0 at once: the process's first thread is about to need it.
+            Ok(mut r) => {
+                if r.run() {
+                    regions.push(r);
+                }
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => regions.retain_mut(conn::LanePrefaulter::run),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
         }
     }
 }
@@ -177,10 +219,24 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>, tx: Sender<Msg>) {
 const BATCH: usize = 4096;
 
 fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
+    // The process's one TSC calibration blocks its first caller for 10 ms: make it now, before
+    // any process connects, not at the first drain of a region stamped in ticks (a process
+    // bursting events at start-up would fill its lane meanwhile).
+    if gpufrag_wire::clock::invariant_tsc() {
+        let _ = gpufrag_wire::clock::shared_model();
+    }
     let mut idle = 0u32;
     loop {
         let stopping = shared.stop.load(Ordering::Acquire);
-        let pending: Vec<Msg> = shared.pending.lock().map(|mut p| p.drain(..).collect()).unwrap_or_default();
+        let (hellos, pending): (Vec<Msg>, Vec<Msg>) =
+            shared.pending.lock().map(|mut p| p.drain(..).collect::<Vec<Msg>>()).unwrap_or_default().into_iter().partition(|m| matches!(m, Msg::Connected { .. }));
+        // A process's hello goes before its events (who it is, and which GPUs it sees, decide
+        // where its events are filed).
+        for m in hellos {
+            if tx.send(m).is_err() {
+                return;
+            }
+        }
         let mut moved = 0usize;
         let mut closed = Vec::new();
         if let Ok(mut rings) = shared.rings.lock() {

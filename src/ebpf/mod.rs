@@ -96,7 +96,8 @@ pub enum ProbeError {
 /// What to say when privileges are missing.
 pub fn privilege_message(what: &str) -> String {
     format!(
-        "{what} needs CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN, or root) to load eBPF programs and attach uprobes, \
+        "{what} needs CAP_BPF and CAP_PERFMON to load eBPF programs and CAP_SYS_ADMIN to attach uprobes (kernels since 6.16, \
+         and their stable backports, refuse uprobe perf events to CAP_PERFMON alone), or root, \
          plus CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH to read other users' /proc/PID/maps and /proc/PID/root; \
          `gpufrag run -- CMD` works without any of them (it traces CMD through LD_PRELOAD)"
     )

@@ -18,6 +18,7 @@
 //! 5. otherwise device 0 (the runtime's default device), counted in [`ProcessTable::assumed`].
 
 use crate::event::{Event, EventKind};
+pub use crate::ingest::Coverage;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// Exited incarnations remembered (for late events and the summary's names) when their maps
@@ -302,36 +303,6 @@ impl ProcessTable {
     }
 }
 
-/// How much of a process's device memory the trace accounts for.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Coverage {
-    /// Process.
-    pub pid: u32,
-    /// Start time (clock ticks after boot).
-    pub start_time: u64,
-    /// Executable name.
-    pub name: String,
-    /// Device.
-    pub device: i16,
-    /// Bytes the trace holds for it (reserved plus created-but-unmapped physical memory).
-    pub traced: u64,
-    /// NVML's used bytes for it, when NVML answered.
-    pub nvml_used: Option<u64>,
-    /// `nvml_used − traced`: memory it held that the trace cannot place (allocated before
-    /// attaching, or the driver's own context memory).
-    pub unattributed: Option<u64>,
-    /// Traced from its start.
-    pub exact: bool,
-}
-
-/// Bytes the trace holds for (pid, device): reserved plus created-but-unmapped physical memory.
-pub fn traced_bytes(state: &crate::ingest::State, pid: u32, device: i16) -> u64 {
-    state.spaces.get(&(pid, device)).map_or(0, |s| {
-        let f = s.map.figures();
-        f.reserved + f.unmapped_physical
-    })
-}
-
 /// Coverage of every known process on every device it has in `state` or in NVML.
 /// `nvml_used` holds, per (pid, device), NVML's used bytes at its last sample and the bytes
 /// traced at that same moment: their difference is what the trace cannot place.
@@ -343,7 +314,7 @@ pub fn coverage(table: &ProcessTable, state: &crate::ingest::State, nvml_used: &
         devices.sort_unstable();
         devices.dedup();
         for d in devices {
-            let traced = traced_bytes(state, p.pid, d);
+            let traced = state.traced_bytes(p.pid, d);
             let sample = nvml_used.get(&(p.pid, d)).copied();
             out.push(Coverage {
                 pid: p.pid,

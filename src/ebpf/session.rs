@@ -111,6 +111,9 @@ pub struct Session {
     pub failures_after_exit: u64,
     /// The trace is up to now and an NVML sample is due ([`Session::sample_nvml`]).
     nvml_due: bool,
+    /// Which node GPU each process's CUDA ordinal is, for the NVML readings this session takes
+    /// itself (the pipeline places the events with its own, fed the same `/proc` readings).
+    placement: crate::attribution::Attribution,
 }
 
 /// How long probe events wait before they are applied, so that a free (stamped when its call
@@ -162,6 +165,7 @@ impl Session {
             nvml_reads_at_failure: 0,
             failures_after_exit: 0,
             nvml_due: false,
+            placement: crate::attribution::Attribution::for_node(None),
         };
         if let Some(e) = &s.probes.mmap_probe_error {
             s.notes.push(format!("no kprobe on a kernel mmap function ({e}): a libcuda file not probed at start is found only by the /proc scan, every {} ms", s.opts.scan_interval.as_millis()));
@@ -404,9 +408,11 @@ impl Session {
             }
             let Some(n) = &self.nvml else { continue };
             let device = if e.device >= 0 { e.device } else { self.table.likely_device(e.pid) };
+            // NVML's index of the process's GPU, not its CUDA ordinal.
+            let gpu = self.placement.node_device(e.pid, device);
             let start = self.table.get(e.pid).map(|p| p.start_time);
             let ts = now_ns();
-            let Some((total, free)) = n.device_memory(device) else { continue };
+            let Some((total, free)) = n.device_memory(gpu) else { continue };
             let alive = procfs::stat(e.pid).is_some_and(|st| st.state != 'Z' && st.state != 'X' && start.is_none_or(|s| s == st.start_time));
             if !alive {
                 self.failures_after_exit += 1;
@@ -436,7 +442,10 @@ impl Session {
                     }
                     out.push(Msg::Event(e));
                 }
-                Action::Forget(pid) => out.push(Msg::Forget(pid)),
+                Action::Forget(pid) => {
+                    self.placement.forget(pid);
+                    out.push(Msg::Forget(pid));
+                }
             }
         }
     }
@@ -463,6 +472,17 @@ impl Session {
         let wait = if self.mapped_pending.is_empty() { wait } else { wait.min(Duration::from_millis(2)) };
         let events = self.probes.poll(wait);
         let n = events.len();
+        // Who a new process is, read now: by the time its events leave the reorder window a
+        // short-lived one is gone. The pipeline gets the same reading (Msg::Proc), before the
+        // process's events.
+        for e in &events {
+            if e.pid != 0 && !self.placement.knows(e.pid) {
+                let read = crate::attribution::ProcRead::read(std::path::Path::new("/proc"), e.pid);
+                self.placement.prefetch(e.pid, read.clone());
+                self.placement.identify(e.pid);
+                out.push(Msg::Proc { pid: e.pid, read: Box::new(read) });
+            }
+        }
         let readings = self.read_at_failures(&events);
         self.probe_mapped();
         self.buffer(events);
@@ -546,7 +566,7 @@ impl Session {
             self.nvml_used.retain(|&(p, _), _| p != pid);
         }
         for ((pid, d), used) in now {
-            let traced = super::processes::traced_bytes(state, pid, d);
+            let traced = state.traced_bytes(pid, d);
             self.nvml_used.insert((pid, d), (used, traced));
         }
         // Only for processes the table still knows: a long-running agent stays bounded.

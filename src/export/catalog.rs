@@ -5,7 +5,9 @@
 //! Prometheus compatibility rules translate them (what a collector's Prometheus exporter shows).
 //!
 //! Attributes are bounded by design: `hw.id` (one per GPU), `process.pid` and
-//! `process.executable.name` (one per traced process, dropped after it exits), `gpufrag.verdict`
+//! `process.executable.name` (one per traced process, dropped after it exits) with, where known,
+//! its `container.id`, `k8s.pod.uid`, `k8s.pod.name`, `k8s.namespace.name` and
+//! `k8s.container.name` (one value per process, so no more series), `gpufrag.verdict`
 //! (three values), `gpufrag.level` (two), `hw.type` (one). Never an address, never a size.
 
 use super::snapshot::{DeviceView, ProcessPoint, View};
@@ -96,11 +98,15 @@ fn hw_attrs(d: &DeviceView) -> Vec<(&'static str, AttrValue)> {
 
 /// Attributes of a process × device point.
 pub fn process_attrs(p: &ProcessPoint) -> Vec<(&'static str, AttrValue)> {
-    vec![
+    let mut a = vec![
         ("process.pid", AttrValue::Int(i64::from(p.pid))),
         ("process.executable.name", AttrValue::Str(p.exe.clone())),
         ("hw.id", AttrValue::Str(p.hw_id.clone())),
-    ]
+    ];
+    if let Some(id) = &p.identity {
+        a.extend(id.attributes().into_iter().map(|(k, v)| (k, AttrValue::Str(Arc::from(v)))));
+    }
+    a
 }
 
 fn per_device(v: &View, f: impl Fn(&DeviceView) -> Option<Value>) -> Vec<Point> {

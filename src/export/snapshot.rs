@@ -11,7 +11,6 @@
 use super::gpu::GpuIds;
 use crate::ingest::histogram::{SizeStats, BUCKET_BOUNDS};
 use crate::analysis::{OomInputs, Verdict};
-use crate::event::EventKind;
 use crate::ingest::State;
 use crate::map::Figures;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -47,6 +46,8 @@ pub struct ProcessPoint {
     pub ooms: [u64; Verdict::ALL.len()],
     /// Whether the process exited.
     pub exited: bool,
+    /// Its container and pod, when known (`container.id`, `k8s.*`).
+    pub identity: Option<Arc<crate::attribution::Identity>>,
 }
 
 /// What is known of a device.
@@ -337,7 +338,7 @@ impl Builder {
         // again, and reports the OOM itself if that fails too): not counted.
         let mut ooms: BTreeMap<(u32, i16), [u64; Verdict::ALL.len()]> = BTreeMap::new();
         for o in &state.ooms {
-            if o.figures.framework_seen && o.op != Some(EventKind::BlockAlloc) {
+            if o.is_framework_retry() {
                 continue;
             }
             let inputs = OomInputs::of(o);
@@ -378,7 +379,11 @@ impl Builder {
             if exited && self.exited_at.get(&pid).is_some_and(|t| now.duration_since(*t) > EXITED_KEEP) {
                 continue;
             }
-            let exe = self.exe_name(pid);
+            let identity = state.identities.get(&pid).cloned();
+            let exe = match &identity {
+                Some(id) => Arc::from(id.exe.as_str()),
+                None => self.exe_name(pid),
+            };
             let point = ProcessPoint {
                 pid,
                 exe,
@@ -389,6 +394,7 @@ impl Builder {
                 frees: s.frees,
                 ooms: ooms.get(&key).copied().unwrap_or_default(),
                 exited,
+                identity,
             };
             self.last.insert(key, point.clone());
             processes.push(point);
@@ -447,7 +453,7 @@ pub fn read_exe_name(pid: u32) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::event::Event;
+    use crate::event::{Event, EventKind};
 
     fn alloc(pid: u32, addr: u64, size: u64) -> Event {
         Event { addr, size, ..Event::new(EventKind::MemAlloc, pid, 0) }
@@ -455,6 +461,39 @@ mod tests {
 
     fn builder() -> Builder {
         Builder::new(GpuIds::without_nvml())
+    }
+
+    #[test]
+    fn a_containers_process_carries_its_container_and_pod_until_dropped_after_exit() {
+        let mut st = State::default();
+        st.apply(&alloc(10, 1 << 30, 4 << 20));
+        let id = crate::attribution::Identity {
+            exe: "train".into(),
+            container_id: Some("c0ffee".repeat(10) + "c0ff"),
+            pod_uid: Some("b3922967-14e1-4867-9388-461bac94b37e".into()),
+            pod_name: Some("trainer-0".into()),
+            namespace: Some("ml".into()),
+            ..Default::default()
+        };
+        st.identities.insert(10, Arc::new(id));
+        let store = Arc::new(Store::default());
+        let mut b = builder();
+        store.put(b.build(&st));
+        let r = Reader::new(store.clone());
+        let attrs = super::super::catalog::process_attrs(&r.view().processes[0]);
+        let keys: Vec<&str> = attrs.iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys, ["process.pid", "process.executable.name", "hw.id", "container.id", "k8s.pod.uid", "k8s.pod.name", "k8s.namespace.name"]);
+        assert_eq!(attrs[1].1.to_label(), "train");
+        r.collected(true);
+        // It exits and the state forgets it (the agent): exported once more, with its pod, then gone.
+        st.apply(&Event::new(EventKind::ProcessExit, 10, -1));
+        st.forget(10);
+        store.put(b.build(&st));
+        let v = r.view();
+        assert_eq!(v.processes.len(), 1);
+        assert!(v.processes[0].exited && v.processes[0].identity.as_ref().is_some_and(|i| i.pod_name.as_deref() == Some("trainer-0")));
+        r.collected(true);
+        assert!(r.view().processes.is_empty());
     }
 
     #[test]

@@ -47,7 +47,7 @@ impl Default for SizeStats {
 impl SizeStats {
     /// Records one size.
     pub fn record(&mut self, v: u64) {
-        let _ = self.hist.saturating_record(v.max(1));
+        self.hist.saturating_record(v.max(1));
         self.buckets[bucket_index(v)] += 1;
         self.sum = self.sum.saturating_add(v);
         self.min = self.min.min(v);

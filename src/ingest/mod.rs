@@ -34,6 +34,29 @@ use std::collections::BTreeMap;
 /// How many exit times [`State::exited`] keeps (the most recent).
 pub const EXITED_KEPT: usize = 4096;
 
+/// How much of a process's device memory a live trace accounts for (eBPF capture, which may
+/// attach to a process mid-run): what the trace holds beside what NVML says the process uses.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Coverage {
+    /// Process.
+    pub pid: u32,
+    /// Start time (clock ticks after boot).
+    pub start_time: u64,
+    /// Executable name.
+    pub name: String,
+    /// Device.
+    pub device: i16,
+    /// Bytes the trace holds for it (reserved plus created-but-unmapped physical memory).
+    pub traced: u64,
+    /// NVML's used bytes for it, when NVML answered.
+    pub nvml_used: Option<u64>,
+    /// `nvml_used − traced`: memory it held that the trace cannot place (allocated before
+    /// attaching, or the driver's own context memory).
+    pub unattributed: Option<u64>,
+    /// Traced from its start.
+    pub exact: bool,
+}
+
 /// How many anomalies are kept verbatim (all are counted).
 pub const KEPT_ANOMALIES: usize = 20;
 
@@ -213,6 +236,10 @@ pub struct State {
     pub unknown_kinds: u64,
     /// Processes that exited.
     pub exited: BTreeMap<u32, u64>,
+    /// Who each process is (name, container, pod), as the live front end read it from `/proc`
+    /// when the process was first seen ([`crate::attribution`]). Not carried by events: a
+    /// replayed record has none.
+    pub identities: BTreeMap<u32, std::sync::Arc<crate::attribution::Identity>>,
     rules: AllocatorRules,
     /// Per (pid, device): the process's latest own reading of device free.
     readings: BTreeMap<(u32, i16), Reading>,
@@ -239,22 +266,26 @@ impl State {
         }
     }
 
-    /// Drops every map of `pid` (all devices): its process is gone and its pid may be reused
-    /// (the eBPF path keys processes by pid and start time and calls this when one ends). The
-    /// process's OOM records, anomalies and exit time stay.
-    pub fn forget(&mut self, pid: u32) {
-        self.spaces.retain(|&(p, _), _| p != pid);
-        self.readings.retain(|&(p, _), _| p != pid);
-        let ooms = &self.ooms;
-        self.awaiting.retain(|&i| ooms[i].pid != pid);
-    }
-
-    fn traced_bytes(&self, pid: u32, device: i16) -> u64 {
+    /// Bytes the trace holds for (pid, device): reserved plus created-but-unmapped physical
+    /// memory (what [`Coverage::traced`] compares with NVML).
+    pub fn traced_bytes(&self, pid: u32, device: i16) -> u64 {
         self.spaces.get(&(pid, device)).map_or(0, |s| {
             let f = s.map.figures();
             f.reserved + f.unmapped_physical
         })
     }
+
+    /// Drops every map of `pid` (all devices): its process is gone and its pid may be reused
+    /// (the eBPF path keys processes by pid and start time and calls this when one ends). The
+    /// process's OOM records, anomalies and exit time stay.
+    pub fn forget(&mut self, pid: u32) {
+        self.spaces.retain(|&(p, _), _| p != pid);
+        self.identities.remove(&pid);
+        self.readings.retain(|&(p, _), _| p != pid);
+        let ooms = &self.ooms;
+        self.awaiting.retain(|&i| ooms[i].pid != pid);
+    }
+
 
     /// A reading of device free by (or, with `nvml`, for) `pid` on `device`: remembered as the
     /// process's latest, and given to the OOM records it may complete.

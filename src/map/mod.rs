@@ -51,6 +51,19 @@ pub enum SegmentKind {
     Pool,
 }
 
+impl SegmentKind {
+    /// The name the summary, the report and the live feed write (the serde name).
+    pub fn name(self) -> &'static str {
+        match self {
+            SegmentKind::Driver => "driver",
+            SegmentKind::Pitch => "pitch",
+            SegmentKind::Managed => "managed",
+            SegmentKind::Mapped => "mapped",
+            SegmentKind::Pool => "pool",
+        }
+    }
+}
+
 /// One segment: memory the process holds from the driver.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Segment {

@@ -62,7 +62,8 @@ fn now_ns() -> u64 {
 
 /// Builds a frame from a state.
 pub fn frame(state: &State, source: &str, seq: u64, last: bool) -> Frame {
-    let summary = Summary::from_state(state, source);
+    let mut summary = Summary::from_state(state, source);
+    summary.identify(state);
     let strips = state.spaces.values().map(process_strip).collect();
     Frame { feed: FEED_VERSION, seq, ts_ns: now_ns(), server_pid: std::process::id(), last, summary, strips }
 }

@@ -9,7 +9,7 @@
 //! into rows without per-segment labels. Every number the picture shows is also on its element as
 //! a `data-` attribute (exact bytes), under stable ids, for tests and scripts.
 
-use super::strip::{kind_name, largest_free_run, live_fractions};
+use super::strip::{largest_free_run, live_fractions};
 use super::svg::{self as s, esc, put, short_bytes};
 use crate::ingest::ProcessDevice;
 use crate::map::Segment;
@@ -70,7 +70,7 @@ pub struct MapSpec<'a> {
 }
 
 fn seg_title(g: &Segment, largest: u64) -> String {
-    let mut t = format!("{:#x}: {} segment of {} ({} B)", g.start, kind_name(g.kind), short_bytes(g.size), g.size);
+    let mut t = format!("{:#x}: {} segment of {} ({} B)", g.start, g.kind.name(), short_bytes(g.size), g.size);
     if !g.framework {
         t.push_str(", not the caching allocator's: in use in full");
     } else if g.live_blocks == 0 {
@@ -263,7 +263,7 @@ data-releasable=\"{}\" data-reserved=\"{}\" data-allocated=\"{}\" data-device-fr
                 "<g class=\"segment\" data-address=\"{}\" data-size=\"{}\" data-kind=\"{}\" data-framework=\"{}\" data-live=\"{}\" data-live-blocks=\"{}\" data-stranded=\"{}\" data-releasable=\"{}\" data-largest-free-run=\"{}\">\n<title>{}</title>\n<rect x=\"{x:.2}\" y=\"{y:.1}\" width=\"{w:.2}\" height=\"{bar_h}\" fill=\"{bg}\"/>\n",
                 g.start,
                 g.size,
-                kind_name(g.kind),
+                g.kind.name(),
                 g.framework,
                 if g.framework { g.live_bytes } else { g.size },
                 g.live_blocks,

@@ -26,48 +26,12 @@ use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN};
 use crate::ingest::{ProcessDevice, State};
 use crate::map::SegmentKind;
 use crate::rules::{AllocatorRules, ROUNDUP_INTERVALS, SMALL_BUFFER};
+use crate::snapshot::Action;
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 
 /// Trace entries kept by default (the oldest go first past it).
 pub const DEFAULT_ENTRIES: usize = 1_000_000;
-
-/// A PyTorch trace action.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Act {
-    /// `alloc`.
-    Alloc,
-    /// `free_requested`.
-    FreeRequested,
-    /// `free_completed`.
-    FreeCompleted,
-    /// `segment_alloc`.
-    SegmentAlloc,
-    /// `segment_free`.
-    SegmentFree,
-    /// `segment_map`.
-    SegmentMap,
-    /// `segment_unmap`.
-    SegmentUnmap,
-    /// `oom`.
-    Oom,
-}
-
-impl Act {
-    /// PyTorch's spelling.
-    pub fn name(self) -> &'static str {
-        match self {
-            Act::Alloc => "alloc",
-            Act::FreeRequested => "free_requested",
-            Act::FreeCompleted => "free_completed",
-            Act::SegmentAlloc => "segment_alloc",
-            Act::SegmentFree => "segment_free",
-            Act::SegmentMap => "segment_map",
-            Act::SegmentUnmap => "segment_unmap",
-            Act::Oom => "oom",
-        }
-    }
-}
 
 /// One trace entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,7 +41,7 @@ pub struct Entry {
     /// Device.
     pub device: i16,
     /// Action.
-    pub act: Act,
+    pub act: Action,
     /// Address (0 for `oom`).
     pub addr: u64,
     /// Bytes (requested size for blocks, segment size, failed request).
@@ -153,7 +117,7 @@ impl TraceLog {
     }
 
     /// The segment of `state` that holds `addr` in `pid`'s space on `device`.
-    fn segment_of<'s>(state: &'s State, pid: u32, device: i16, addr: u64) -> Option<&'s crate::map::Segment> {
+    fn segment_of(state: &State, pid: u32, device: i16, addr: u64) -> Option<&crate::map::Segment> {
         state.spaces.get(&(pid, device)).and_then(|s| s.map.segment_at(addr))
     }
 
@@ -186,7 +150,7 @@ impl TraceLog {
         match kind {
             EventKind::AllocFailed => {
                 let device = if ev.device >= 0 { ev.device } else { 0 };
-                self.push(Entry { device_free: ev.device_free(), ..base(Act::Oom, device, 0, ev.requested) });
+                self.push(Entry { device_free: ev.device_free(), ..base(Action::Oom, device, 0, ev.requested) });
             }
             _ if ev.rc != 0 => {}
             EventKind::BlockAlloc => {
@@ -194,7 +158,7 @@ impl TraceLog {
                 let requested = if ev.requested > 0 || ev.flags & F_BLOCK_SIZE_KNOWN == 0 { ev.requested } else { ev.size };
                 self.blocks.insert((ev.pid, ev.addr), (device, requested));
                 self.mark_framework(state, ev.pid, device, ev.addr);
-                self.push(base(Act::Alloc, device, ev.addr, requested));
+                self.push(base(Action::Alloc, device, ev.addr, requested));
             }
             EventKind::Adopt if ev.addr != 0 => {
                 let device = self.device_of(state, ev, None);
@@ -204,8 +168,8 @@ impl TraceLog {
                 let known = self.blocks.remove(&(ev.pid, ev.addr));
                 let device = self.device_of(state, ev, known.map(|k| k.0));
                 let size = known.map_or(ev.requested, |k| k.1);
-                self.push(base(Act::FreeRequested, device, ev.addr, size));
-                self.push(base(Act::FreeCompleted, device, ev.addr, size));
+                self.push(base(Action::FreeRequested, device, ev.addr, size));
+                self.push(base(Action::FreeCompleted, device, ev.addr, size));
             }
             EventKind::MemAlloc | EventKind::MemAllocPitch | EventKind::MemAllocManaged | EventKind::PoolAlloc => {
                 let device = self.device_of(state, ev, None);
@@ -214,7 +178,7 @@ impl TraceLog {
                     || Self::segment_of(state, ev.pid, device, ev.addr).is_some_and(|g| g.framework);
                 let seen = SegSeen { device, size: ev.size, seq: self.pushed, framework };
                 self.segments.insert((ev.pid, ev.addr), seen);
-                self.push(base(Act::SegmentAlloc, device, ev.addr, ev.size));
+                self.push(base(Action::SegmentAlloc, device, ev.addr, ev.size));
             }
             EventKind::MemFree | EventKind::PoolFree => {
                 let known = self.segments.remove(&(ev.pid, ev.addr));
@@ -228,15 +192,15 @@ impl TraceLog {
                         self.entries[i].driver_only = true;
                     }
                 }
-                self.push(Entry { driver_only, ..base(Act::SegmentFree, device, ev.addr, size) });
+                self.push(Entry { driver_only, ..base(Action::SegmentFree, device, ev.addr, size) });
             }
             EventKind::Map => {
                 let device = self.device_of(state, ev, None);
-                self.push(base(Act::SegmentMap, device, ev.addr, ev.size));
+                self.push(base(Action::SegmentMap, device, ev.addr, ev.size));
             }
             EventKind::Unmap => {
                 let device = self.device_of(state, ev, None);
-                self.push(base(Act::SegmentUnmap, device, ev.addr, ev.size));
+                self.push(base(Action::SegmentUnmap, device, ev.addr, ev.size));
             }
             _ => {}
         }
@@ -354,13 +318,13 @@ fn write_settings(w: &mut Writer, rules: &AllocatorRules, expandable: bool) {
 
 /// The snapshot pickle of one process (`None`: every process, as if one).
 pub fn snapshot_pickle(state: &State, log: Option<&TraceLog>, pid: Option<u32>) -> Vec<u8> {
-    let spaces: Vec<&ProcessDevice> = state.spaces.values().filter(|s| pid.map_or(true, |p| s.pid == p)).collect();
+    let spaces: Vec<&ProcessDevice> = state.spaces.values().filter(|s| pid.is_none_or(|p| s.pid == p)).collect();
     let rules = spaces.first().map(|s| s.map.rules().clone()).unwrap_or_default();
     let expandable = spaces.iter().any(|s| s.map.segments().any(|g| g.kind == SegmentKind::Mapped && g.framework));
     // Each kept entry with whether it is about driver-only memory: said at the segment's free,
     // or, for memory still held (segments allocated in the log, mapped ranges), by the final state.
     let held_driver_only = |e: &Entry| {
-        matches!(e.act, Act::SegmentAlloc | Act::SegmentMap | Act::SegmentUnmap)
+        matches!(e.act, Action::SegmentAlloc | Action::SegmentMap | Action::SegmentUnmap)
             && TraceLog::segment_of(state, e.pid, e.device, e.addr).is_some_and(driver_only)
     };
     let entries: Vec<(&Entry, bool)> = log
@@ -368,9 +332,9 @@ pub fn snapshot_pickle(state: &State, log: Option<&TraceLog>, pid: Option<u32>) 
             let open: std::collections::HashSet<u64> = l.segments.values().map(|s| s.seq).collect();
             l.entries()
                 .zip(l.first_seq()..)
-                .filter(|(e, _)| pid.map_or(true, |p| e.pid == p))
+                .filter(|(e, _)| pid.is_none_or(|p| e.pid == p))
                 .map(|(e, seq)| {
-                    let still_held = e.act != Act::SegmentAlloc || open.contains(&seq);
+                    let still_held = e.act != Action::SegmentAlloc || open.contains(&seq);
                     (e, e.driver_only || (still_held && held_driver_only(e)))
                 })
                 .collect()

@@ -42,7 +42,8 @@ pub struct ViewArgs {
     #[arg(long)]
     pub no_feed: bool,
     /// Where to write the HTML report when an allocation fails (default: report.html beside
-    /// --summary-json, else gpufrag-report-PID.html in the current directory).
+    /// --summary-json, else gpufrag/report-PID.html, PID the failed process, under
+    /// $XDG_STATE_HOME or ~/.local/state).
     #[arg(long, value_name = "PATH", conflicts_with = "no_report")]
     pub report: Option<PathBuf>,
     /// Write no report when an allocation fails.

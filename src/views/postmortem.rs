@@ -18,21 +18,30 @@ fn now_ns() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// Where the automatic report goes: `explicit`, else `report.html` beside the summary JSON, else
-/// `gpufrag-report-PID.html` in the current directory.
-pub fn report_path(explicit: Option<&Path>, summary_json: Option<&Path>) -> PathBuf {
+/// Where the automatic report goes when the user named a place: `explicit`, else `report.html`
+/// beside the summary JSON; `None` means [`default_report_path`] of the failed process.
+pub fn report_path(explicit: Option<&Path>, summary_json: Option<&Path>) -> Option<PathBuf> {
     if let Some(p) = explicit {
-        return p.to_path_buf();
+        return Some(p.to_path_buf());
     }
-    if let Some(s) = summary_json {
-        return s.parent().unwrap_or(Path::new("")).join("report.html");
-    }
-    PathBuf::from(format!("gpufrag-report-{}.html", std::process::id()))
+    summary_json.map(|s| s.parent().unwrap_or(Path::new("")).join("report.html"))
+}
+
+/// The report of an OOM in `pid` when no place was named: `gpufrag/report-PID.html` under
+/// `$XDG_STATE_HOME` (default `~/.local/state`), else under the temporary directory; never the
+/// current directory.
+pub fn default_report_path(pid: u32) -> PathBuf {
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").filter(|v| !v.is_empty()).map(|h| PathBuf::from(h).join(".local/state")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("gpufrag").join(format!("report-{pid}.html"))
 }
 
 /// Writes report.html at the end of a run in which an allocation failed, and prints its path.
 pub struct OomReportWriter {
-    path: PathBuf,
+    path: Option<PathBuf>,
     source: String,
     history: History,
     saw_events: bool,
@@ -41,8 +50,9 @@ pub struct OomReportWriter {
 }
 
 impl OomReportWriter {
-    /// A writer that will write to `path` if an OOM happens.
-    pub fn new(path: PathBuf, source: &str) -> OomReportWriter {
+    /// A writer that will write to `path` (`None`: [`default_report_path`] of the failed process)
+    /// if an OOM happens.
+    pub fn new(path: Option<PathBuf>, source: &str) -> OomReportWriter {
         OomReportWriter { path, source: source.to_string(), history: History::default(), saw_events: false, written: None }
     }
 }
@@ -67,17 +77,25 @@ impl Observer for OomReportWriter {
             self.history.observe_state(state, now_ns());
         }
         let mut summary = Summary::from_state(state, &self.source);
+        summary.identify(state);
         if !self.saw_events {
             summary.notes.push("the map and the timeline were sampled at the live status interval, not event by event".into());
         }
         let data = ReportData { summary, state: Some(state.clone()), history: Some(self.history.clone()), log: None };
         let oom = report::pick_oom(&data.summary, None);
-        match std::fs::write(&self.path, report::html(&data, oom)) {
-            Ok(()) => {
-                eprintln!("[gpufrag] OOM report: {}", self.path.display());
-                self.written = Some(self.path.clone());
+        let pid = oom.map_or(0, |i| data.summary.ooms[i].pid);
+        let path = self.path.clone().unwrap_or_else(|| default_report_path(pid));
+        if self.path.is_none() {
+            if let Some(dir) = path.parent() {
+                let _ = std::fs::create_dir_all(dir);
             }
-            Err(e) => eprintln!("[gpufrag] could not write the OOM report {}: {e}", self.path.display()),
+        }
+        match std::fs::write(&path, report::html(&data, oom)) {
+            Ok(()) => {
+                eprintln!("[gpufrag] OOM report: {}", path.display());
+                self.written = Some(path);
+            }
+            Err(e) => eprintln!("[gpufrag] could not write the OOM report {}: {e}", path.display()),
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::analysis::summary::{DeviceSummary, OomSummary, Summary};
 use crate::analysis::Verdict;
 use crate::ingest::{ProcessDevice, State};
 use crate::input::{self, UnusableInput};
-use crate::units::human_bytes;
+use crate::units::{human_bytes, thousands as group};
 use std::path::Path;
 
 /// Most per-process maps drawn when no allocation failed.
@@ -62,6 +62,7 @@ pub fn load(path: &Path, max_points: usize, log_entries: Option<usize>) -> anyho
     let mut notes = loaded.notes.clone();
     notes.append(&mut summary.notes);
     summary.notes = notes;
+    crate::sim::apply_to_summary(&mut summary, || crate::sim::stream_of_file(path));
     let mut state = State::new(loaded.rules.clone());
     let mut history = History::new(max_points);
     let mut log = log_entries.map(TraceLog::new);
@@ -145,18 +146,6 @@ pub fn map_svgs(data: &ReportData, oom: Option<usize>) -> Vec<String> {
         .collect()
 }
 
-fn group(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 fn bytes_td(field: &str, b: u64) -> String {
     format!("<td class=\"num\" data-field=\"{field}\" data-bytes=\"{b}\" title=\"{} B\">{}</td>", group(b), esc(&human_bytes(b)))
 }
@@ -213,6 +202,9 @@ fn verdict_section(out: &mut String, s: &Summary, oom: Option<usize>) {
                 put(out, format_args!("<div class=\"card\" id=\"card-{id}\"{b}><div class=\"k\">{}</div><div class=\"v\">{}</div></div>\n", esc(name), esc(&val)));
             }
             out.push_str("</div>\n");
+            if let Some(w) = &s.whatif {
+                whatif_table(out, w);
+            }
             if s.ooms.len() > 1 {
                 put(out, format_args!("<p class=\"more\">This trace has {} failed allocations; this report shows number {} (choose another with <code>--oom N</code>). All are listed in the table below.</p>\n", s.ooms.len(), i + 1));
             }
@@ -240,6 +232,21 @@ fn verdict_section(out: &mut String, s: &Summary, oom: Option<usize>) {
     }
 }
 
+/// The trace's own settings and the best simulated one, side by side.
+fn whatif_table(out: &mut String, w: &crate::analysis::summary::WhatIfSummary) {
+    let name = |c: &str| if c.is_empty() { "PyTorch's defaults".to_string() } else { c.to_string() };
+    let oom = |b: &crate::analysis::summary::ScenarioBrief| match b.first_oom_requested {
+        Some(r) if b.oom => format!("OOM at a {} request", human_bytes(r)),
+        _ => "finishes".to_string(),
+    };
+    put(out, format_args!("<table id=\"whatif\" data-scenarios=\"{}\"><caption>Simulated ({} settings, gpufrag whatif)</caption>\n<tr><th></th><th>this run</th><th>best setting</th></tr>\n", w.scenarios, w.scenarios));
+    put(out, format_args!("<tr><th>setting</th><td>{}</td><td id=\"whatif-best\">{}</td></tr>\n", esc(&name(&w.baseline.alloc_conf)), esc(&name(&w.best.alloc_conf))));
+    put(out, format_args!("<tr><th>outcome</th><td>{}</td><td>{}</td></tr>\n", esc(&oom(&w.baseline)), esc(&oom(&w.best))));
+    put(out, format_args!("<tr><th>peak reserved</th><td>{}</td><td data-bytes=\"{}\">{}</td></tr>\n", esc(&human_bytes(w.baseline.peak_reserved)), w.best.peak_reserved, esc(&human_bytes(w.best.peak_reserved))));
+    put(out, format_args!("<tr><th>peak allocated</th><td>{}</td><td>{}</td></tr>\n", esc(&human_bytes(w.baseline.peak_allocated)), esc(&human_bytes(w.best.peak_allocated))));
+    put(out, format_args!("<tr><th>retries</th><td>{}</td><td>{}</td></tr>\n</table>\n", w.baseline.num_alloc_retries, w.best.num_alloc_retries));
+}
+
 fn device_row(out: &mut String, label: &str, d: &DeviceSummary, id_attr: &str) {
     put(out, format_args!("<tr{id_attr} data-device=\"{}\"><td>{}</td>", d.device, esc(label)));
     for (f, v) in [("reserved", d.reserved), ("allocated", d.allocated), ("stranded", d.stranded), ("releasable", d.releasable), ("largest_free_block", d.largest_free_block)] {
@@ -265,7 +272,7 @@ fn tables(out: &mut String, s: &Summary) {
         out.push_str("<h3>Per process</h3>\n<table id=\"processes-table\">\n");
         out.push_str(head);
         for p in &s.processes {
-            device_row(out, &format!("pid {} · device {}", p.pid, p.figures.device), &p.figures, &format!(" data-pid=\"{}\"", p.pid));
+            device_row(out, &format!("{} · device {}", crate::analysis::summary::Summary::process_label(p), p.figures.device), &p.figures, &format!(" data-pid=\"{}\"", p.pid));
         }
         out.push_str("</table>\n");
     }
@@ -409,15 +416,4 @@ pub fn html(data: &ReportData, oom: Option<usize>) -> String {
     }
     put(&mut out, format_args!("<footer>gpufrag {} · figures defined in docs/metrics.md · hover a segment for its numbers</footer>\n</main>\n<script>{SCRIPT}</script>\n</body></html>\n", env!("CARGO_PKG_VERSION")));
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn thousands_are_grouped() {
-        assert_eq!(group(2_684_354_560), "2,684,354,560");
-        assert_eq!(group(12), "12");
-    }
 }

@@ -3,7 +3,7 @@
 //! cell), and the per-segment strips the live feed sends.
 
 use crate::ingest::ProcessDevice;
-use crate::map::{AddressSpace, Segment, SegmentKind};
+use crate::map::{AddressSpace, Segment};
 use serde::{Deserialize, Serialize};
 
 /// Cells per segment in a feed strip.
@@ -42,22 +42,11 @@ pub fn live_fractions(map: &AddressSpace, seg: &Segment, bins: usize) -> Vec<f64
 pub fn largest_free_run(map: &AddressSpace) -> Option<(u64, u64)> {
     let mut best: Option<(u64, u64)> = None;
     for (s, l) in map.free_runs() {
-        if best.map_or(true, |(_, bl)| l > bl) {
+        if best.is_none_or(|(_, bl)| l > bl) {
             best = Some((s, l));
         }
     }
     best
-}
-
-/// The name of a segment kind, as the summary writes it.
-pub fn kind_name(k: SegmentKind) -> &'static str {
-    match k {
-        SegmentKind::Driver => "driver",
-        SegmentKind::Pitch => "pitch",
-        SegmentKind::Managed => "managed",
-        SegmentKind::Mapped => "mapped",
-        SegmentKind::Pool => "pool",
-    }
 }
 
 /// One segment as the feed sends it.
@@ -131,7 +120,7 @@ pub fn process_strip(space: &ProcessDevice) -> ProcessStrip {
         .map(|s| SegmentStrip {
             address: s.start,
             size: s.size,
-            kind: kind_name(s.kind).to_string(),
+            kind: s.kind.name().to_string(),
             framework: s.framework,
             live_blocks: s.live_blocks,
             live_bytes: if s.framework { s.live_bytes } else { s.size },

@@ -11,6 +11,9 @@
  *   threads N        4 threads x N alloc/free pairs of 1 MiB
  *   oom              a request larger than the device fails (CUDA_ERROR_OUT_OF_MEMORY)
  *   wait FILE        allocate 3 segments, wait until FILE exists, allocate 2 more, exit
+ *   oomhold HOLD REQ FILE  allocate HOLD MiB, ask for REQ MiB (fails when more than is free),
+ *                    print the free memory cuMemGetInfo gave at the failure, wait until FILE
+ *                    exists, exit (the OOM is seen while the process still holds its memory)
  *   gate FILE SCENARIO [ARG]  wait until FILE exists before touching CUDA at all, then SCENARIO
  *   torch LIB        blocks from the fake libc10_cuda.so at LIB inside one 20 MiB segment
  *   bench N          N alloc+free pairs of 4 KiB; prints ns per pair
@@ -241,6 +244,20 @@ static void wait_scenario(const char *file)
 	printf("FIGURES device=0 reserved=%llu before=%llu after=%llu\n", 28 * MIB, 24 * MIB, 4 * MIB);
 }
 
+static void oom_hold(unsigned long long hold, unsigned long long req, const char *file)
+{
+	CUdeviceptr p, q;
+	size_t free_b, total;
+	check(cuMemAlloc_v2(&p, hold * MIB), "cuMemAlloc_v2");
+	CUresult rc = cuMemAlloc_v2(&q, req * MIB);
+	check(cuMemGetInfo_v2(&free_b, &total), "cuMemGetInfo_v2");
+	printf("OOM rc=%d requested=%llu device_free=%llu\n", rc, req * MIB, (unsigned long long)free_b);
+	printf("FIGURES device=0 reserved=%llu segments=1\n", hold * MIB);
+	printf("READY\n");
+	fflush(stdout);
+	wait_for(file);
+}
+
 static void torch(const char *lib)
 {
 	void *h = dlopen(lib, RTLD_NOW);
@@ -331,6 +348,8 @@ int main(int argc, char **argv)
 		oom();
 	else if (!strcmp(s, "wait"))
 		wait_scenario(argv[2]);
+	else if (!strcmp(s, "oomhold") && argc > 4)
+		oom_hold(strtoull(argv[2], 0, 10), strtoull(argv[3], 0, 10), argv[4]);
 	else if (!strcmp(s, "torch"))
 		torch(argv[2]);
 	else if (!strcmp(s, "bench"))

@@ -83,7 +83,7 @@ pub fn ebpf_refused() -> Option<String> {
 macro_rules! require_ebpf {
     () => {
         if let Some(why) = support::ebpf_refused() {
-            eprintln!("SKIPPED: {why}");
+            $crate::tool_support::missing("eBPF", &format!("{why}: run as root on a kernel with BPF and BTF"));
             return;
         }
     };

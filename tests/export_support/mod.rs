@@ -43,19 +43,10 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// Whether this is CI (where every tool must be present).
-pub fn in_ci() -> bool {
-    std::env::var("CI").map(|v| v == "true" || v == "1").unwrap_or(false)
-}
-
-/// `None` after printing why the test is skipped; panics under CI.
+/// `None` after saying why the test is skipped (a failure under CI: [`crate::tool_support`]).
 pub fn require(tool: &str, found: Option<PathBuf>, install: &str) -> Option<PathBuf> {
     if found.is_none() {
-        let msg = format!("{tool} not found; install it with `{install}` (.ci/run does)");
-        if in_ci() {
-            panic!("{msg}");
-        }
-        eprintln!("SKIPPED: {msg}");
+        crate::tool_support::missing(tool, &format!("install it with `{install}`"));
     }
     found
 }

@@ -2,8 +2,9 @@
 //! stand-ins and `simcuda-workload`), a minimal consumer that speaks the shim's protocol (bind a
 //! Unix socket, accept, read the hello and its memfd, map the event region, drain its lanes
 //! merged by timestamp with the wire crate's `Merge`, and convert a TSC region's ticks to
-//! `CLOCK_MONOTONIC` ns with the wire crate's `clock`, as `gpufrag run` does), and a runner that starts the workload
-//! under `LD_PRELOAD` against it.
+//! `CLOCK_MONOTONIC` ns with the wire crate's `clock`, and keep the lanes about to be handed out
+//! in memory with the wire crate's `Prefault`, as `gpufrag run` does), and a runner that starts
+//! the workload under `LD_PRELOAD` against it.
 //!
 //! The consumer is deliberately independent of `src/consumer/` so that the shim's own tests do
 //! not depend on it; it can also stall (never drain, or never accept) and die mid-run, which is
@@ -24,7 +25,17 @@ use std::time::{Duration, Instant};
 use gpufrag_wire::event::{Event, EventKind};
 use gpufrag_wire::clock::{self, Converter};
 use gpufrag_wire::hello::{Hello, HELLO_BYTES, HELLO_F_TSC};
-use gpufrag_wire::lanes::{Lanes, Merge};
+use gpufrag_wire::lanes::{Lanes, Merge, Prefault, SPARE_LANES};
+use std::sync::atomic::AtomicU32;
+
+/// Lanes the consumer keeps populated beyond those handed out (`gpufrag run`'s
+/// `SPARE_LANES`; 0: none, the shim's thread populates its own lane, as before issue 15).
+static PREFAULT_SPARE: AtomicU32 = AtomicU32::new(SPARE_LANES);
+
+/// Sets the spare lanes of consumers started from now on (benchmarks compare 0 with the default).
+pub fn set_prefault_spare(n: u32) {
+    PREFAULT_SPARE.store(n, Ordering::Relaxed);
+}
 
 pub const MIB: u64 = 1 << 20;
 
@@ -141,6 +152,8 @@ struct Conn {
     merge: Merge,
     /// A region stamped in TSC ticks: its conversion to ns.
     ticks: Option<Converter>,
+    /// The lanes brought into memory ahead of the producer's threads, and how many spare.
+    prefault: (Prefault, u32),
     traced: Traced,
 }
 
@@ -155,6 +168,11 @@ impl Drop for Conn {
 }
 
 impl Conn {
+    fn prefault(&mut self) {
+        let (p, spare) = &mut self.prefault;
+        p.ahead(&self.lanes, *spare);
+    }
+
     fn drain(&mut self, sink: &mut Option<Sink>) -> usize {
         let events = &mut self.traced.events;
         let mut conv = self.ticks.map(|c| (c, clock::shared_model()));
@@ -284,7 +302,18 @@ fn open_conn(stream: UnixStream) -> std::io::Result<Conn> {
     stream.set_nonblocking(true)?;
     let merge = Merge::new(lanes.count());
     let ticks = (hello.flags & HELLO_F_TSC != 0).then(Converter::new);
-    Ok(Conn { stream, map, len, lanes, merge, ticks, traced: Traced { hello, events: Vec::new(), dropped: 0, pushed: 0, eof: false, received: 0 } })
+    let mut c = Conn {
+        stream,
+        map,
+        len,
+        lanes,
+        merge,
+        ticks,
+        prefault: (Prefault::new(), PREFAULT_SPARE.load(Ordering::Relaxed)),
+        traced: Traced { hello, events: Vec::new(), dropped: 0, pushed: 0, eof: false, received: 0 },
+    };
+    c.prefault();
+    Ok(c)
 }
 
 /// A consumer on a Unix socket in its own temp dir, running on a thread.
@@ -412,6 +441,7 @@ fn serve(
         }
         for c in &mut conns {
             if mode == Mode::Drain {
+                c.prefault();
                 busy |= c.drain(&mut sink) > 0;
             }
             c.poll_eof();

@@ -7,8 +7,16 @@
 //! ```text
 //!  0 magic "GFHELLO1"  8 pid u32  12 ppid u32  16 ring bytes u64  24 start time (clock ticks
 //!  since boot, /proc/PID/stat field 22) u64  32 flags u32 (bit 0: follows a fork; bit 1: events
-//!  stamped in TSC ticks)  36 source u32  40 executable name, 24 bytes NUL-padded
+//!  stamped in TSC ticks; bit 2: an environment block follows)  36 source u32  40 executable
+//!  name, 24 bytes NUL-padded
 //! ```
+//!
+//! With `HELLO_F_ENV` the hello is followed, in the same stream, by an environment block: a u16
+//! length (at most [`HELLO_ENV_MAX`]) and that many bytes of NUL-terminated `KEY=VALUE` pairs,
+//! the process's values of [`HELLO_ENV_KEYS`] when it armed (after any `setenv` the program made
+//! before its first CUDA call). The consumer needs them to place the process's CUDA ordinals on
+//! the node's GPUs and to name its pod, and a short-lived process is gone before `/proc` could
+//! be read.
 
 /// Magic of a hello.
 pub const HELLO_MAGIC: [u8; 8] = *b"GFHELLO1";
@@ -19,6 +27,46 @@ pub const HELLO_F_FORKED: u32 = 1;
 /// The region's events carry raw TSC ticks in `ts_ns`, not `CLOCK_MONOTONIC` ns: the consumer
 /// merges its lanes on them and converts each event after the merge ([`crate::clock`]).
 pub const HELLO_F_TSC: u32 = 2;
+/// An environment block follows the hello (see the module's documentation).
+pub const HELLO_F_ENV: u32 = 4;
+/// The most bytes of an environment block.
+pub const HELLO_ENV_MAX: usize = 1024;
+/// The variables an environment block carries: which GPUs the process sees, and the names
+/// of its Kubernetes pod where the downward API or the kubelet set them.
+pub const HELLO_ENV_KEYS: [&str; 11] = [
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "K8S_POD_NAME",
+    "K8S_NAMESPACE_NAME",
+    "K8S_POD_UID",
+    "K8S_CONTAINER_NAME",
+    "POD_NAME",
+    "POD_NAMESPACE",
+    "HOSTNAME",
+    "KUBERNETES_SERVICE_HOST",
+];
+
+/// Writes the environment block of the variables `get` returns into `out`: the u16 length,
+/// then the pairs; a pair that does not fit is left out whole. Returns the bytes written.
+pub fn env_block(get: impl Fn(&str) -> Option<Vec<u8>>, out: &mut [u8; HELLO_ENV_MAX + 2]) -> usize {
+    let mut n = 2;
+    for key in HELLO_ENV_KEYS {
+        let Some(v) = get(key) else { continue };
+        let need = key.len() + 1 + v.len() + 1;
+        if v.contains(&0) || n + need > out.len() {
+            continue;
+        }
+        out[n..n + key.len()].copy_from_slice(key.as_bytes());
+        out[n + key.len()] = b'=';
+        out[n + key.len() + 1..n + need - 1].copy_from_slice(&v);
+        out[n + need - 1] = 0;
+        n += need;
+    }
+    out[..2].copy_from_slice(&((n - 2) as u16).to_le_bytes());
+    n
+}
+
 /// Source: the LD_PRELOAD shim.
 pub const SOURCE_SHIM: u32 = 1;
 /// Source: a Python start-up hook sending allocator snapshots.
@@ -93,5 +141,17 @@ mod tests {
         assert_eq!(Hello::from_bytes(&h.to_bytes()), Some(h));
         assert_eq!(h.exe_name(), "python");
         assert_eq!(Hello::from_bytes(&[0; HELLO_BYTES]), None);
+    }
+
+    #[test]
+    fn env_blocks_carry_whole_pairs_within_their_bound() {
+        let mut out = [0u8; HELLO_ENV_MAX + 2];
+        let n = env_block(|k| (k == "CUDA_VISIBLE_DEVICES").then(|| b"2".to_vec()), &mut out);
+        assert_eq!(&out[..n], b"\x17\x00CUDA_VISIBLE_DEVICES=2\x00");
+        let long = vec![b'x'; 2000];
+        let n = env_block(|k| Some(if k == "NVIDIA_VISIBLE_DEVICES" { long.clone() } else { b"1".to_vec() }), &mut out);
+        assert!(n <= out.len());
+        assert!(!out[..n].windows(3).any(|w| w == b"xxx"), "the pair that does not fit is left out whole");
+        assert_eq!(u16::from_le_bytes([out[0], out[1]]) as usize, n - 2);
     }
 }

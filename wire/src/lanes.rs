@@ -15,6 +15,8 @@
 //! ```text
 //!    0  magic "GFLANES1"   8  version u32   12  lanes u32 (K, a power of two)
 //!   16  events per lane u64 (a power of two)   24  bytes per lane u64   32  pid u32
+//!   36  lanes handed out u32 (the producer raises it as threads get their lane; the consumer
+//!       brings the next lanes into memory ahead of them, see [`Prefault`])
 //! 4096  lane 0: a Ring (its own header: magic, capacity, tail, head, dropped; then its slots)
 //! 4096 + stride × k: lane k
 //! ```
@@ -25,6 +27,7 @@
 
 use crate::event::Event;
 use crate::ring::{region_bytes as ring_bytes, Ring, RingError};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// First 8 bytes of a lanes region.
@@ -38,9 +41,17 @@ pub const MAX_LANES: u32 = 256;
 /// Lanes when `GPUFRAG_RING_LANES` does not say.
 pub const DEFAULT_LANES: u32 = 16;
 /// Events a region holds in all (all lanes together) when `GPUFRAG_RING_CAPACITY` does not say:
-/// 256 Ki events, 16 Ki per lane with the default 16 lanes (22 MiB of address space; memory is
-/// used only as far as lanes fill).
-pub const DEFAULT_TOTAL_CAPACITY: u64 = 1 << 18;
+/// 1 Mi events, 64 Ki per lane with the default 16 lanes (88 MiB of address space, 5.5 MiB per
+/// lane; memory is used only for the lanes threads were given, and one spare the consumer keeps
+/// ready, see [`Prefault`]). A lane must hold what its thread pushes while the consumer is not
+/// running: on a loaded 2-core machine the drainer can be off the CPU for tens of milliseconds,
+/// during which a tight allocation loop pushes about a million events a second (`gpufrag demo
+/// --scenario small-pages` pushes 31,542 in one burst; 16 Ki per lane dropped up to half of them).
+pub const DEFAULT_TOTAL_CAPACITY: u64 = 1 << 20;
+/// Header offset of the count of lanes the producer has handed out.
+const ASSIGNED_OFFSET: usize = 36;
+/// Lanes the consumer keeps in memory beyond those handed out (see [`Prefault`]).
+pub const SPARE_LANES: u32 = 1;
 
 const PAGE: usize = 4096;
 
@@ -188,6 +199,24 @@ impl Lanes {
         unsafe { self.lane(lane as usize).push_single(ev, limit) }
     }
 
+    fn assigned_word(&self) -> &AtomicU32 {
+        // SAFETY: a 4-aligned word inside the checked header (page-aligned base), only ever
+        // accessed atomically after init.
+        unsafe { &*self.base.add(ASSIGNED_OFFSET).cast::<AtomicU32>() }
+    }
+
+    /// The producer's side: publishes that `n` lanes have been handed out (threads given a
+    /// lane so far; more than the lane count means all of them), so that the consumer brings
+    /// the next ones into memory before a thread needs them.
+    pub fn note_assigned(&self, n: u32) {
+        self.assigned_word().fetch_max(n.min(self.count() as u32), Ordering::Release);
+    }
+
+    /// Lanes the producer says it has handed out (at most the lane count).
+    pub fn assigned(&self) -> u32 {
+        self.assigned_word().load(Ordering::Acquire).min(self.count() as u32)
+    }
+
     /// The pid the producer wrote into the header.
     pub fn producer_pid(&self) -> u32 {
         // SAFETY: inside the checked header.
@@ -202,6 +231,73 @@ impl Lanes {
     /// Slots claimed by producers, all lanes together.
     pub fn pushed_count(&self) -> u64 {
         (0..self.count()).map(|k| self.lane(k).pushed_count()).fold(0, u64::wrapping_add)
+    }
+}
+
+/// Brings the pages of `len` bytes at `base` (inside a shared mapping of a region) into memory
+/// without changing a byte: one `madvise(MADV_POPULATE_WRITE)` (Linux 5.14), else an atomic
+/// add of zero to a word of each page (a write fault that races with no producer's store).
+/// Whether the madvise did it.
+///
+/// # Safety
+/// `base..base + len` must be mapped, readable and writable, page-aligned.
+pub unsafe fn populate(base: *mut u8, len: usize) -> bool {
+    // SAFETY: per the caller's contract; populating changes no data.
+    if unsafe { libc::madvise(base.cast(), len, libc::MADV_POPULATE_WRITE) } == 0 {
+        return true;
+    }
+    for off in (0..len).step_by(PAGE) {
+        // SAFETY: a page-aligned word inside the mapping; adding zero changes nothing, and an
+        // atomic read-modify-write cannot lose a producer's concurrent store.
+        let _ = unsafe { &*base.add(off).cast::<AtomicU64>() }.fetch_add(0, Ordering::Relaxed);
+    }
+    false
+}
+
+/// The consumer's prefaulting of a region's lanes: the pages of the lanes about to be handed
+/// out are brought into memory through the consumer's own mapping, so that a thread's first
+/// event finds its lane's pages already allocated and zeroed (the region is one shared memfd:
+/// the producer's first touch, its own `MADV_POPULATE_WRITE` in the shim, then only maps them,
+/// which is much cheaper than allocating and clearing them).
+///
+/// Lanes are handed out in order (lane n to the n-th thread, see the shim's `assign_lane`), so
+/// the consumer keeps lanes `0 .. assigned + SPARE_LANES` populated: one lane ahead of the
+/// producer's published count. A region whose process never makes an event costs that one
+/// lane (charged to the consumer, which faulted it); lanes no thread reaches cost nothing.
+#[derive(Debug, Default)]
+pub struct Prefault {
+    populated: u32,
+}
+
+impl Prefault {
+    /// Nothing populated yet.
+    pub fn new() -> Prefault {
+        Prefault { populated: 0 }
+    }
+
+    /// Populates the lanes up to `spare` beyond those handed out; the lanes populated now.
+    pub fn ahead(&mut self, lanes: &Lanes, spare: u32) -> u32 {
+        let want = lanes.assigned().saturating_add(spare).min(lanes.count() as u32);
+        let mut n = 0;
+        while self.populated < want {
+            let (base, len) = lanes.lane_region(self.populated as usize);
+            // SAFETY: lane `populated` lies inside the view's region, which the caller keeps
+            // mapped read-write while it uses the view.
+            unsafe { populate(base, len) };
+            self.populated += 1;
+            n += 1;
+        }
+        n
+    }
+
+    /// Lanes populated so far.
+    pub fn populated(&self) -> u32 {
+        self.populated
+    }
+
+    /// Whether every lane of `lanes` is populated (nothing left to do).
+    pub fn done(&self, lanes: &Lanes) -> bool {
+        self.populated as usize >= lanes.count()
     }
 }
 
@@ -490,6 +586,39 @@ mod tests {
             true
         });
         v
+    }
+
+    /// Pages of `len` bytes at `base` that are in memory (mincore).
+    fn resident(base: *mut u8, len: usize) -> usize {
+        let mut v = vec![0u8; len.div_ceil(PAGE)];
+        // SAFETY: a page-aligned range of our own mapping; mincore fills one byte per page.
+        assert_eq!(unsafe { libc::mincore(base.cast(), len, v.as_mut_ptr()) }, 0);
+        v.iter().filter(|&&b| b & 1 != 0).count()
+    }
+
+    #[test]
+    fn prefault_keeps_one_spare_lane_ahead_of_those_handed_out_and_changes_no_data() {
+        let h = HeapLanes::new(4, 1 << 12);
+        let l = h.lanes();
+        let pages = l.lane_region(0).1 / PAGE;
+        // A fresh lane is untouched beyond its header page.
+        assert_eq!(resident(l.lane_region(1).0, l.lane_region(1).1), 1, "lane 1 before");
+        let mut p = Prefault::new();
+        assert_eq!(p.ahead(l, SPARE_LANES), 1, "nothing handed out yet: lane 0 made ready");
+        assert_eq!(resident(l.lane_region(0).0, l.lane_region(0).1), pages, "lane 0 populated");
+        assert_eq!(resident(l.lane_region(1).0, l.lane_region(1).1), 1, "lane 1 left alone");
+        assert!(l.push(0, &ev(7, 1, 0x1000)));
+        l.note_assigned(1);
+        assert_eq!(p.ahead(l, SPARE_LANES), 1);
+        assert_eq!(p.ahead(l, SPARE_LANES), 0, "nothing new handed out");
+        assert_eq!(resident(l.lane_region(1).0, l.lane_region(1).1), pages, "lane 1 populated");
+        assert_eq!(resident(l.lane_region(2).0, l.lane_region(2).1), 1, "lane 2 left alone");
+        l.note_assigned(0); // never lowers the count
+        l.note_assigned(100); // capped at the lane count
+        assert_eq!(l.assigned(), 4);
+        assert_eq!(p.ahead(l, SPARE_LANES), 2);
+        assert!(p.done(l));
+        assert_eq!(l.lane(0).pop().map(|e| (e.ts_ns, e.addr)), Some((7, 0x1000)), "populating changed no data");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! - [`hello`]: the first message a traced process sends the consumer over its Unix socket.
 //! - [`clock`]: the events' clock (`CLOCK_MONOTONIC` or TSC ticks) and the one conversion of
 //!   ticks to `CLOCK_MONOTONIC` ns.
+#![warn(missing_docs)]
 
 pub mod clock;
 pub mod event;

@@ -28,6 +28,11 @@ pub struct Config {
     pub slack: u64,
     /// `SIMCUDA_STATE_DIR` (default `/tmp/simcuda-$UID`): holds the state file shared by processes.
     pub state_dir: PathBuf,
+    /// The physical devices this process sees, in ordinal order: all of them, or what
+    /// `CUDA_VISIBLE_DEVICES` lists (see [`visible_devices`]). The driver's ordinal N is physical
+    /// device `visible[N]`; NVML ignores the variable and always lists every device, as the real
+    /// one does.
+    pub visible: Vec<u32>,
 }
 
 impl Config {
@@ -69,7 +74,11 @@ impl Config {
                 std::env::temp_dir().join(format!("simcuda-{uid}"))
             }
         };
-        Ok(Config { devices, total, reserve, slack, state_dir })
+        let visible = match get("CUDA_VISIBLE_DEVICES") {
+            None => (0..devices).collect(),
+            Some(v) => visible_devices(&v, devices),
+        };
+        Ok(Config { devices, total, reserve, slack, state_dir, visible })
     }
 
     /// What `cuMemGetInfo` reports as total: the device less the driver's reserve.
@@ -81,6 +90,34 @@ impl Config {
     pub fn allocation_limit(&self) -> u64 {
         self.usable().saturating_sub(self.slack)
     }
+}
+
+/// The physical devices a `CUDA_VISIBLE_DEVICES` value makes visible, in order, the way the CUDA
+/// driver reads it: comma-separated entries, each a device index (`2`) or a UUID as NVML prints
+/// it (`GPU-5ec1...`, or any unique prefix of it, `GPU-` optional). The list ends at the first
+/// entry that names no device, names one twice, or is a form the stand-in does not model (a MIG
+/// instance, `MIG-...`); an empty value hides every device.
+pub fn visible_devices(value: &str, devices: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in value.split(',') {
+        let e = entry.trim();
+        let found = if !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit()) {
+            e.parse::<u32>().ok().filter(|&i| i < devices)
+        } else if e.is_empty() || e.starts_with("MIG-") {
+            None
+        } else {
+            let want = e.strip_prefix("GPU-").unwrap_or(e).to_ascii_lowercase();
+            let matches: Vec<u32> = (0..devices)
+                .filter(|&i| crate::device_uuid_string(i)["GPU-".len()..].starts_with(&want))
+                .collect();
+            (matches.len() == 1).then(|| matches[0])
+        };
+        match found {
+            Some(d) if !out.contains(&d) => out.push(d),
+            _ => break,
+        }
+    }
+    out
 }
 
 /// Parses `12GiB`, `615 MiB`, `1.5G`, `4096`, `2MB` (decimal), `512KiB` into bytes. A bare
@@ -134,6 +171,22 @@ mod tests {
         assert_eq!(parse_size("2MB"), Ok(2_000_000));
         assert!(parse_size("12 parsecs").is_err());
         assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn visible_devices_follow_cudas_rules() {
+        assert_eq!(visible_devices("2", 4), vec![2]);
+        assert_eq!(visible_devices("3,1", 4), vec![3, 1]);
+        assert_eq!(visible_devices(" 1 , 0 ", 4), vec![1, 0]);
+        assert_eq!(visible_devices("1,7,2", 4), vec![1], "the list ends at the first device that does not exist");
+        assert_eq!(visible_devices("1,1", 4), vec![1]);
+        assert_eq!(visible_devices("", 4), Vec::<u32>::new());
+        assert_eq!(visible_devices("-1", 4), Vec::<u32>::new());
+        let uuid = crate::device_uuid_string(3);
+        assert_eq!(visible_devices(&uuid, 4), vec![3]);
+        assert_eq!(visible_devices(&uuid[..12], 4), vec![3], "a unique prefix names the device");
+        assert_eq!(visible_devices(&uuid["GPU-".len()..], 4), vec![3], "GPU- is optional");
+        assert_eq!(visible_devices(&format!("MIG-{}", &uuid[4..]), 4), Vec::<u32>::new());
     }
 
     #[test]

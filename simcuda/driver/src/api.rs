@@ -12,7 +12,7 @@ use simcuda_core::ffi::*;
 use simcuda_core::{write_c_string, DEVICE_NAME, DRIVER_VERSION, GRANULARITY};
 
 use crate::{
-    check_device, config, context_of, initialized, current_device, device_of_context, entry, init, model, put, CURRENT,
+    check_device, config, context_of, initialized, ordinal_of, current_device, device_of_context, entry, init, model, put, CURRENT,
     PRIMARY_REFS,
 };
 
@@ -33,9 +33,10 @@ pub unsafe extern "C" fn cuDriverGetVersion(driverVersion: *mut c_int) -> CUresu
 pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
     entry("cuDeviceGet", || {
         initialized()?;
-        let d = check_device(ordinal)?;
+        check_device(ordinal)?;
+        // A CUdevice is the ordinal (the physical device stays behind it).
         // SAFETY: out-pointer from the caller, null checked by put.
-        unsafe { put(device, d as CUdevice) }
+        unsafe { put(device, ordinal as CUdevice) }
     })
 }
 
@@ -44,7 +45,7 @@ pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
     entry("cuDeviceGetCount", || {
         initialized()?;
         // SAFETY: out-pointer from the caller, null checked by put.
-        unsafe { put(count, config()?.devices as c_int) }
+        unsafe { put(count, config()?.visible.len() as c_int) }
     })
 }
 
@@ -133,7 +134,7 @@ pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
             return Ok(());
         }
         let d = device_of_context(ctx)
-            .filter(|&d| check_device(d as CUdevice).is_ok() && PRIMARY_REFS[d as usize].load(Ordering::Acquire) > 0)
+            .filter(|&d| ordinal_of(d).is_ok() && PRIMARY_REFS[d as usize].load(Ordering::Acquire) > 0)
             .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
         CURRENT.with(|c| c.set(d + 1));
         Ok(())
@@ -156,9 +157,9 @@ pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
     entry("cuCtxGetDevice", || {
-        let d = current_device()?;
+        let d = ordinal_of(current_device()?)?;
         // SAFETY: out-pointer from the caller, null checked by put.
-        unsafe { put(device, d as CUdevice) }
+        unsafe { put(device, d) }
     })
 }
 

@@ -137,9 +137,18 @@ extern "C" fn on_unload() {
 #[link_section = ".fini_array"]
 static ON_UNLOAD: extern "C" fn() = on_unload;
 
+/// The physical device behind CUDA ordinal `dev` (`CUDA_VISIBLE_DEVICES` remaps ordinals: with
+/// `CUDA_VISIBLE_DEVICES=2` ordinal 0 is physical device 2). Everything below the API works on
+/// physical devices; what the API hands back (`cuCtxGetDevice`) is the ordinal again.
 fn check_device(dev: CUdevice) -> Result<u32> {
-    let n = config()?.devices;
-    u32::try_from(dev).ok().filter(|&d| d < n).ok_or(CUDA_ERROR_INVALID_DEVICE)
+    let cfg = config()?;
+    usize::try_from(dev).ok().and_then(|d| cfg.visible.get(d).copied()).ok_or(CUDA_ERROR_INVALID_DEVICE)
+}
+
+/// The ordinal under which physical device `physical` is visible.
+fn ordinal_of(physical: u32) -> Result<CUdevice> {
+    let cfg = config()?;
+    cfg.visible.iter().position(|&p| p == physical).map(|o| o as CUdevice).ok_or(CUDA_ERROR_INVALID_DEVICE)
 }
 
 fn context_of(dev: u32) -> CUcontext {

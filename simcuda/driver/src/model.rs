@@ -245,11 +245,11 @@ impl Model {
 
     /// cuMemAddressReserve.
     pub fn address_reserve(&mut self, size: u64, align: u64, hint: u64) -> Result<u64> {
-        if size == 0 || size % GRANULARITY != 0 || (align != 0 && !align.is_power_of_two()) {
+        if size == 0 || !size.is_multiple_of(GRANULARITY) || (align != 0 && !align.is_power_of_two()) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let align = align.max(GRANULARITY);
-        let at = if hint != 0 && hint % align == 0 && self.vmm_va.alloc_at(hint, size) {
+        let at = if hint != 0 && hint.is_multiple_of(align) && self.vmm_va.alloc_at(hint, size) {
             hint
         } else {
             self.vmm_va.alloc(size, align).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?
@@ -271,7 +271,7 @@ impl Model {
 
     /// cuMemCreate: `size` bytes of physical memory on `dev`.
     pub fn mem_create(&mut self, dev: u32, size: u64) -> Result<u64> {
-        if size == 0 || size % GRANULARITY != 0 {
+        if size == 0 || !size.is_multiple_of(GRANULARITY) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         self.charge(dev, size)?;
@@ -306,7 +306,7 @@ impl Model {
     /// already mapped.
     pub fn map(&mut self, ptr: u64, size: u64, offset: u64, h: u64) -> Result<()> {
         let g = GRANULARITY;
-        if size == 0 || size % g != 0 || offset % g != 0 || ptr % g != 0 {
+        if size == 0 || !size.is_multiple_of(g) || !offset.is_multiple_of(g) || !ptr.is_multiple_of(g) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let end = ptr.checked_add(size).ok_or(CUDA_ERROR_INVALID_VALUE)?;
@@ -353,7 +353,7 @@ impl Model {
 
     /// cuMemUnmap: whole mappings covering `[ptr, ptr + size)` exactly.
     pub fn unmap(&mut self, ptr: u64, size: u64) -> Result<()> {
-        if size == 0 || size % GRANULARITY != 0 || ptr % GRANULARITY != 0 {
+        if size == 0 || !size.is_multiple_of(GRANULARITY) || !ptr.is_multiple_of(GRANULARITY) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let end = ptr.checked_add(size).ok_or(CUDA_ERROR_INVALID_VALUE)?;

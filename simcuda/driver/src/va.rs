@@ -37,7 +37,7 @@ impl VaSpace {
     /// A range of `size` bytes (a multiple of the granularity) aligned to `align` (a power of two,
     /// at least the granularity), or None when no free run fits.
     pub fn alloc(&mut self, size: u64, align: u64) -> Option<u64> {
-        debug_assert!(size > 0 && size % GRANULARITY == 0);
+        debug_assert!(size > 0 && size.is_multiple_of(GRANULARITY));
         if align <= GRANULARITY {
             let &(len, start) = self.by_size.range((size, 0)..).next()?;
             self.remove(start, len);
@@ -57,7 +57,7 @@ impl VaSpace {
         let Some((&start, &len)) = self.by_addr.range(..=at).next_back() else {
             return false;
         };
-        if at.checked_add(size).map_or(true, |end| end > start + len) {
+        if at.checked_add(size).is_none_or(|end| end > start + len) {
             return false;
         }
         self.carve(start, len, at, size);

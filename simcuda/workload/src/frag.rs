@@ -1,4 +1,4 @@
-//! The two fragmentation scenarios: `frag-oom`, the H200 run of `shared/gpu/frag_oom.py`
+//! The two fragmentation scenarios: `frag-oom`, the H200 run of the PyTorch program `frag_oom.py` that recorded `tests/fixtures/frag_oom.pickle`
 //! (memory stranded inside the caching allocator's segments makes a 2.5 GiB request fail while
 //! more than that is free in total), and `small-pages` (sub-2 MiB allocations share 2 MiB pages,
 //! so freeing every other 1 MiB allocation frees no page, and 2 MiB fails).
@@ -181,7 +181,7 @@ pub fn small_pages(n: Option<u64>) -> Outcome {
     let (free0, _) = mem_info()?;
     let mut ptrs = Vec::new();
     let mut fill_rc = 0;
-    while n.map_or(true, |n| (ptrs.len() as u64) < n) {
+    while n.is_none_or(|n| (ptrs.len() as u64) < n) {
         match cuda_malloc(MIB) {
             Ok(p) => ptrs.push(p),
             Err(rc) if n.is_none() => {

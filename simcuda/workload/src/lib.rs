@@ -4,7 +4,7 @@
 //! the device through the `Device` trait (the binary plugs in `cudaMalloc`/`cudaFree`), so the
 //! rules are unit-tested here without any library.
 //!
-//! The rules, as in `c10/cuda/CUDACachingAllocator.cpp` (and `shared/traces/README.md`): sizes
+//! The rules, as in `c10/cuda/CUDACachingAllocator.cpp` (and tests/fixtures/README.md): sizes
 //! round up to 512 bytes; requests of 1 MiB or less use the small pool (2 MiB segments), larger
 //! ones the large pool (20 MiB segments below 10 MiB, else the size rounded up to 2 MiB); a
 //! request takes the smallest free block of its pool that fits (lowest address among equals) and
@@ -337,7 +337,7 @@ mod tests {
 
     #[test]
     fn frag_oom_scenario_strands_what_the_h200_trace_shows() {
-        // shared/traces/README.md: frag_oom, reserved 10,485,760,000, allocated 8,388,608,000,
+        // tests/fixtures/README.md: frag_oom, reserved 10,485,760,000, allocated 8,388,608,000,
         // inactive_split 2,097,152,000, then 2.5 GiB fails although 2.23 GiB + 1.95 GiB are free.
         let mut dev = FakeDevice { free: 12 << 30, next: 1 << 40, sizes: BTreeMap::new() };
         let mut a = CachingAllocator::new();

@@ -227,7 +227,7 @@ impl App {
 pub fn rows_of(s: &Summary) -> Vec<RowView> {
     let mut rows: Vec<RowView> = s.devices.iter().map(|d| RowView { key: RowKey::Device(d.device), label: device_label(d.device), figures: d.clone() }).collect();
     for p in &s.processes {
-        rows.push(RowView { key: RowKey::Process(p.pid, p.figures.device), label: format!("pid {} {}", p.pid, device_label(p.figures.device)), figures: p.figures.clone() });
+        rows.push(RowView { key: RowKey::Process(p.pid, p.figures.device), label: format!("{} {}", crate::analysis::summary::Summary::process_label(p), device_label(p.figures.device)), figures: p.figures.clone() });
     }
     rows
 }

@@ -1,0 +1,501 @@
+//! Who a traced process is and which GPU it uses, as the node sees it: its executable name, its
+//! container and Kubernetes pod ([`cgroup`], the process's environment, the pod's service
+//! account files), and the physical GPU behind each of its CUDA ordinals ([`gpu`]).
+//!
+//! [`Attribution`] reads `/proc/PID/{exe,comm,cgroup,environ}` once per process image, when the
+//! process is first seen (its start or exec: a short-lived process is gone by the next tick),
+//! and keeps the answer while the process lives. Each event's device is turned from the
+//! process's CUDA ordinal into the node's GPU index ([`Attribution::node_device`]) before it is
+//! applied, so that per-device figures, NVML's free memory and `hw.id` are the GPU's, whatever
+//! `CUDA_VISIBLE_DEVICES` or the container toolkit made the process see.
+//!
+//! What cannot be known is said: an unreadable `/proc` entry, a cgroup path of an unknown form,
+//! a container whose root is gone, NVML absent, a MIG instance. Each is counted by kind, the
+//! first few are kept with their pid, and the summary lists them as gaps; nothing is guessed
+//! (a device that cannot be placed keeps its ordinal, and says so).
+
+pub mod cgroup;
+pub mod gpu;
+
+use gpu::{NodeGpus, VisibleEnv};
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+use std::path::PathBuf;
+#[cfg(test)]
+use std::path::Path;
+use std::sync::Arc;
+
+/// How many gaps are kept verbatim (all are counted).
+pub const KEPT_GAPS: usize = 20;
+
+/// The most bytes of `/proc/PID/environ` read (a process's environment is usually a few KiB).
+const ENVIRON_LIMIT: u64 = 1 << 20;
+
+/// A process's identity as exported: `process.executable.name`, `container.id`, `k8s.*`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Identity {
+    /// Base name of `/proc/PID/exe`, else its `comm`, else `unknown`.
+    pub exe: String,
+    /// The container id, when the process is in a container.
+    pub container_id: Option<String>,
+    /// The runtime its cgroup path belongs to (`podman`, `docker`, `containerd`, `cri-o`,
+    /// `kubernetes`).
+    pub container_runtime: Option<&'static str>,
+    /// `k8s.pod.uid`.
+    pub pod_uid: Option<String>,
+    /// `k8s.pod.name`.
+    pub pod_name: Option<String>,
+    /// `k8s.namespace.name`.
+    pub namespace: Option<String>,
+    /// `k8s.container.name`.
+    pub container_name: Option<String>,
+}
+
+impl Identity {
+    /// The OpenTelemetry attributes this identity adds to a process's series, in a fixed order,
+    /// only those known.
+    pub fn attributes(&self) -> Vec<(&'static str, &str)> {
+        let mut out = Vec::new();
+        for (k, v) in [
+            ("container.id", &self.container_id),
+            ("k8s.pod.uid", &self.pod_uid),
+            ("k8s.pod.name", &self.pod_name),
+            ("k8s.namespace.name", &self.namespace),
+            ("k8s.container.name", &self.container_name),
+        ] {
+            if let Some(v) = v {
+                out.push((k, v.as_str()));
+            }
+        }
+        out
+    }
+
+    /// A short label for views: `pod NS/NAME` or `container ID12`, else empty.
+    pub fn place(&self) -> String {
+        match (&self.namespace, &self.pod_name, &self.container_id) {
+            (Some(ns), Some(p), _) => format!("{ns}/{p}"),
+            (None, Some(p), _) => p.clone(),
+            (_, None, Some(c)) => c.chars().take(12).collect(),
+            _ => String::new(),
+        }
+    }
+}
+
+/// What could not be known, by kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum GapKind {
+    /// `/proc/PID/cgroup` could not be read.
+    CgroupUnreadable,
+    /// `/proc/PID/cgroup` has a form the parser does not know (or is malformed).
+    CgroupUnknown,
+    /// `/proc/PID/environ` could not be read: the GPU behind each ordinal is not known.
+    EnvironUnreadable,
+    /// The process's root (`/proc/PID/root`) is gone: its pod's namespace is not known.
+    RootVanished,
+    /// A CUDA ordinal could not be placed on a node GPU.
+    GpuUnresolved,
+    /// NVML is absent: GPUs are known by index only.
+    NvmlAbsent,
+}
+
+impl GapKind {
+    /// The name used in notes.
+    pub fn name(self) -> &'static str {
+        match self {
+            GapKind::CgroupUnreadable => "cgroup unreadable",
+            GapKind::CgroupUnknown => "cgroup form unknown",
+            GapKind::EnvironUnreadable => "environ unreadable",
+            GapKind::RootVanished => "container root vanished",
+            GapKind::GpuUnresolved => "GPU unresolved",
+            GapKind::NvmlAbsent => "NVML absent",
+        }
+    }
+}
+
+/// How many early reads are kept at most (they are consumed when the process's first event is
+/// applied; a flood of processes that never send one cannot grow this).
+const PREFETCH_LIMIT: usize = 4096;
+
+/// What `/proc/PID` said, read in one go (see [`Attribution::prefetch`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcRead {
+    /// Base name of `exe`, else `comm`, else `unknown`.
+    pub exe: String,
+    /// `cgroup`'s text, or why it could not be read.
+    pub cgroup: Result<String, String>,
+    /// `environ`'s bytes (at most 1 MiB), or why not.
+    pub environ: Result<Vec<u8>, String>,
+    /// The pod namespace file of the process's root (the service account's), `None` when it
+    /// has none, or why the root could not be reached.
+    pub namespace: Result<Option<String>, String>,
+}
+
+impl ProcRead {
+    /// Reads `root/PID/{exe,comm,cgroup,environ,root}` now.
+    pub fn read(root: &std::path::Path, pid: u32) -> ProcRead {
+        let dir = root.join(pid.to_string());
+        let take = |what: &str| -> Result<Vec<u8>, String> {
+            let mut out = Vec::new();
+            std::fs::File::open(dir.join(what)).and_then(|f| f.take(ENVIRON_LIMIT).read_to_end(&mut out)).map_err(|e| e.to_string())?;
+            Ok(out)
+        };
+        let mut exe = "unknown".to_string();
+        if let Some(n) = std::fs::read_link(dir.join("exe")).ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())) {
+            // A deleted executable reads as "name (deleted)".
+            exe = n.trim_end_matches(" (deleted)").to_string();
+        } else if let Ok(c) = std::fs::read_to_string(dir.join("comm")) {
+            if !c.trim().is_empty() {
+                exe = c.trim().to_string();
+            }
+        }
+        let proc_root = dir.join("root");
+        let namespace = match std::fs::read_link(&proc_root) {
+            Err(e) => Err(e.to_string()),
+            Ok(_) => Ok(std::fs::read_to_string(proc_root.join("var/run/secrets/kubernetes.io/serviceaccount/namespace"))
+                .ok()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())),
+        };
+        // A process that has exited (a zombie) reads as an empty environment: not its own.
+        let environ = take("environ").and_then(|b| if b.is_empty() { Err("empty (the process has exited)".to_string()) } else { Ok(b) });
+        ProcRead { exe, cgroup: take("cgroup").map(|b| String::from_utf8_lossy(&b).into_owned()), environ, namespace }
+    }
+}
+
+struct Known {
+    identity: Arc<Identity>,
+    /// `None`: the environment could not be read.
+    env: Option<VisibleEnv>,
+    /// Ordinal → node index, as placed (the ordinal itself when it could not be).
+    placed: BTreeMap<i16, i16>,
+}
+
+/// Reads and keeps who each live process is.
+pub struct Attribution {
+    proc_root: PathBuf,
+    gpus: NodeGpus,
+    known: HashMap<u32, Known>,
+    prefetched: HashMap<u32, ProcRead>,
+    gaps: BTreeMap<GapKind, u64>,
+    kept: Vec<String>,
+}
+
+impl Attribution {
+    /// Over `/proc` (or a copy of its layout, for tests) with the node's GPUs `gpus`.
+    pub fn new(proc_root: impl Into<PathBuf>, gpus: NodeGpus) -> Attribution {
+        let mut a = Attribution { proc_root: proc_root.into(), gpus, known: HashMap::new(), prefetched: HashMap::new(), gaps: BTreeMap::new(), kept: Vec::new() };
+        if a.gpus.uuids.is_none() {
+            a.gap(GapKind::NvmlAbsent, 0, "NVML absent: GPUs are known by index only (hw.id gpu-N), and a CUDA_VISIBLE_DEVICES entry given as a UUID cannot be placed".into());
+        }
+        a
+    }
+
+    /// Over `/proc`, with the node's GPUs read from NVML (`lib`: its path; `none` for none).
+    pub fn for_node(lib: Option<&str>) -> Attribution {
+        Attribution::new("/proc", node_gpus(lib))
+    }
+
+    fn gap(&mut self, kind: GapKind, pid: u32, what: String) {
+        *self.gaps.entry(kind).or_insert(0) += 1;
+        if self.kept.len() < KEPT_GAPS {
+            self.kept.push(if pid == 0 { what } else { format!("pid {pid}: {what}") });
+        }
+    }
+
+    /// Keeps what was read of `pid` early (when its connection or first probe event arrived,
+    /// while it surely ran) for [`Attribution::identify`] to use instead of reading `/proc` late.
+    pub fn prefetch(&mut self, pid: u32, read: ProcRead) {
+        if self.prefetched.len() >= PREFETCH_LIMIT {
+            self.prefetched.clear();
+        }
+        self.prefetched.insert(pid, read);
+    }
+
+    /// Reads `pid`'s `/proc` entries now, unless known or already read.
+    pub fn prefetch_now(&mut self, pid: u32) {
+        if pid != 0 && !self.known.contains_key(&pid) && !self.prefetched.contains_key(&pid) {
+            let r = ProcRead::read(&self.proc_root, pid);
+            self.prefetch(pid, r);
+        }
+    }
+
+    /// Reads who `pid` is now (its start or exec) and keeps it until [`Attribution::forget`].
+    /// A process already known whose entries can no longer be read keeps what was read before.
+    pub fn identify(&mut self, pid: u32) -> Arc<Identity> {
+        let read = match self.prefetched.remove(&pid) {
+            Some(r) => r,
+            None => ProcRead::read(&self.proc_root, pid),
+        };
+        if read.cgroup.is_err() && read.environ.is_err() {
+            if let Some(k) = self.known.get(&pid) {
+                return k.identity.clone();
+            }
+        }
+        let mut id = Identity { exe: read.exe, ..Identity::default() };
+        match read.cgroup {
+            Err(e) => self.gap(GapKind::CgroupUnreadable, pid, format!("/proc/{pid}/cgroup: {e}: container unknown")),
+            Ok(text) => match cgroup::parse_file(&text) {
+                Ok(cgroup::Placement::Host) => {}
+                Ok(cgroup::Placement::Container(c)) => {
+                    id.container_id = Some(c.id);
+                    id.container_runtime = Some(c.runtime);
+                    id.pod_uid = c.pod_uid;
+                }
+                Ok(cgroup::Placement::Unknown { path, pod_uid }) => {
+                    id.pod_uid = pod_uid;
+                    self.gap(GapKind::CgroupUnknown, pid, format!("/proc/{pid}/cgroup: path {path:?} is of no form gpufrag knows: container unknown"));
+                }
+                Err(e) => self.gap(GapKind::CgroupUnknown, pid, format!("/proc/{pid}/cgroup: {e}: container unknown")),
+            },
+        }
+        let env = match read.environ {
+            Ok(bytes) => Some(parse_environ(&bytes)),
+            Err(e) => {
+                self.gap(GapKind::EnvironUnreadable, pid, format!("/proc/{pid}/environ: {e}: its CUDA ordinals are taken as node GPU indices, and its pod's names are unknown"));
+                None
+            }
+        };
+        let mut visible = None;
+        if let Some(env) = &env {
+            let get = |keys: &[&str]| keys.iter().find_map(|k| env.get(*k).filter(|v| !v.is_empty()).cloned());
+            id.pod_name = get(&["K8S_POD_NAME", "POD_NAME", "MY_POD_NAME", "KUBERNETES_POD_NAME"]);
+            id.namespace = get(&["K8S_NAMESPACE_NAME", "K8S_POD_NAMESPACE", "POD_NAMESPACE", "MY_POD_NAMESPACE", "KUBERNETES_NAMESPACE"]);
+            id.container_name = get(&["K8S_CONTAINER_NAME", "CONTAINER_NAME", "KUBERNETES_CONTAINER_NAME"]);
+            if id.pod_uid.is_none() {
+                id.pod_uid = get(&["K8S_POD_UID", "POD_UID", "MY_POD_UID"]);
+            }
+            let in_pod = id.pod_uid.is_some() || env.contains_key("KUBERNETES_SERVICE_HOST");
+            if in_pod && id.pod_name.is_none() {
+                // The kubelet sets HOSTNAME to the pod's name (unless the pod sets spec.hostname).
+                id.pod_name = get(&["HOSTNAME"]);
+            }
+            visible = Some(VisibleEnv { nvidia: env.get("NVIDIA_VISIBLE_DEVICES").cloned(), cuda: env.get("CUDA_VISIBLE_DEVICES").cloned() });
+        }
+        if id.pod_uid.is_some() && id.namespace.is_none() {
+            // Every pod with a service account has its namespace in a file of its own root.
+            match read.namespace {
+                Err(e) => self.gap(GapKind::RootVanished, pid, format!("/proc/{pid}/root: {e}: the pod's namespace is unknown")),
+                Ok(ns) => id.namespace = ns,
+            }
+        }
+        let identity = Arc::new(id);
+        self.known.insert(pid, Known { identity: identity.clone(), env: visible, placed: BTreeMap::new() });
+        identity
+    }
+
+    /// Who `pid` is, read now if it was not yet.
+    pub fn identity(&mut self, pid: u32) -> Arc<Identity> {
+        match self.known.get(&pid) {
+            Some(k) => k.identity.clone(),
+            None => self.identify(pid),
+        }
+    }
+
+    /// Whether `pid` was identified (and not forgotten since).
+    pub fn knows(&self, pid: u32) -> bool {
+        self.known.contains_key(&pid)
+    }
+
+    /// The node GPU index of `pid`'s CUDA ordinal `ordinal` (the ordinal itself where it
+    /// cannot be placed; that is counted as a gap once per process and ordinal). Pid 0 and
+    /// negative devices are returned as they are (node-wide readings; "device unknown").
+    pub fn node_device(&mut self, pid: u32, ordinal: i16) -> i16 {
+        if pid == 0 || ordinal < 0 {
+            return ordinal;
+        }
+        if !self.known.contains_key(&pid) {
+            self.identify(pid);
+        }
+        let Some(k) = self.known.get(&pid) else { return ordinal };
+        if let Some(&d) = k.placed.get(&ordinal) {
+            return d;
+        }
+        let placed = match &k.env {
+            None => Err(None),
+            Some(env) => self.gpus.resolve(env, ordinal).map_err(Some),
+        };
+        let d = match placed {
+            Ok(g) => i16::try_from(g.index).unwrap_or(ordinal),
+            Err(why) => {
+                if let Some(why) = why {
+                    self.gap(GapKind::GpuUnresolved, pid, format!("CUDA ordinal {ordinal}: {why}; its figures are filed under device {ordinal}, and its device free is not that GPU's"));
+                }
+                ordinal
+            }
+        };
+        if let Some(k) = self.known.get_mut(&pid) {
+            k.placed.insert(ordinal, d);
+        }
+        d
+    }
+
+    /// The UUID of node GPU `index`, when NVML gave one.
+    pub fn gpu_uuid(&self, index: i16) -> Option<&str> {
+        self.gpus.uuids.as_ref()?.get(usize::try_from(index).ok()?).map(String::as_str)
+    }
+
+    /// Forgets `pid` (its process exited): the next process with that pid is read afresh.
+    pub fn forget(&mut self, pid: u32) {
+        self.known.remove(&pid);
+        self.prefetched.remove(&pid);
+    }
+
+    /// Processes kept.
+    pub fn len(&self) -> usize {
+        self.known.len()
+    }
+
+    /// Whether none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.known.is_empty()
+    }
+
+    /// Gaps counted, by kind.
+    pub fn gap_counts(&self) -> &BTreeMap<GapKind, u64> {
+        &self.gaps
+    }
+
+    /// The notes for the summary: one line of counts, then the first gaps.
+    pub fn notes(&self) -> Vec<String> {
+        if self.gaps.is_empty() {
+            return Vec::new();
+        }
+        let counts: Vec<String> = self.gaps.iter().map(|(k, n)| format!("{} {n}", k.name())).collect();
+        let mut out = vec![format!("attribution gaps (what could not be known of processes and GPUs): {}", counts.join(", "))];
+        out.extend(self.kept.iter().map(|k| format!("attribution: {k}")));
+        out
+    }
+}
+
+/// `KEY=VALUE` pairs of an environ block (NUL-separated; a pair without `=` is skipped).
+pub fn parse_environ(bytes: &[u8]) -> HashMap<String, String> {
+    bytes
+        .split(|&b| b == 0)
+        .filter_map(|kv| {
+            let s = String::from_utf8_lossy(kv);
+            let (k, v) = s.split_once('=')?;
+            Some((k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// The node's GPUs from NVML (`lib`: a path, `none` for no NVML, default `libnvidia-ml.so.1`).
+pub fn node_gpus(lib: Option<&str>) -> NodeGpus {
+    let nvml = match lib {
+        Some("none") => return NodeGpus { uuids: None },
+        Some(path) => nvml_wrapper::Nvml::builder().lib_path(std::ffi::OsStr::new(path)).init(),
+        None => nvml_wrapper::Nvml::init(),
+    };
+    let Ok(nvml) = nvml else { return NodeGpus { uuids: None } };
+    let n = nvml.device_count().unwrap_or(0);
+    let mut uuids = Vec::new();
+    for i in 0..n {
+        match nvml.device_by_index(i).and_then(|d| d.uuid()) {
+            Ok(u) => uuids.push(u),
+            Err(_) => uuids.push(format!("gpu-{i}")),
+        }
+    }
+    NodeGpus { uuids: Some(uuids) }
+}
+
+/// A `/proc`-like directory for tests: `pid/{cgroup,environ,comm}` written from the arguments.
+#[cfg(test)]
+fn fake_proc(dir: &Path, pid: u32, cgroup: Option<&str>, environ: Option<&[(&str, &str)]>) -> std::io::Result<()> {
+    let d = dir.join(pid.to_string());
+    std::fs::create_dir_all(&d)?;
+    std::fs::write(d.join("comm"), "worker\n")?;
+    if let Some(c) = cgroup {
+        std::fs::write(d.join("cgroup"), c)?;
+    }
+    if let Some(env) = environ {
+        let mut b = Vec::new();
+        for (k, v) in env {
+            b.extend_from_slice(format!("{k}={v}").as_bytes());
+            b.push(0);
+        }
+        std::fs::write(d.join("environ"), b)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "2327a2aec169e25cf05f2a901486b7463fdb513ae097fc0ae6a3ca94381ddc40";
+
+    fn four() -> NodeGpus {
+        NodeGpus { uuids: Some((0..4).map(|i| format!("GPU-{i:08x}-0000-4000-8000-000000000000")).collect()) }
+    }
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("gpufrag-attr-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_pod_process_is_named_from_its_cgroup_and_environment() {
+        let d = tmp("pod");
+        let cg = format!("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podb3922967_14e1_4867_9388_461bac94b37e.slice/cri-containerd-{ID}.scope\n");
+        fake_proc(&d, 42, Some(&cg), Some(&[("HOSTNAME", "trainer-0"), ("POD_NAMESPACE", "ml"), ("CUDA_VISIBLE_DEVICES", "2"), ("KUBERNETES_SERVICE_HOST", "10.0.0.1")])).unwrap();
+        let mut a = Attribution::new(&d, four());
+        let id = a.identify(42);
+        assert_eq!(id.container_id.as_deref(), Some(ID));
+        assert_eq!(id.pod_uid.as_deref(), Some("b3922967-14e1-4867-9388-461bac94b37e"));
+        assert_eq!((id.pod_name.as_deref(), id.namespace.as_deref()), (Some("trainer-0"), Some("ml")));
+        assert_eq!(id.exe, "worker", "no exe link: the comm");
+        assert_eq!(a.node_device(42, 0), 2);
+        assert_eq!(a.gpu_uuid(2), Some("GPU-00000002-0000-4000-8000-000000000000"));
+        assert!(a.notes().is_empty(), "{:?}", a.notes());
+    }
+
+    #[test]
+    fn unreadable_entries_are_counted_gaps_not_crashes() {
+        let d = tmp("gaps");
+        // No cgroup file, no environ: both unreadable.
+        fake_proc(&d, 7, None, None).unwrap();
+        // An unknown form, and a pod whose root is gone (no root link in the fake /proc).
+        fake_proc(&d, 8, Some(&format!("0::/weird/{ID}\n")), Some(&[("PATH", "/bin")])).unwrap();
+        fake_proc(&d, 9, Some(&format!("0::/kubepods/besteffort/pod0e8e9f3a-2b4c-4d6e-8f0a-1b3c5d7e9f02/{ID}\n")), Some(&[("CUDA_VISIBLE_DEVICES", "MIG-0e8e9f3a-2b4c-4d6e-8f0a-1b3c5d7e9f02")])).unwrap();
+        let mut a = Attribution::new(&d, four());
+        let seven = a.identify(7);
+        assert_eq!((seven.exe.as_str(), seven.container_id.as_deref()), ("worker", None));
+        assert_eq!(a.node_device(7, 1), 1, "no environment: the ordinal is kept");
+        assert_eq!(a.identify(8).container_id, None);
+        assert_eq!(a.identify(9).container_id.as_deref(), Some(ID));
+        assert_eq!(a.node_device(9, 0), 0);
+        assert_eq!(a.identify(1234).exe, "unknown", "a process that is gone");
+        let c = a.gap_counts();
+        assert_eq!(c.get(&GapKind::CgroupUnreadable), Some(&2), "{c:?}");
+        assert_eq!(c.get(&GapKind::EnvironUnreadable), Some(&2), "{c:?}");
+        assert_eq!(c.get(&GapKind::CgroupUnknown), Some(&1), "{c:?}");
+        assert_eq!(c.get(&GapKind::RootVanished), Some(&1), "{c:?}");
+        assert_eq!(c.get(&GapKind::GpuUnresolved), Some(&1), "{c:?}");
+        assert!(a.notes()[0].starts_with("attribution gaps"), "{:?}", a.notes());
+    }
+
+    #[test]
+    fn without_nvml_indices_still_place_and_the_gap_is_said() {
+        let d = tmp("nonvml");
+        fake_proc(&d, 5, Some("0::/\n"), Some(&[("CUDA_VISIBLE_DEVICES", "3")])).unwrap();
+        let mut a = Attribution::new(&d, NodeGpus { uuids: None });
+        assert_eq!(a.node_device(5, 0), 3);
+        assert_eq!(a.gap_counts().get(&GapKind::NvmlAbsent), Some(&1));
+    }
+
+    #[test]
+    fn the_cache_is_bounded_by_live_processes() {
+        let d = tmp("bounded");
+        let mut a = Attribution::new(&d, four());
+        for pid in 1..=1000 {
+            a.identify(pid);
+            a.node_device(pid, 0);
+            a.forget(pid);
+        }
+        assert!(a.is_empty());
+        assert!(a.kept.len() <= KEPT_GAPS);
+    }
+}

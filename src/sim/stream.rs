@@ -1,0 +1,494 @@
+//! The request stream of a trace: what the program asked the caching allocator for (allocations
+//! of a requested size on a stream, frees, `empty_cache()` calls), which does not depend on the
+//! allocator's settings, and beside it what the driver was asked to do for each request (the
+//! recorded `segment_*` entries), which does, for the self-check.
+//!
+//! Sources: a PyTorch snapshot with allocation history (any settings; a memory_viz export is one),
+//! or a gpufrag record file with block events (`run`, `attach`, `agent`).
+//!
+//! Attribution. A `malloc`'s driver calls come right before its `alloc` (or `oom`) entry, and a
+//! `malloc` that frees segments (a retry, garbage collection) always then maps or allocates one or
+//! fails; so a run of `segment_free`/`segment_unmap` entries not followed by a `segment_alloc`,
+//! a `segment_map` or an `oom` before the next request is an `empty_cache()` call. (An
+//! `empty_cache()` immediately followed by a `malloc` that needs a new segment is indistinguishable
+//! from that `malloc`'s own retry; the self-check then reports the difference.)
+//!
+//! Completeness. whatif needs the history from the first allocation: a free of a block the trace
+//! never allocated, a segment freed that it never allocated, or final segments the trace does not
+//! account for mean the ring was truncated (`max_entries`) or recording began late, and the trace
+//! is refused with a message saying so.
+
+use super::allocator::DeviceOp;
+use crate::event::{Event, EventKind, F_FRAMEWORK_OWNED};
+use crate::rules::AllocConf;
+use crate::snapshot::{Action, Snapshot};
+use std::collections::{BTreeMap, HashMap};
+
+/// One request of the program to the caching allocator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// `malloc(size)` on `stream`.
+    Alloc {
+        /// Bytes asked for (for a request that failed in the trace, its `oom` entry's rounded size).
+        size: u64,
+        /// The `cudaStream_t`.
+        stream: u64,
+        /// The trace entry.
+        entry: usize,
+        /// Where the trace's allocator put it; `None` when the request failed in the trace.
+        traced: Option<u64>,
+    },
+    /// `free` of a block.
+    FreeRequested {
+        /// Which allocation: the n-th `Alloc` of the stream.
+        alloc: u32,
+        /// The trace entry.
+        entry: usize,
+    },
+    /// The block is reusable (after its last stream use).
+    FreeCompleted {
+        /// Which allocation.
+        alloc: u32,
+        /// The trace entry.
+        entry: usize,
+    },
+    /// `torch.cuda.empty_cache()`.
+    EmptyCache {
+        /// The trace entry of its first driver call.
+        entry: usize,
+    },
+}
+
+impl Request {
+    /// The trace entry (or record event) this request came from.
+    pub fn entry(&self) -> usize {
+        match *self {
+            Request::Alloc { entry, .. }
+            | Request::FreeRequested { entry, .. }
+            | Request::FreeCompleted { entry, .. }
+            | Request::EmptyCache { entry } => entry,
+        }
+    }
+}
+
+/// What the trace's own run ended with (from a snapshot's final segments).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TraceFinal {
+    /// Reserved bytes.
+    pub reserved: u64,
+    /// Allocated bytes.
+    pub allocated: u64,
+}
+
+/// A trace turned into requests.
+#[derive(Clone, Debug)]
+pub struct RequestStream {
+    /// The requests, in order.
+    pub requests: Vec<Request>,
+    /// The driver ops the trace recorded, in order.
+    pub recorded: Vec<DeviceOp>,
+    /// The trace entry of each recorded op.
+    pub recorded_entry: Vec<usize>,
+    /// Request `r` caused `recorded[op_start[r]..op_start[r + 1]]`.
+    pub op_start: Vec<u32>,
+    /// The settings the trace ran under.
+    pub conf: AllocConf,
+    /// The device simulated.
+    pub device: i16,
+    /// Entries (or events) in the trace.
+    pub entries: usize,
+    /// Requests that failed in the trace: (request index, device free bytes when known).
+    pub trace_ooms: Vec<(usize, Option<u64>)>,
+    /// What the driver could still give at the trace's first OOM (reserved then + device free).
+    pub device_capacity_hint: Option<u64>,
+    /// Peak bytes of driver memory on the device that no caching allocator owns (record files).
+    pub non_framework_peak: u64,
+    /// The final figures, when the source has them.
+    pub final_figures: Option<TraceFinal>,
+    /// Peak reserved in the trace.
+    pub peak_reserved: u64,
+    /// What kind of source: "snapshot" or "record".
+    pub source: &'static str,
+    /// Driver ops of a record whose block events were not written between its driver calls (the
+    /// Python hook hands PyTorch's history over at exit): in order, attributed to no request.
+    /// The self-check then compares the sequence of driver calls (kind and size) only.
+    pub unattributed: Vec<DeviceOp>,
+    /// Things the reader should know.
+    pub notes: Vec<String>,
+}
+
+impl RequestStream {
+    /// The recorded ops of request `r`.
+    pub fn ops_of(&self, r: usize) -> &[DeviceOp] {
+        &self.recorded[self.op_start[r] as usize..self.op_start[r + 1] as usize]
+    }
+}
+
+/// Why a trace cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StreamError {
+    /// A snapshot with segments and no trace.
+    #[error("the snapshot has no allocation history (segments only): whatif needs every allocation from the first one; record it with torch.cuda.memory._record_memory_history(max_entries=1000000) before the first CUDA allocation, or trace the program from its start with gpufrag attach --record FILE (PyTorch's USDT probes see every block)")]
+    NoHistory,
+    /// Nothing at all.
+    #[error("the trace holds no allocation: nothing to simulate")]
+    Empty,
+    /// The history does not start at the first allocation.
+    #[error("the trace does not start at the program's first allocation ({0}): the history was truncated by max_entries or began late, and its start cannot be rebuilt for another allocator setting; record again with a larger max_entries from before the first allocation (torch.cuda.memory._record_memory_history(max_entries=...)) or trace it from its start with gpufrag attach --record")]
+    Truncated(String),
+    /// A record whose blocks are differences between periodic snapshots.
+    #[error("the record's blocks come from periodic snapshots of the allocator (gpufrag run's Python hook), which miss every block that lived between two of them: whatif needs each allocation; record the history with torch.cuda.memory._record_memory_history() and give whatif the snapshot, or trace the program with gpufrag attach --record (PyTorch's USDT probes see every block)")]
+    Sampled,
+}
+
+#[derive(Default)]
+struct Builder {
+    requests: Vec<Request>,
+    recorded: Vec<DeviceOp>,
+    recorded_entry: Vec<usize>,
+    op_start: Vec<u32>,
+    pending: Vec<(DeviceOp, usize)>,
+    live: HashMap<u64, u32>,
+    allocs: u32,
+    segments: BTreeMap<u64, u64>,
+    reserved: u64,
+    peak_reserved: u64,
+    trace_ooms: Vec<(usize, Option<u64>)>,
+    capacity: Option<u64>,
+}
+
+impl Builder {
+    fn push(&mut self, r: Request, ops: Vec<(DeviceOp, usize)>) {
+        self.op_start.push(self.recorded.len() as u32);
+        for (op, e) in ops {
+            self.recorded.push(op);
+            self.recorded_entry.push(e);
+        }
+        self.requests.push(r);
+    }
+
+    fn flush_as_empty_cache(&mut self) {
+        if !self.pending.is_empty() {
+            let ops = std::mem::take(&mut self.pending);
+            let entry = ops[0].1;
+            self.push(Request::EmptyCache { entry }, ops);
+        }
+    }
+
+    fn op(&mut self, op: DeviceOp, entry: usize) -> Result<(), StreamError> {
+        match op {
+            DeviceOp::SegmentAlloc { addr, size } | DeviceOp::Map { addr, size } => {
+                self.segments.insert(addr, size);
+                self.reserved += size;
+                self.peak_reserved = self.peak_reserved.max(self.reserved);
+            }
+            DeviceOp::SegmentFree { addr, size } => {
+                if self.segments.remove(&addr).is_none() {
+                    return Err(StreamError::Truncated(format!("entry {entry} frees the segment at {addr:#x}, which the trace never allocated")));
+                }
+                self.reserved = self.reserved.saturating_sub(size);
+            }
+            DeviceOp::Unmap { addr, size } => {
+                // an unmap may cut a mapped range; check only that something was mapped there
+                let covered = self.segments.range(..=addr).next_back().is_some_and(|(&a, &s)| a + s > addr);
+                if !covered && self.reserved < size {
+                    return Err(StreamError::Truncated(format!("entry {entry} unmaps {addr:#x}, which the trace never mapped")));
+                }
+                self.reserved = self.reserved.saturating_sub(size);
+            }
+        }
+        self.pending.push((op, entry));
+        Ok(())
+    }
+
+    fn alloc(&mut self, size: u64, stream: u64, entry: usize, traced: Option<u64>) {
+        let grows = self.pending.iter().any(|(op, _)| matches!(op, DeviceOp::SegmentAlloc { .. } | DeviceOp::Map { .. }));
+        if !grows && traced.is_some() {
+            self.flush_as_empty_cache();
+        }
+        let ops = std::mem::take(&mut self.pending);
+        if let Some(addr) = traced {
+            self.live.insert(addr, self.allocs);
+        }
+        self.allocs += 1;
+        self.push(Request::Alloc { size, stream, entry, traced }, ops);
+    }
+
+    fn free(&mut self, addr: u64, entry: usize, completed: bool, remove: bool) -> Result<(), StreamError> {
+        self.flush_as_empty_cache();
+        let Some(&alloc) = self.live.get(&addr) else {
+            return Err(StreamError::Truncated(format!("entry {entry} frees the block at {addr:#x}, which the trace never allocated")));
+        };
+        if remove {
+            self.live.remove(&addr);
+        }
+        let r = if completed { Request::FreeCompleted { alloc, entry } } else { Request::FreeRequested { alloc, entry } };
+        self.push(r, Vec::new());
+        Ok(())
+    }
+
+    fn oom(&mut self, size: u64, stream: u64, entry: usize, device_free: Option<u64>) {
+        if let Some(f) = device_free {
+            let cap = self.reserved + f;
+            self.capacity = Some(self.capacity.map_or(cap, |c| c.min(cap)));
+        }
+        self.alloc(size, stream, entry, None);
+        self.trace_ooms.push((self.requests.len() - 1, device_free));
+    }
+
+    fn finish(mut self, conf: AllocConf, device: i16, entries: usize, source: &'static str) -> Result<RequestStream, StreamError> {
+        self.flush_as_empty_cache();
+        if self.allocs == 0 {
+            return Err(StreamError::Empty);
+        }
+        self.op_start.push(self.recorded.len() as u32);
+        Ok(RequestStream {
+            requests: self.requests,
+            recorded: self.recorded,
+            recorded_entry: self.recorded_entry,
+            op_start: self.op_start,
+            conf,
+            device,
+            entries,
+            trace_ooms: self.trace_ooms,
+            device_capacity_hint: self.capacity,
+            non_framework_peak: 0,
+            final_figures: None,
+            peak_reserved: self.peak_reserved,
+            source,
+            unattributed: Vec::new(),
+            notes: Vec::new(),
+        })
+    }
+}
+
+/// The settings a snapshot records: its `PYTORCH_CUDA_ALLOC_CONF` string parsed as PyTorch does,
+/// or, when the string is absent or unparsable, the parsed fields.
+pub fn snapshot_conf(snap: &Snapshot) -> AllocConf {
+    if let Ok(c) = AllocConf::parse(&snap.settings.conf) {
+        if !snap.settings.conf.is_empty() || (!snap.settings.expandable_segments && snap.settings.max_split_size.is_none()) {
+            return c;
+        }
+    }
+    AllocConf {
+        rules: crate::input::rules_from(&snap.settings),
+        expandable_segments: snap.settings.expandable_segments,
+        garbage_collection_threshold: snap.settings.garbage_collection_threshold,
+        conf: snap.settings.conf.clone(),
+        ..AllocConf::default()
+    }
+}
+
+/// The request stream of a snapshot's busiest device.
+pub fn from_snapshot(snap: &Snapshot) -> Result<RequestStream, StreamError> {
+    let trace = snap
+        .traces
+        .iter()
+        .max_by_key(|t| t.entries.iter().filter(|e| e.action == Action::Alloc).count())
+        .filter(|t| !t.entries.is_empty());
+    let Some(trace) = trace else {
+        return Err(if snap.segments.is_empty() { StreamError::Empty } else { StreamError::NoHistory });
+    };
+    let mut b = Builder::default();
+    for (i, e) in trace.entries.iter().enumerate() {
+        match e.action {
+            Action::Alloc => b.alloc(e.size, e.stream, i, Some(e.addr)),
+            Action::FreeRequested => b.free(e.addr, i, false, false)?,
+            Action::FreeCompleted => b.free(e.addr, i, true, true)?,
+            Action::SegmentAlloc => b.op(DeviceOp::SegmentAlloc { addr: e.addr, size: e.size }, i)?,
+            Action::SegmentFree => b.op(DeviceOp::SegmentFree { addr: e.addr, size: e.size }, i)?,
+            Action::SegmentMap => b.op(DeviceOp::Map { addr: e.addr, size: e.size }, i)?,
+            Action::SegmentUnmap => b.op(DeviceOp::Unmap { addr: e.addr, size: e.size }, i)?,
+            Action::Oom => b.oom(e.size, e.stream, i, e.device_free),
+            Action::Snapshot | Action::UserDefined | Action::Unknown => {}
+        }
+    }
+    let final_reserved: u64 = snap.segments.iter().filter(|s| s.device == trace.device).map(|s| s.total_size).sum();
+    let final_allocated: u64 = snap
+        .segments
+        .iter()
+        .filter(|s| s.device == trace.device)
+        .flat_map(|s| s.blocks.iter())
+        .filter(|bl| bl.state == crate::snapshot::BlockState::ActiveAllocated)
+        .map(|bl| bl.size)
+        .sum();
+    let traced_reserved = b.reserved;
+    let entries = trace.entries.len();
+    let mut s = b.finish(snapshot_conf(snap), trace.device, entries, "snapshot")?;
+    if !snap.segments.is_empty() {
+        if final_reserved != traced_reserved {
+            return Err(StreamError::Truncated(format!(
+                "its final segments hold {final_reserved} bytes, the trace accounts for {traced_reserved}"
+            )));
+        }
+        s.final_figures = Some(TraceFinal { reserved: final_reserved, allocated: final_allocated });
+    }
+    if snap.traces.iter().filter(|t| !t.entries.is_empty()).count() > 1 {
+        s.notes.push(format!("the snapshot traces several devices; whatif simulates device {}, the busiest", trace.device));
+    }
+    Ok(s)
+}
+
+/// The request stream of a gpufrag record's busiest (process, device) with block events.
+pub fn from_events(events: &[Event]) -> Result<RequestStream, StreamError> {
+    let mut counts: BTreeMap<(u32, i16), usize> = BTreeMap::new();
+    for e in events {
+        if e.kind == EventKind::BlockAlloc as u16 {
+            *counts.entry((e.pid, e.device)).or_default() += 1;
+        }
+    }
+    let Some((&(pid, device), _)) = counts.iter().max_by_key(|(_, &n)| n) else {
+        return Err(StreamError::Truncated(
+            "the record holds no caching-allocator block events (BlockAlloc); record the program with gpufrag run --record, which sees PyTorch's blocks".into(),
+        ));
+    };
+    if events.iter().any(|e| e.pid == pid && e.device == device && e.kind == EventKind::BlockAlloc as u16 && e.flags & crate::event::F_BLOCK_SIZE_KNOWN != 0) {
+        return Err(StreamError::Sampled);
+    }
+    // segments that ever held a block, or that the allocator claimed, are the allocator's
+    let mut framework: Vec<(u64, u64)> = Vec::new();
+    let mut segs: BTreeMap<u64, u64> = BTreeMap::new();
+    for e in events.iter().filter(|e| e.pid == pid && e.device == device) {
+        match EventKind::from_u16(e.kind) {
+            Some(EventKind::MemAlloc) => {
+                segs.insert(e.addr, e.size);
+                if e.flags & F_FRAMEWORK_OWNED != 0 {
+                    framework.push((e.addr, e.size));
+                }
+            }
+            Some(EventKind::BlockAlloc) | Some(EventKind::Adopt) => {
+                if let Some((&a, &s)) = segs.range(..=e.addr).next_back() {
+                    if a + s > e.addr {
+                        framework.push((a, s));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    framework.sort_unstable();
+    framework.dedup();
+    let is_framework = |addr: u64| framework.binary_search_by(|&(a, _)| a.cmp(&addr)).is_ok();
+    // a malloc makes at most one cudaMalloc before its block: two framework segments before the
+    // first block mean the blocks were written after the driver calls, not between them
+    let mine = |e: &&Event| e.pid == pid && e.device == device;
+    let first_block = events.iter().position(|e| mine(&e) && e.kind == EventKind::BlockAlloc as u16).unwrap_or(0);
+    let before = events[..first_block].iter().filter(mine).filter(|e| e.kind == EventKind::MemAlloc as u16 && is_framework(e.addr)).count();
+    let interleaved = before < 2;
+    let mut unattributed: Vec<DeviceOp> = Vec::new();
+    let mut b = Builder::default();
+    let (mut other, mut other_peak) = (0u64, 0u64);
+    let mut other_segs: HashMap<u64, u64> = HashMap::new();
+    let mut mapped_ranges = 0usize;
+    for (i, e) in events.iter().enumerate().filter(|(_, e)| e.pid == pid && e.device == device) {
+        match EventKind::from_u16(e.kind) {
+            Some(EventKind::BlockAlloc) => b.alloc(e.requested, e.stream, i, Some(e.addr)),
+            Some(EventKind::BlockFree) => {
+                b.free(e.addr, i, false, false)?;
+                b.free(e.addr, i, true, true)?;
+            }
+            Some(EventKind::MemAlloc | EventKind::MemFree | EventKind::Map | EventKind::Unmap) if !interleaved => {
+                let op = match EventKind::from_u16(e.kind) {
+                    Some(EventKind::MemAlloc) if is_framework(e.addr) => DeviceOp::SegmentAlloc { addr: e.addr, size: e.size },
+                    Some(EventKind::MemFree) if framework.iter().any(|&(a, _)| a == e.addr) => {
+                        DeviceOp::SegmentFree { addr: e.addr, size: framework.iter().find(|&&(a, _)| a == e.addr).map_or(0, |f| f.1) }
+                    }
+                    Some(EventKind::Map) => DeviceOp::Map { addr: e.addr, size: e.size },
+                    Some(EventKind::Unmap) => DeviceOp::Unmap { addr: e.addr, size: e.size },
+                    _ => continue,
+                };
+                match (op, unattributed.last_mut()) {
+                    (DeviceOp::Map { addr, size }, Some(DeviceOp::Map { addr: a0, size: s0 })) if *a0 + *s0 == addr => *s0 += size,
+                    (DeviceOp::Unmap { addr, size }, Some(DeviceOp::Unmap { addr: a0, size: s0 })) if *a0 + *s0 == addr => *s0 += size,
+                    _ => unattributed.push(op),
+                }
+                match op {
+                    DeviceOp::SegmentAlloc { size, .. } | DeviceOp::Map { size, .. } => {
+                        b.reserved += size;
+                        b.peak_reserved = b.peak_reserved.max(b.reserved);
+                    }
+                    DeviceOp::SegmentFree { size, .. } | DeviceOp::Unmap { size, .. } => b.reserved = b.reserved.saturating_sub(size),
+                }
+            }
+            Some(EventKind::MemAlloc) if is_framework(e.addr) => b.op(DeviceOp::SegmentAlloc { addr: e.addr, size: e.size }, i)?,
+            Some(EventKind::MemFree) if b.segments.contains_key(&e.addr) => {
+                let size = b.segments[&e.addr];
+                b.op(DeviceOp::SegmentFree { addr: e.addr, size }, i)?
+            }
+            Some(EventKind::MemAlloc) => {
+                other += e.size;
+                other_peak = other_peak.max(other);
+                other_segs.insert(e.addr, e.size);
+            }
+            Some(EventKind::MemFree) => {
+                if let Some(s) = other_segs.remove(&e.addr) {
+                    other -= s;
+                }
+            }
+            Some(EventKind::Map) => {
+                mapped_ranges += 1;
+                // PyTorch maps page by page; pages mapped for one request are one `segment_map`
+                if let Some((DeviceOp::Map { addr, size }, _)) = b.pending.last_mut() {
+                    if *addr + *size == e.addr {
+                        *size += e.size;
+                        b.reserved += e.size;
+                        b.peak_reserved = b.peak_reserved.max(b.reserved);
+                        continue;
+                    }
+                }
+                b.op(DeviceOp::Map { addr: e.addr, size: e.size }, i)?
+            }
+            Some(EventKind::Unmap) => {
+                if let Some((DeviceOp::Unmap { addr, size }, _)) = b.pending.last_mut() {
+                    if *addr + *size == e.addr {
+                        *size += e.size;
+                        b.reserved = b.reserved.saturating_sub(e.size);
+                        continue;
+                    }
+                }
+                b.op(DeviceOp::Unmap { addr: e.addr, size: e.size }, i)?
+            }
+            Some(EventKind::AllocFailed) if e.op == EventKind::BlockAlloc as u16 => {
+                let free = (e.flags & crate::event::F_DEVICE_FREE_KNOWN != 0).then_some(e.device_free);
+                b.oom(e.requested, e.stream, i, free)
+            }
+            _ => {}
+        }
+    }
+    let expandable = mapped_ranges > 0;
+    let conf = AllocConf {
+        expandable_segments: expandable,
+        conf: if expandable { "expandable_segments:True".into() } else { String::new() },
+        ..AllocConf::default()
+    };
+    let mut s = b.finish(conf, device, events.len(), "record")?;
+    s.non_framework_peak = other_peak;
+    if !interleaved {
+        s.notes.push(format!(
+            "the record's block events were written after its driver calls ({} segment calls before the first block), not between them: the self-check compares the order and sizes of the driver calls only",
+            unattributed.len()
+        ));
+        s.unattributed = unattributed;
+    }
+    s.notes.push(format!(
+        "a record does not carry PYTORCH_CUDA_ALLOC_CONF: its own settings are taken to be {}",
+        if expandable { "expandable_segments:True (it maps pages)" } else { "PyTorch's defaults" }
+    ));
+    Ok(s)
+}
+
+/// The request stream of any file gpufrag reads (snapshot or record), or why not, in one line
+/// naming the file.
+pub fn stream_of_file(path: &std::path::Path) -> Result<RequestStream, String> {
+    use std::io::Read;
+    let mut head = [0u8; 8];
+    let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).map_err(|e| format!("{}: {e}", path.display()))?;
+    let stream = if crate::record::is_record(&head[..n]) {
+        let rec = crate::record::read(path).map_err(|e| e.to_string())?;
+        from_events(&rec.events)
+    } else {
+        let snap = crate::snapshot::load(path).map_err(|e| e.to_string())?;
+        from_snapshot(&snap)
+    };
+    stream.map_err(|e| format!("{}: {e}", path.display()))
+}

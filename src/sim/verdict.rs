@@ -1,0 +1,62 @@
+//! The simulation in the verdict: for a trace that ran out of memory and holds its full
+//! allocation history, the sweep of `sweep.rs` replaces the advice of every OOM verdict of the
+//! simulated device with what the simulation computed ("with expandable_segments:True this run
+//! peaks at 10.31 GiB reserved and the 2.50 GiB request fits", or that no setting tried avoids
+//! it), and the summary carries the baseline and the best setting side by side for the report.
+//! A trace whatif cannot use, or whose self-check fails, leaves the verdicts as they were, with a
+//! note saying why.
+
+use super::{rank, recommendation, self_check, simulate, sweep_confs, Limits, Outcome, RequestStream, Scenario};
+use crate::analysis::summary::{ScenarioBrief, Summary, WhatIfSummary};
+use crate::rules::AllocConf;
+
+fn brief(o: &Outcome) -> ScenarioBrief {
+    ScenarioBrief {
+        alloc_conf: o.alloc_conf.clone(),
+        oom: o.first_oom.is_some(),
+        first_oom_requested: o.first_oom.as_ref().map(|f| f.oom.requested),
+        peak_reserved: o.counters.peak_reserved,
+        peak_allocated: o.counters.peak_allocated,
+        num_alloc_retries: o.counters.num_alloc_retries,
+    }
+}
+
+/// Puts the simulated sweep into `summary`'s OOM verdicts; `stream` gives the trace's requests,
+/// or why they cannot be had (called only when there is an OOM).
+pub fn apply_to_summary(summary: &mut Summary, stream: impl FnOnce() -> Result<RequestStream, String>) {
+    if summary.ooms.is_empty() {
+        return;
+    }
+    let stream = match stream() {
+        Ok(s) => s,
+        Err(why) => {
+            summary.notes.push(format!("no simulated fix: {why}"));
+            return;
+        }
+    };
+    let limits = Limits { device_capacity: stream.device_capacity_hint, ..Limits::default() };
+    let check = self_check(&stream, &limits);
+    if !check.faithful {
+        let d = check.divergence.map(|d| d.what).unwrap_or_default();
+        summary.notes.push(format!("no simulated fix: the simulation does not reproduce this trace under its own settings ({d})"));
+        return;
+    }
+    let own = stream.conf.clone();
+    let mut outcomes = vec![simulate(&stream, &Scenario { alloc_conf: own.conf.clone(), conf: own.clone(), limits: limits.clone() }, true)];
+    for c in sweep_confs().into_iter().filter(|c| *c != own.conf) {
+        let conf = AllocConf::parse(c).unwrap_or_default();
+        outcomes.push(simulate(&stream, &Scenario { alloc_conf: c.to_string(), conf, limits: limits.clone() }, false));
+    }
+    let best = rank(&outcomes)[0].index;
+    let sentence = recommendation(&outcomes);
+    for o in summary.ooms.iter_mut().filter(|o| o.device == stream.device) {
+        o.fix = format!("{sentence} (simulated over {} allocator settings: gpufrag whatif FILE)", outcomes.len());
+    }
+    summary.whatif = Some(WhatIfSummary {
+        faithful: true,
+        scenarios: outcomes.len(),
+        baseline: brief(&outcomes[0]),
+        best: brief(&outcomes[best]),
+        recommendation: sentence,
+    });
+}

@@ -1,0 +1,275 @@
+//! The agent deployed for real (issue 12, Must show (d)): in a real container runtime (Debian's
+//! podman with runc, a Debian image made by `debootstrap --variant=minbase bookworm`, see
+//! scripts/container-base-image.sh), the agent container runs as deploy/kubernetes/daemonset.yaml
+//! specifies it: the host's PID namespace, every capability dropped but BPF, PERFMON, SYS_ADMIN
+//! (uprobe perf events need it again on current kernels) and SYS_PTRACE, the runtime's default
+//! seccomp profile, a read-only root with a tmpfs /tmp, /sys/kernel/btf read-only, no privilege
+//! escalation, its own network namespace, NVML and libcuda mounted the way the NVIDIA container
+//! toolkit mounts the host's driver (here simcuda's stand-ins and the state they share). Two
+//! workload containers, each with its own CUDA_VISIBLE_DEVICES and the same driver mounts, start
+//! after it. Checked:
+//! - the agent traces both from their first call: each one's reserved bytes reach a real
+//!   Prometheus (scraping the agent's endpoint, published on 127.0.0.1) exactly, under the
+//!   workload's own container id (`container_id`) and its own GPU's UUID (`hw_id`);
+//! - the agent container killed mid-run: the workloads finish unharmed (exit 0, their own
+//!   figures printed).
+//!
+//! Needs root, podman, runc and the base image; under CI=true (where .ci/run installs them and
+//! builds the image) their absence fails the test.
+
+mod tool_support;
+#[path = "ebpf_fixtures/support.rs"]
+mod support;
+mod export_support;
+
+use export_support::{free_port, http_get, prometheus, require, Guard};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use support::{fixtures, gpufrag, simcuda_dir, unique};
+
+const BASE_IMAGE: &str = "localhost/gpufrag-base:bookworm";
+const MIB: u64 = 1 << 20;
+
+fn podman(args: &[&str]) -> Output {
+    let mut c = Command::new("podman");
+    c.arg("--runtime").arg("runc").args(args);
+    c.output().unwrap_or_else(|e| panic!("podman {args:?}: {e}"))
+}
+
+fn podman_ok(args: &[&str]) -> String {
+    let out = podman(args);
+    assert!(out.status.success(), "podman {args:?}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// What this machine lacks to run the test, and how to get it.
+fn missing() -> Option<(String, String)> {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some(("root".into(), "run the test as root (rootful podman, eBPF)".into()));
+    }
+    for tool in ["podman", "runc"] {
+        if Command::new(tool).arg("--version").output().map_or(true, |o| !o.status.success()) {
+            return Some((tool.into(), "install it with `apt-get install podman runc`".into()));
+        }
+    }
+    if !podman(&["image", "exists", BASE_IMAGE]).status.success() {
+        return Some((format!("the image {BASE_IMAGE}"), "build it with `bash scripts/container-base-image.sh`".into()));
+    }
+    if let Some(why) = support::ebpf_refused() {
+        return Some(("eBPF".into(), format!("{why}: run as root on a kernel with BPF and BTF")));
+    }
+    None
+}
+
+/// Removes the containers (and the agent image) when dropped, whatever happened.
+struct Cleanup {
+    containers: Vec<String>,
+    image: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for c in &self.containers {
+            let _ = podman(&["rm", "-f", "-t", "0", c]);
+        }
+        let _ = podman(&["rmi", "-f", &self.image]);
+    }
+}
+
+/// The agent image: the base image plus what deploy/Dockerfile's last stage adds (the binary
+/// and libelf1), copied in, since no registry and no package mirror are reachable from a build.
+fn build_agent_image(tag: &str) {
+    let ctx = unique("agent-image");
+    std::fs::create_dir_all(&ctx).expect("context");
+    std::fs::copy(gpufrag(), ctx.join("gpufrag")).expect("copy gpufrag");
+    let libelf = std::fs::canonicalize("/lib/x86_64-linux-gnu/libelf.so.1").expect("the host's libelf1");
+    std::fs::copy(libelf, ctx.join("libelf.so.1")).expect("copy libelf");
+    std::fs::write(
+        ctx.join("Containerfile"),
+        format!("FROM {BASE_IMAGE}\nCOPY libelf.so.1 /usr/lib/x86_64-linux-gnu/libelf.so.1\nCOPY gpufrag /usr/local/bin/gpufrag\nENTRYPOINT [\"/usr/local/bin/gpufrag\"]\n"),
+    )
+    .expect("Containerfile");
+    podman_ok(&["build", "--pull=never", "-q", "-t", tag, "-f", &ctx.join("Containerfile").display().to_string(), &ctx.display().to_string()]);
+}
+
+/// The driver as the NVIDIA container toolkit mounts it into a container (the host's libcuda
+/// and NVML, read-only, into the image's library directory), and the state the simulated GPUs
+/// share (what the device nodes are on a real machine).
+fn driver_mounts(state: &Path) -> Vec<String> {
+    let lib = |name: &str| std::fs::canonicalize(simcuda_dir().join(name)).expect("simcuda built").display().to_string();
+    vec![
+        "-v".into(),
+        format!("{}:/usr/lib/x86_64-linux-gnu/libcuda.so.1:ro", lib("libcuda.so.1")),
+        "-v".into(),
+        format!("{}:/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1:ro", lib("libnvidia-ml.so.1")),
+        "-v".into(),
+        format!("{}:/run/simcuda", state.display()),
+        "-e".into(),
+        "SIMCUDA_STATE_DIR=/run/simcuda".into(),
+        "-e".into(),
+        "SIMCUDA_DEVICES=4".into(),
+    ]
+}
+
+const LIMITS: [&str; 4] = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1000:1000"];
+
+fn logs(name: &str) -> String {
+    let out = podman(&["logs", name]);
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+fn wait_log(name: &str, needle: &str, within: Duration) -> bool {
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        if logs(name).contains(needle) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    false
+}
+
+fn start_prometheus(bin: &Path, dir: &Path, target: u16) -> (Guard, u16) {
+    let cfg = dir.join("prometheus.yml");
+    std::fs::write(&cfg, format!("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: gpufrag-agent\n    static_configs:\n      - targets: ['127.0.0.1:{target}']\n")).expect("config");
+    let port = free_port();
+    let log = std::fs::File::create(dir.join("prometheus.log")).expect("log");
+    let child = Command::new(bin)
+        .arg(format!("--config.file={}", cfg.display()))
+        .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg("--log.level=warn")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("prometheus");
+    let guard = Guard { child, name: "prometheus" };
+    let end = Instant::now() + Duration::from_secs(30);
+    while http_get(port, "/-/ready").is_none() {
+        assert!(Instant::now() < end, "prometheus did not get ready: {}", std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    (guard, port)
+}
+
+fn query(port: u16, q: &str) -> Vec<Value> {
+    let enc: String = q.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect();
+    let body = http_get(port, &format!("/api/v1/query?query={enc}")).unwrap_or_default();
+    serde_json::from_str::<Value>(&body).unwrap_or(Value::Null)["data"]["result"].as_array().cloned().unwrap_or_default()
+}
+
+/// The UUIDs of the 4 simulated GPUs, as simcuda's NVML prints them.
+fn uuids() -> Vec<String> {
+    let out = Command::new(gpufrag().parent().expect("dir").join("simcuda-workload"))
+        .arg("nvml")
+        .env("LD_LIBRARY_PATH", simcuda_dir())
+        .env("SIMCUDA_DEVICES", "4")
+        .env("SIMCUDA_STATE_DIR", unique("uuid-state"))
+        .output()
+        .expect("simcuda-workload nvml");
+    String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with("RESULT test=nvml")).filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("uuid=")).map(str::to_string)).collect()
+}
+
+#[test]
+fn the_agent_container_attributes_two_workload_containers_and_killing_it_harms_neither() {
+    if let Some((what, how)) = missing() {
+        tool_support::missing(&what, &how);
+        return;
+    }
+    let Some(prom_bin) = require("prometheus", prometheus(), "apt-get install prometheus") else { return };
+    let started = Instant::now();
+    let run = format!("gpufrag-test-{}", std::process::id());
+    let image = format!("localhost/gpufrag-agent-test:{}", std::process::id());
+    let agent = format!("{run}-agent");
+    let jobs = [format!("{run}-job2"), format!("{run}-job3")];
+    let _cleanup = Cleanup { containers: vec![agent.clone(), jobs[0].clone(), jobs[1].clone()], image: image.clone() };
+    build_agent_image(&image);
+    let state: PathBuf = unique("container-state");
+    std::fs::create_dir_all(&state).expect("state");
+    let gate: PathBuf = unique("container-gate");
+    std::fs::create_dir_all(&gate).expect("gate");
+    let port = free_port();
+
+    // The agent, as the DaemonSet runs it.
+    let mut args: Vec<String> = ["run", "-d", "--name", &agent, "--pid=host", "--cap-drop=all", "--cap-add=BPF,PERFMON,SYS_ADMIN,SYS_PTRACE", "--read-only", "--tmpfs", "/tmp", "--security-opt", "no-new-privileges", "-v", "/sys/kernel/btf:/sys/kernel/btf:ro", "-e", "NVIDIA_VISIBLE_DEVICES=all", "-e", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(LIMITS.iter().map(|s| s.to_string()));
+    args.extend(["-p".to_string(), format!("127.0.0.1:{port}:9464")]);
+    args.extend(driver_mounts(&state));
+    args.extend([image.clone(), "agent".into(), "--prometheus".into(), "0.0.0.0:9464".into()]);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    podman_ok(&argv);
+    assert!(wait_log(&agent, "agent: tracing", Duration::from_secs(60)), "the agent container did not start tracing:\n{}", logs(&agent));
+    let prom_dir = unique("container-prometheus");
+    std::fs::create_dir_all(&prom_dir).expect("prometheus dir");
+    let (_prom, prom_port) = start_prometheus(&prom_bin, &prom_dir, port);
+
+    // Two workload containers, each seeing one GPU as its device 0.
+    let prog = fixtures().prog.display().to_string();
+    let mut ids = Vec::new();
+    for (name, visible) in jobs.iter().zip(["2", "3"]) {
+        let mut a: Vec<String> = ["run", "-d", "--name", name, "-e"].iter().map(|s| s.to_string()).collect();
+        a.push(format!("CUDA_VISIBLE_DEVICES={visible}"));
+        a.extend(LIMITS.iter().map(|s| s.to_string()));
+        a.extend(driver_mounts(&state));
+        a.extend(["-v".into(), format!("{prog}:/usr/local/bin/cuda_prog:ro"), "-v".into(), format!("{}:/gate", gate.display())]);
+        a.extend([BASE_IMAGE.to_string(), "/usr/local/bin/cuda_prog".into(), "wait".into(), "/gate/go".into()]);
+        let argv: Vec<&str> = a.iter().map(String::as_str).collect();
+        ids.push(podman_ok(&argv));
+    }
+    for name in &jobs {
+        assert!(wait_log(name, "READY", Duration::from_secs(60)), "{name}: {}", logs(name));
+    }
+    for id in &ids {
+        assert!(id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()), "podman's container id: {id:?}");
+    }
+
+    // Both reach Prometheus from their first call (3 x 8 MiB), under their own container id
+    // and GPU.
+    let uuids = uuids();
+    assert_eq!(uuids.len(), 4);
+    for (id, gpu) in ids.iter().zip([2usize, 3]) {
+        let q = format!("gpufrag_process_memory_reserved_bytes{{container_id=\"{id}\"}}");
+        let end = Instant::now() + Duration::from_secs(30);
+        let series = loop {
+            let r = query(prom_port, &q);
+            if r.first().and_then(|s| s["value"][1].as_str()) == Some(&(24 * MIB).to_string()) || Instant::now() > end {
+                break r;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        };
+        assert_eq!(series.len(), 1, "{q}: {series:#?}\nagent log:\n{}\nall: {:#?}", logs(&agent), query(prom_port, "gpufrag_process_memory_reserved_bytes"));
+        let s = &series[0];
+        assert_eq!(s["value"][1].as_str(), Some(&(24 * MIB).to_string()[..]), "traced from its first call: {s:#}");
+        assert_eq!(s["metric"]["hw_id"].as_str(), Some(uuids[gpu].as_str()), "CUDA_VISIBLE_DEVICES={gpu}'s device 0 is GPU {gpu}: {s:#}");
+        assert_eq!(s["metric"]["process_executable_name"].as_str(), Some("cuda_prog"), "{s:#}");
+    }
+
+    // The agent container dies mid-run; the workloads go on and finish.
+    // SIGKILL to the container's process (what an OOM kill or a node problem does; `podman
+    // kill` itself may time out waiting for conmon on a loaded machine).
+    let pid: i32 = podman_ok(&["inspect", "--format", "{{.State.Pid}}", &agent]).parse().expect("agent pid");
+    assert!(pid > 1, "agent pid {pid}");
+    // SAFETY: kill(2) on the agent container's process, which this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let end = Instant::now() + Duration::from_secs(30);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = podman_ok(&["inspect", "--format", "{{.State.Status}}", &agent]);
+    assert!(!Path::new(&format!("/proc/{pid}/exe")).exists() || status != "running", "the agent still runs: {status}");
+    std::fs::write(gate.join("go"), b"go").expect("gate");
+    for name in &jobs {
+        let code = podman_ok(&["wait", name]);
+        let log = logs(name);
+        assert_eq!(code, "0", "{name} after the agent was killed: {log}");
+        assert!(log.contains("FIGURES device=0 reserved=29360128"), "{name}: {log}");
+    }
+    eprintln!("container test took {:?}", started.elapsed());
+}
