@@ -6,6 +6,7 @@
 //! `include/gpufrag_annotate.h`, so each verdict is checked against the workload's own figures.
 //! Tests skip (printing why) only where the kernel refuses eBPF.
 
+mod tool_support;
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
 

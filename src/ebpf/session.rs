@@ -381,7 +381,6 @@ impl Session {
                         self.unchecked_exec.clear();
                     }
                     self.unchecked_exec.insert(m.pid);
-                    self.table.mark_inexact(m.pid);
                 }
                 continue;
             }
