@@ -197,6 +197,14 @@ static __always_inline void submit_event(struct gpufrag_event *e)
 	bpf_ringbuf_submit(e, avail >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
+/* A failed allocation wakes the reader at once: user space reads the device's free memory for
+ * it while the failing process is still alive (a process that exits right after its OOM gives
+ * its memory back within ~100 ms, measured on the H200). */
+static __always_inline void submit_now(struct gpufrag_event *e)
+{
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+}
+
 /* The calls whose event carries the time the call began (see finish_call): the releases, and a
  * read of a pool's reserved bytes. */
 static __always_inline bool stamped_at_entry(__u32 fn)
@@ -544,8 +552,11 @@ static __always_inline int finish_call(struct pt_regs *ctx, __u32 fn)
 	e->stream = stream;
 	e->device_free = device_free;
 	e->rc = rc;
-	if (failed && alloc)
+	if (failed && alloc) {
 		e->op = kind;
+		submit_now(e);
+		return 0;
+	}
 	submit_event(e);
 	return 0;
 }
@@ -667,6 +678,81 @@ SEC("usdt") int BPF_USDT(usdt_free, void *ptr)
 	return 0;
 }
 
+/* include/gpufrag_annotate.h: a caching allocator's own announcements (USDT provider gpufrag),
+ * the same events the shim makes of its gpufrag_annotate_* functions. */
+static __always_inline __s16 announced_device(long device)
+{
+	return device >= 0 && device < 32768 ? (__s16)device : -1;
+}
+
+/* gpufrag:segment(addr, device): the allocator owns the segment holding addr. */
+SEC("usdt") int BPF_USDT(gf_segment, long addr, long device)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!is_traced(id >> 32))
+		return 0;
+	note_traced(id >> 32);
+	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_ADOPT, announced_device(device), GPUFRAG_F_SRC_USDT);
+	if (!e)
+		return 0;
+	e->addr = (__u64)addr;
+	submit_event(e);
+	return 0;
+}
+
+/* gpufrag:block_alloc(addr, size, requested, device) */
+SEC("usdt") int BPF_USDT(gf_block_alloc, long addr, long size, long requested, long device)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!addr || !is_traced(id >> 32))
+		return 0;
+	note_traced(id >> 32);
+	__u32 flags = GPUFRAG_F_SRC_USDT | (size > 0 ? GPUFRAG_F_BLOCK_SIZE_KNOWN : 0);
+	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_BLOCK_ALLOC, announced_device(device), flags);
+	if (!e)
+		return 0;
+	e->addr = (__u64)addr;
+	e->size = size > 0 ? (__u64)size : 0;
+	e->requested = (__u64)requested;
+	submit_event(e);
+	return 0;
+}
+
+/* gpufrag:block_free(addr, device) */
+SEC("usdt") int BPF_USDT(gf_block_free, long addr, long device)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!addr || !is_traced(id >> 32))
+		return 0;
+	note_traced(id >> 32);
+	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_BLOCK_FREE, announced_device(device), GPUFRAG_F_SRC_USDT);
+	if (!e)
+		return 0;
+	e->addr = (__u64)addr;
+	submit_event(e);
+	return 0;
+}
+
+/* gpufrag:oom(requested, device_free, device): the allocator's request failed for good. */
+SEC("usdt") int BPF_USDT(gf_oom, long requested, long device_free, long device)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!is_traced(id >> 32))
+		return 0;
+	note_traced(id >> 32);
+	bool known = device_free != -1;
+	__u32 flags = GPUFRAG_F_SRC_USDT | GPUFRAG_F_FAILED | (known ? GPUFRAG_F_DEVICE_FREE_KNOWN : 0);
+	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_ALLOC_FAILED, announced_device(device), flags);
+	if (!e)
+		return 0;
+	e->requested = (__u64)requested;
+	e->device_free = known ? (__u64)device_free : 0;
+	e->rc = 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+	e->op = GPUFRAG_EV_BLOCK_ALLOC;
+	submit_now(e);
+	return 0;
+}
+
 /* Kernel types, as CO-RE flavours: only the fields read, relocated against the kernel's BTF. */
 struct signal_struct___gpufrag {
 	struct {
@@ -679,6 +765,104 @@ struct task_struct___gpufrag {
 	int tgid;
 	struct signal_struct___gpufrag *signal;
 } __attribute__((preserve_access_index));
+
+/* Mappings of CUDA libraries not yet probed, for user space to probe at once rather than at its
+ * next /proc scan: a kprobe on security_mmap_file, or do_mmap where that cannot be probed (every
+ * file mmap, the dynamic loader's included; the file is the first argument of both) passes on those whose file name starts with libcuda.so or libc10_cuda.so and whose
+ * (device, inode) is not in probed_files (user space adds each file it probes). */
+struct file_key {
+	__u64 ino;
+	__u32 dev; /* the kernel's dev_t: major << 20 | minor */
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct file_key);
+	__type(value, __u8);
+} probed_files SEC(".maps");
+
+#define LIB_NAME_LEN 48
+
+struct lib_mapped {
+	__u64 ino;
+	__u32 dev;
+	__u32 pid;
+	char name[LIB_NAME_LEN];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 16);
+} lib_maps SEC(".maps");
+
+struct lib_mapped lib_mapped_dummy = {}; /* makes the skeleton carry the type */
+
+struct qstr___gpufrag {
+	const unsigned char *name;
+} __attribute__((preserve_access_index));
+
+struct dentry___gpufrag {
+	struct qstr___gpufrag d_name;
+} __attribute__((preserve_access_index));
+
+struct path___gpufrag {
+	struct dentry___gpufrag *dentry;
+} __attribute__((preserve_access_index));
+
+struct super_block___gpufrag {
+	__u32 s_dev;
+} __attribute__((preserve_access_index));
+
+struct inode___gpufrag {
+	unsigned long i_ino;
+	struct super_block___gpufrag *i_sb;
+} __attribute__((preserve_access_index));
+
+struct file___gpufrag {
+	struct path___gpufrag f_path;
+	struct inode___gpufrag *f_inode;
+} __attribute__((preserve_access_index));
+
+static __always_inline bool starts_with(const char *s, const char *prefix, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (s[i] != prefix[i])
+			return false;
+	return true;
+}
+
+SEC("kprobe")
+int on_mmap_file(struct pt_regs *ctx)
+{
+	struct file___gpufrag *file = (void *)PT_REGS_PARM1(ctx);
+	if (!file)
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!is_traced(id >> 32))
+		return 0;
+	char name[LIB_NAME_LEN] = {};
+	const unsigned char *np = BPF_CORE_READ(file, f_path.dentry, d_name.name);
+	if (bpf_probe_read_kernel_str(name, sizeof(name), np) <= 0)
+		return 0;
+	if (!starts_with(name, "libcuda.so", 10) && !starts_with(name, "libc10_cuda.so", 14))
+		return 0;
+	struct file_key k = {};
+	k.ino = BPF_CORE_READ(file, f_inode, i_ino);
+	k.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
+	if (bpf_map_lookup_elem(&probed_files, &k))
+		return 0;
+	struct lib_mapped *m = bpf_ringbuf_reserve(&lib_maps, sizeof(*m), 0);
+	if (!m)
+		return 0;
+	m->ino = k.ino;
+	m->dev = k.dev;
+	m->pid = id >> 32;
+	__builtin_memcpy(m->name, name, sizeof(name));
+	bpf_ringbuf_submit(m, BPF_RB_FORCE_WAKEUP);
+	return 0;
+}
 
 /* sched_process_fork(parent, child): a child of a traced process is traced from its start. */
 SEC("raw_tp/sched_process_fork")
@@ -703,11 +887,42 @@ int on_fork(struct bpf_raw_tracepoint_args *ctx)
 }
 
 /* sched_process_exec: a traced process replaced its image; its CUDA state is gone. */
+struct linux_binprm___gpufrag {
+	struct file___gpufrag *file;
+} __attribute__((preserve_access_index));
+
+/* Agent mode: an executable file user space has not looked at yet is reported (it may carry
+ * gpufrag's annotation USDT probes); user space adds every file it looked at to probed_files. */
+static __always_inline void report_new_exe(struct bpf_raw_tracepoint_args *ctx, __u32 tgid)
+{
+	struct linux_binprm___gpufrag *bprm = (void *)ctx->args[2];
+	struct file___gpufrag *file = BPF_CORE_READ(bprm, file);
+	if (!file)
+		return;
+	struct file_key k = {};
+	k.ino = BPF_CORE_READ(file, f_inode, i_ino);
+	k.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
+	if (bpf_map_lookup_elem(&probed_files, &k))
+		return;
+	struct lib_mapped *m = bpf_ringbuf_reserve(&lib_maps, sizeof(*m), 0);
+	if (!m)
+		return;
+	m->ino = k.ino;
+	m->dev = k.dev;
+	m->pid = tgid;
+	const unsigned char *np = BPF_CORE_READ(file, f_path.dentry, d_name.name);
+	if (bpf_probe_read_kernel_str(m->name, sizeof(m->name), np) <= 0)
+		m->name[0] = 0;
+	bpf_ringbuf_submit(m, BPF_RB_FORCE_WAKEUP);
+}
+
 SEC("raw_tp/sched_process_exec")
 int on_exec(struct bpf_raw_tracepoint_args *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
+	if (trace_all)
+		report_new_exe(ctx, tgid);
 	if (!bpf_map_lookup_elem(&traced, &tgid))
 		return 0;
 	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_PROCESS_EXEC, -1, GPUFRAG_F_SRC_EBPF);

@@ -58,6 +58,7 @@ enum gpufrag_event_kind {
 #define GPUFRAG_F_FRAMEWORK_OWNED   (1u << 7) /* a segment or mapping made by a framework's caching allocator */
 #define GPUFRAG_F_ALLOC_XLA_BFC     (1u << 8) /* block/adopt: XLA's BFC allocator (neither bit: PyTorch's) */
 #define GPUFRAG_F_ALLOC_CUPY        (1u << 9) /* block/adopt: CuPy's memory pool */
+#define GPUFRAG_F_SRC_NVML          (1u << 10) /* DEVICE_INFO read from NVML (pid != 0: for that process's failed allocation) */
 
 struct gpufrag_event {
 	__u64 ts_ns;       /* CLOCK_MONOTONIC (live) or the trace's own clock (import) */

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 pub struct Live {
     /// The state.
     pub state: State,
-    record: Option<record::Writer<std::fs::File>>,
+    record: Option<record::Rotating>,
     record_error: Option<String>,
     /// Processes whose Python hook connected.
     pub python_pids: BTreeSet<u32>,
@@ -31,7 +31,7 @@ pub struct Live {
     oom_seen: usize,
     quiet: bool,
     /// Processes that connected, with their names.
-    pub processes: Vec<(u32, String)>,
+    pub processes: std::collections::VecDeque<(u32, String)>,
     /// Exporters, live feeds, report writers.
     pub observers: Vec<Box<dyn crate::observe::Observer>>,
     /// Driver failures held back: (index in `state.ooms`, when seen).
@@ -39,10 +39,20 @@ pub struct Live {
     /// The frameworks' own statistics from Python hooks: the latest per (pid, device, framework),
     /// and the last one read at an out-of-memory error.
     pub framework_reports: BTreeMap<(u32, i16, crate::framework::Framework, bool), crate::framework::FrameworkReport>,
+    /// Final OOMs whose device free may still come from a reading that follows the failure
+    /// (see `crate::ingest`): printed once [`READING_HOLD`] has passed.
+    held_ooms: Vec<(usize, Instant)>,
     /// Who each process is and which node GPU each of its CUDA ordinals is: every event is
     /// filed under the node's GPU index before it is applied.
     pub attribution: crate::attribution::Attribution,
 }
+
+/// How many process names [`Live::processes`] keeps (the most recent).
+pub const PROCESSES_KEPT: usize = 4096;
+
+/// How long an OOM without a device free of its own event waits for a reading that follows it
+/// before it is printed (the reorder window of the eBPF path plus the reading window).
+const READING_HOLD: Duration = Duration::from_millis(300);
 
 /// How long a caching allocator's failed driver call waits for the allocator's own OOM report
 /// before it is printed as the verdict.
@@ -83,13 +93,22 @@ impl Live {
         }
     }
 
+    /// Caps the record file at `max_bytes`, rotating it (see [`record::Rotating`]); it restarts
+    /// the file.
+    pub fn cap_record(&mut self, path: &Path, max_bytes: u64) -> anyhow::Result<()> {
+        if self.record.is_some() {
+            self.record = Some(record::Rotating::create(path, Some(max_bytes)).with_context(|| format!("creating the record file {}", path.display()))?);
+        }
+        Ok(())
+    }
+
     /// A live state; `record` receives every applied event.
     pub fn new(record: Option<&Path>, quiet: bool) -> anyhow::Result<Live> {
         let record = match record {
-            Some(p) => Some(record::Writer::create(p).context("creating the record file")?),
+            Some(p) => Some(record::Rotating::create(p, None).with_context(|| format!("creating the record file {}", p.display()))?),
             None => None,
         };
-        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: Vec::new(), observers: Vec::new(), pending_ooms: Vec::new(), framework_reports: BTreeMap::new(), attribution: crate::attribution::Attribution::for_node(std::env::var("GPUFRAG_NVML_LIB").ok().as_deref()) })
+        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: std::collections::VecDeque::new(), observers: Vec::new(), pending_ooms: Vec::new(), held_ooms: Vec::new(), framework_reports: BTreeMap::new(), attribution: crate::attribution::Attribution::for_node(std::env::var("GPUFRAG_NVML_LIB").ok().as_deref()) })
     }
 
     /// Reads who a process is when it starts (or is first seen), and files the event under the
@@ -151,7 +170,7 @@ impl Live {
                     self.state.forget(hello.pid);
                     self.processes.retain(|(p, _)| *p != hello.pid);
                 }
-                self.processes.push((hello.pid, hello.exe_name()));
+                self.name_process(hello.pid, hello.exe_name());
                 self.apply(&Event { ts_ns: now_ns(), ..Event::new(EventKind::ProcessExec, hello.pid, -1) });
             }
             Msg::Blocks { pid, mut snapshot } => {
@@ -216,7 +235,7 @@ impl Live {
                 // A process gone before /proc was read has no name there: the one read early.
                 let name = if name.is_empty() || name == "unknown" { self.state.identities.get(&pid).map(|i| i.exe.clone()).unwrap_or(name) } else { name };
                 if !self.processes.iter().any(|(p, _)| *p == pid) {
-                    self.processes.push((pid, name));
+                    self.name_process(pid, name);
                 }
             }
             Msg::Proc { pid, read } => self.attribution.prefetch(pid, *read),
@@ -229,6 +248,15 @@ impl Live {
             }
         }
         self.report_new_ooms();
+    }
+
+    /// Remembers a process's name; a long-running agent keeps the most recent
+    /// [`PROCESSES_KEPT`] only.
+    fn name_process(&mut self, pid: u32, name: String) {
+        if self.processes.len() >= PROCESSES_KEPT {
+            self.processes.pop_front();
+        }
+        self.processes.push_back((pid, name));
     }
 
     fn report_new_ooms(&mut self) {
@@ -246,6 +274,10 @@ impl Live {
                 continue;
             }
             self.pending_ooms.retain(|&(j, _)| (self.state.ooms[j].pid, self.state.ooms[j].device) != key);
+            if o.device_free_source != crate::ingest::DeviceFreeSource::FailureEvent {
+                self.held_ooms.push((i, Instant::now()));
+                continue;
+            }
             self.print_oom(i);
         }
         self.flush_pending_ooms(false);
@@ -254,8 +286,11 @@ impl Live {
     /// Prints held-back driver failures whose allocator said nothing within [`OOM_HOLD`] (all of
     /// them with `all`).
     fn flush_pending_ooms(&mut self, all: bool) {
-        let due: Vec<usize> = self.pending_ooms.iter().filter(|(_, t)| all || t.elapsed() >= OOM_HOLD).map(|&(i, _)| i).collect();
+        let mut due: Vec<usize> = self.pending_ooms.iter().filter(|(_, t)| all || t.elapsed() >= OOM_HOLD).map(|&(i, _)| i).collect();
+        due.extend(self.held_ooms.iter().filter(|(_, t)| all || t.elapsed() >= READING_HOLD).map(|&(i, _)| i));
         self.pending_ooms.retain(|(i, _)| !due.contains(i));
+        self.held_ooms.retain(|(i, _)| !due.contains(i));
+        due.sort_unstable();
         for i in due {
             self.print_oom(i);
         }
@@ -347,6 +382,9 @@ impl Live {
             s.notes.push("an XLA OOM's figures (pool, in use, free, largest free chunk) are jax.Device.memory_stats() read right after the failure; a replay of the record file has only what the shim saw".into());
         }
         s.framework_stats = self.framework_reports.values().cloned().collect();
+        if let Some(r) = self.record.as_ref().filter(|r| r.rotations > 0) {
+            s.notes.push(format!("the record file reached its size cap and rotated {} time(s): the part before the current one is kept as FILE.1, older parts were let go; a part after the first starts mid-stream", r.rotations));
+        }
         if let Some(e) = &self.record_error {
             s.notes.push(format!("the record file stopped at an error: {e}"));
         }

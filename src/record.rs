@@ -158,10 +158,79 @@ impl<W: Write> Writer<W> {
     }
 }
 
+/// A record file with an optional size cap (`agent --record-max-bytes`): when the next event
+/// would take the file past the cap, it is renamed to `PATH.1` (replacing the part kept before)
+/// and a fresh `PATH` starts, so at most twice the cap is on disk. Each part is a whole record
+/// file; a part after the first starts mid-stream, so a replay of it alone meets frees of
+/// allocations it never saw (counted as anomalies, the figures then marked inexact).
+pub struct Rotating {
+    path: PathBuf,
+    max_bytes: Option<u64>,
+    w: Writer<File>,
+    /// Rotations so far.
+    pub rotations: u64,
+}
+
+impl Rotating {
+    /// Creates `path`; with `max_bytes`, rotates as above (a cap below one header and one record
+    /// is raised to that).
+    pub fn create(path: &Path, max_bytes: Option<u64>) -> io::Result<Rotating> {
+        let max_bytes = max_bytes.map(|m| m.max((HEADER_LEN + EVENT_SIZE) as u64));
+        Ok(Rotating { path: path.to_path_buf(), max_bytes, w: Writer::create(path)?, rotations: 0 })
+    }
+
+    /// The part kept before the current one.
+    pub fn previous_part(path: &Path) -> PathBuf {
+        let mut p = path.as_os_str().to_owned();
+        p.push(".1");
+        PathBuf::from(p)
+    }
+
+    /// Appends one event, rotating first when it would not fit.
+    pub fn write(&mut self, e: &Event) -> io::Result<()> {
+        if let Some(max) = self.max_bytes {
+            if HEADER_LEN as u64 + (self.w.written() + 1) * EVENT_SIZE as u64 > max {
+                self.w.flush()?;
+                std::fs::rename(&self.path, Self::previous_part(&self.path))?;
+                self.w = Writer::create(&self.path)?;
+                self.rotations += 1;
+            }
+        }
+        self.w.write(e)
+    }
+
+    /// Pushes buffered records to the file.
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.w.flush()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::event::EventKind;
+
+    #[test]
+    fn a_capped_record_rotates_into_two_whole_parts() {
+        let dir = std::env::temp_dir().join(format!("gpufrag-rotate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("r.rec");
+        let cap = (HEADER_LEN + 10 * EVENT_SIZE) as u64;
+        let mut w = Rotating::create(&path, Some(cap)).unwrap();
+        for i in 0..25u64 {
+            w.write(&Event { addr: i, ..Event::new(EventKind::MemFree, 1, 0) }).unwrap();
+        }
+        w.flush().unwrap();
+        assert_eq!(w.rotations, 2);
+        let now = read(&path).unwrap();
+        let before = read(&Rotating::previous_part(&path)).unwrap();
+        assert_eq!(now.events.iter().map(|e| e.addr).collect::<Vec<_>>(), (20..25).collect::<Vec<_>>());
+        assert_eq!(before.events.iter().map(|e| e.addr).collect::<Vec<_>>(), (10..20).collect::<Vec<_>>());
+        for p in [&path, &Rotating::previous_part(&path)] {
+            assert!(std::fs::metadata(p).unwrap().len() <= cap);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn round_trip_and_partial_tail() {

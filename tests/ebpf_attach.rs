@@ -134,6 +134,11 @@ fn a_failed_allocation_is_an_oom_with_its_request() {
     assert_eq!(o["rc"].as_i64(), Some(2), "CUDA_ERROR_OUT_OF_MEMORY");
     assert_eq!(o["op"].as_str(), Some("mem_alloc"));
     assert!(t.stderr.contains("OOM in pid"), "the verdict is printed live:\n{}", t.stderr);
+    // The program reads no device free of its own: NVML was read at the failure, while the
+    // program still held its 64 MiB (the simulated device: 16 GiB, 615 MiB reserve).
+    assert_eq!(o["device_free_source"].as_str(), Some("nvml_at_failure"), "{o:#}");
+    assert_eq!(u(o, "device_free"), (16u64 << 30) - 615 * MIB - 64 * MIB, "{o:#}");
+    assert!(o["device_free_age_ns"].as_i64().is_some_and(|a| a <= 0), "read after the failure: {o:#}");
 }
 
 #[test]

@@ -75,6 +75,9 @@ pub struct OomInputs {
     pub requested: u64,
     /// Device free at the failure (0 when unknown).
     pub device_free: u64,
+    /// Whether `device_free` was measured: without it no verdict but `inconclusive` is given
+    /// (0 free would make a true OOM of anything the cache cannot hold).
+    pub device_free_known: bool,
     /// Stranded bytes in the process's segments.
     pub stranded: u64,
     /// Releasable bytes in the process's cache.
@@ -98,6 +101,7 @@ impl OomInputs {
         OomInputs {
             requested: o.requested,
             device_free: if o.framework == Some(Framework::Xla) { 0 } else { o.device_free.unwrap_or(0) },
+            device_free_known: o.device_free.is_some() || o.framework == Some(Framework::Xla),
             stranded: o.figures.stranded,
             releasable: o.figures.releasable,
             largest_free_block: o.figures.largest_free_block,
@@ -107,8 +111,12 @@ impl OomInputs {
     }
 
     /// The verdict: `true_oom` when the request exceeds device free + stranded + releasable,
-    /// `fragmentation` when that sum covers it but no single run does.
+    /// `fragmentation` when that sum covers it but no single run does; `inconclusive` when the
+    /// traced figures say it should have fit, or device free was not measured.
     pub fn verdict(&self) -> Verdict {
+        if !self.device_free_known {
+            return Verdict::Inconclusive;
+        }
         let total = self.device_free + self.stranded + self.releasable;
         if self.requested > total {
             Verdict::TrueOom
@@ -146,6 +154,10 @@ impl OomInputs {
                 h(self.requested), h(total), h(self.device_free), h(self.stranded), h(self.releasable),
                 h(self.largest_free_block),
                 h(largest_allocatable(0, self.device_free, self.releasable))
+            ),
+            Verdict::Inconclusive if !self.device_free_known => format!(
+                "inconclusive: {} requested, but the device's free memory at the failure was not measured (no reading by the process near it and no NVML), so true OOM and fragmentation cannot be told apart (stranded {}, releasable {}, largest free block {})",
+                h(self.requested), h(self.stranded), h(self.releasable), h(self.largest_free_block)
             ),
             Verdict::Inconclusive => format!(
                 "inconclusive: {} requested, and by the traced figures one piece of {} could be had (largest free block {}, device free {}); the failure comes from outside what was traced",
@@ -200,6 +212,7 @@ impl OomInputs {
                 h(self.requested.saturating_sub(self.device_free + self.stranded + self.releasable)),
                 release
             ),
+            (Verdict::Inconclusive, _) if !self.device_free_known => "make NVML reachable to the tracer (libnvidia-ml.so.1), or have the allocator report its device free (include/gpufrag_annotate.h)".to_string(),
             (Verdict::Inconclusive, _) => "check other processes on the device (nvidia-smi) and whether events were dropped".to_string(),
         }
     }
@@ -213,6 +226,7 @@ mod tests {
         OomInputs {
             requested: 2_684_354_560,
             device_free: 2_398_224_384,
+            device_free_known: true,
             stranded: 2_097_152_000,
             releasable: 0,
             largest_free_block: 209_715_200,
@@ -255,6 +269,15 @@ mod tests {
     fn a_request_that_fits_is_inconclusive() {
         let o = OomInputs { requested: 100 << 20, ..frag_oom() };
         assert_eq!(o.verdict(), Verdict::Inconclusive);
+    }
+
+    #[test]
+    fn an_unmeasured_device_free_gives_no_verdict_but_inconclusive() {
+        let o = OomInputs { device_free: 0, device_free_known: false, ..frag_oom() };
+        assert_eq!(o.verdict(), Verdict::Inconclusive);
+        assert!(o.explanation().contains("not measured"), "{}", o.explanation());
+        let o = OomInputs { requested: 50 << 30, device_free_known: false, ..frag_oom() };
+        assert_eq!(o.verdict(), Verdict::Inconclusive, "not a true OOM by a free figure of 0 that nobody measured");
     }
 
     #[test]

@@ -237,6 +237,16 @@ pub struct OomSummary {
     pub device_free: u64,
     /// Whether `device_free` was measured.
     pub device_free_known: bool,
+    /// Where `device_free` came from: `failure_event` (the failure's own event: the shim's
+    /// reading right after the failed call, PyTorch's or the annotating allocator's figure),
+    /// `process_reading` (the process's own `cuMemGetInfo` near the failure), `nvml_at_failure`
+    /// (NVML read for this failure while the process was alive), `not_measured`.
+    #[serde(default = "not_measured")]
+    pub device_free_source: String,
+    /// Failure time minus the reading's time, ns (negative: read after the failure); absent
+    /// when not measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_free_age_ns: Option<i64>,
     /// Stranded bytes at the failure.
     pub stranded: u64,
     /// Releasable bytes at the failure.
@@ -270,6 +280,10 @@ pub struct OomSummary {
     /// `container.id` of the failing process, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
+}
+
+fn not_measured() -> String {
+    "not_measured".to_string()
 }
 
 fn device_summary(
@@ -450,6 +464,8 @@ impl Summary {
                     requested: o.requested,
                     device_free: o.device_free.unwrap_or(0),
                     device_free_known: o.device_free.is_some(),
+                    device_free_source: o.device_free_source.name().to_string(),
+                    device_free_age_ns: o.device_free_age_ns,
                     stranded: o.figures.stranded,
                     releasable: o.figures.releasable,
                     largest_free_block: o.figures.largest_free_block,

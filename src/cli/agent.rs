@@ -15,12 +15,20 @@ pub struct Args {
     /// The summary JSON (written when the agent stops), the record file, quiet.
     #[command(flatten)]
     pub out: super::LiveArgs,
+    /// Cap the record file at this many bytes: when full it is renamed to PATH.1 (replacing
+    /// the previous part) and a fresh PATH starts, so at most twice this is on disk.
+    #[arg(long, value_name = "BYTES", requires = "record")]
+    pub record_max_bytes: Option<u64>,
     /// Stop after this many seconds (default: until SIGINT/SIGTERM).
     #[arg(long, value_name = "SECONDS")]
     pub duration: Option<f64>,
     /// Keep exited processes' final maps (for the summary) instead of dropping them.
     #[arg(long)]
     pub keep_exited: bool,
+    /// With --keep-exited: how many exited processes' maps are kept; the oldest beyond it are
+    /// let go (and counted in the summary's notes).
+    #[arg(long, default_value_t = 1024, value_name = "N")]
+    pub keep_exited_max: usize,
     /// Probes.
     #[command(flatten)]
     pub probe: crate::cli::attach::ProbeArgs,
@@ -34,9 +42,13 @@ pub struct Args {
 
 /// Runs `agent`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
-    let opts = args.probe.session_options(Target::All, !args.keep_exited, Duration::ZERO)?;
+    let mut opts = args.probe.session_options(Target::All, !args.keep_exited, Duration::ZERO)?;
+    opts.keep_exited_max = args.keep_exited_max;
     let session = Session::start(opts, "gpufrag agent").map_err(probe_error)?;
-    let live = args.out.live(&args.export, &args.views)?;
+    let mut live = args.out.live(&args.export, &args.views)?;
+    if let (Some(path), Some(max)) = (&args.out.record, args.record_max_bytes) {
+        live.cap_record(path, max)?;
+    }
     if !args.out.quiet {
         eprintln!("[gpufrag] agent: tracing every GPU process ({} probes)", session.link_count());
     }

@@ -56,11 +56,20 @@ pub struct ProbeArgs {
     /// Milliseconds between scans of /proc for new processes and libraries.
     #[arg(long, default_value_t = 250, value_name = "MS")]
     pub scan_interval_ms: u64,
+    /// The node's root file system as mounted into this container (a DaemonSet mounts the
+    /// host's / at, say, /host): the libcuda files under it are probed at start too.
+    #[arg(long, value_name = "DIR")]
+    pub host_root: Option<PathBuf>,
 }
 
 impl ProbeArgs {
     /// The session these options describe, for `target`; an error names a bad `--ring-bytes`.
     pub fn session_options(&self, target: Target, forget_on_exit: bool, drain_delay: Duration) -> anyhow::Result<SessionOptions> {
+        if let Some(h) = &self.host_root {
+            if !h.is_dir() {
+                anyhow::bail!("--host-root {}: not a directory", h.display());
+            }
+        }
         if let Some(n) = self.ring_bytes {
             if !n.is_power_of_two() || n < 4096 {
                 anyhow::bail!("--ring-bytes must be a power of two of at least 4096, not {n}");
@@ -73,6 +82,8 @@ impl ProbeArgs {
             ring_bytes: self.ring_bytes,
             forget_on_exit,
             drain_delay,
+            host_root: self.host_root.clone(),
+            keep_exited_max: usize::MAX,
         })
     }
 }

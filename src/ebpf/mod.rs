@@ -65,6 +65,10 @@ const DRIVER_FUNCTIONS: &[(&str, &str)] = &[
     ("cuDeviceGetMemPool", "default_mem_pool"),
 ];
 
+/// Kernel functions that every file-backed mmap passes, with the file as first argument, in the
+/// order tried for the library-mapping kprobe.
+const MMAP_FUNCTIONS: [&str; 3] = ["security_mmap_file", "do_mmap", "vm_mmap_pgoff"];
+
 /// The ring buffer's default size (the BPF source's `events` map).
 const DEFAULT_RING_BYTES: u32 = 1 << 22;
 
@@ -158,7 +162,38 @@ pub enum Attached {
     Torch(TorchProbes),
     /// A library with XLA's BFC allocator: symbols, or nothing (with why).
     Bfc(BfcProbes),
+    /// A program or library with gpufrag's annotation USDT probes: this many of them.
+    Annotations {
+        /// Probes attached.
+        probes: usize,
+    },
 }
+
+/// A process mapped a CUDA library file that is not probed yet (the `security_mmap_file`
+/// kprobe): probe it now rather than at the next `/proc` scan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LibMapped {
+    /// The process.
+    pub pid: u32,
+    /// The file, as `stat` would give it.
+    pub id: FileId,
+    /// Its file name.
+    pub name: String,
+}
+
+/// The kernel's internal `dev_t` (`major << 20 | minor`) as `stat`'s `st_dev`.
+pub fn stat_dev(kernel_dev: u32) -> u64 {
+    libc::makedev(kernel_dev >> 20, kernel_dev & 0xf_ffff)
+}
+
+/// `stat`'s `st_dev` as the kernel's internal `dev_t`.
+fn kernel_dev(st_dev: u64) -> u32 {
+    (libc::major(st_dev) << 20) | (libc::minor(st_dev) & 0xf_ffff)
+}
+
+/// How a file with gpufrag's own USDT probes (`include/gpufrag_annotate.h`) is probed: the
+/// probes attached, by name.
+pub const ANNOTATE_PROBES: [&str; 4] = ["segment", "block_alloc", "block_free", "oom"];
 
 /// The loaded programs and their attachments.
 pub struct Probes {
@@ -167,6 +202,10 @@ pub struct Probes {
     files: HashMap<FileId, (PathBuf, Attached)>,
     ring: libbpf_rs::RingBuffer<'static>,
     inbox: Rc<RefCell<Vec<Event>>>,
+    mapped: Rc<RefCell<Vec<LibMapped>>>,
+    /// Why the library-mapping kprobe could not be attached (then only the `/proc` scan finds
+    /// new library files).
+    pub mmap_probe_error: Option<String>,
 }
 
 impl Probes {
@@ -190,8 +229,24 @@ impl Probes {
         for (prog, tp) in [(&skel.progs.on_fork, "sched_process_fork"), (&skel.progs.on_exec, "sched_process_exec"), (&skel.progs.on_exit, "sched_process_exit")] {
             links.push(prog.attach_raw_tracepoint(tp).map_err(|e| classify(&e, what))?);
         }
+        // Every file mmap goes through these (the first argument is the file); the first one
+        // this kernel lets us probe is used.
+        let kprobes = Path::new("/sys/bus/event_source/devices/kprobe").exists() || Path::new("/sys/kernel/tracing/kprobe_events").exists() || Path::new("/sys/kernel/debug/tracing/kprobe_events").exists();
+        let mut mmap_probe_error = (!kprobes).then(|| "this kernel offers no kprobes (no kprobe PMU, no tracefs kprobe_events)".to_string());
+        for func in MMAP_FUNCTIONS.iter().filter(|_| kprobes) {
+            match skel.progs.on_mmap_file.attach_kprobe(false, func) {
+                Ok(l) => {
+                    links.push(l);
+                    mmap_probe_error = None;
+                    break;
+                }
+                Err(e) => mmap_probe_error = Some(format!("{}: {e:#}", MMAP_FUNCTIONS.join(", "))),
+            }
+        }
         let inbox: Rc<RefCell<Vec<Event>>> = Rc::new(RefCell::new(Vec::new()));
         let sink = Rc::clone(&inbox);
+        let mapped: Rc<RefCell<Vec<LibMapped>>> = Rc::new(RefCell::new(Vec::new()));
+        let mapped_sink = Rc::clone(&mapped);
         let mut rb = libbpf_rs::RingBufferBuilder::new();
         rb.add(&skel.maps.events, move |data: &[u8]| {
             if let Some(b) = data.get(..EVENT_SIZE).and_then(|b| <&[u8; EVENT_SIZE]>::try_from(b).ok()) {
@@ -200,8 +255,21 @@ impl Probes {
             0
         })
         .map_err(|e| ProbeError::Other(format!("ring buffer: {e}")))?;
+        rb.add(&skel.maps.lib_maps, move |data: &[u8]| {
+            // struct lib_mapped: u64 ino, u32 dev, u32 pid, char name[48].
+            if data.len() >= 16 {
+                let ino = u64::from_ne_bytes(data[0..8].try_into().unwrap_or([0; 8]));
+                let dev = u32::from_ne_bytes(data[8..12].try_into().unwrap_or([0; 4]));
+                let pid = u32::from_ne_bytes(data[12..16].try_into().unwrap_or([0; 4]));
+                let raw = &data[16..];
+                let name = String::from_utf8_lossy(&raw[..raw.iter().position(|&b| b == 0).unwrap_or(raw.len())]).into_owned();
+                mapped_sink.borrow_mut().push(LibMapped { pid, id: FileId { dev: stat_dev(dev), ino }, name });
+            }
+            0
+        })
+        .map_err(|e| ProbeError::Other(format!("ring buffer: {e}")))?;
         let ring = rb.build().map_err(|e| ProbeError::Other(format!("ring buffer: {e}")))?;
-        Ok(Probes { skel, links, files: HashMap::new(), ring, inbox })
+        Ok(Probes { skel, links, files: HashMap::new(), ring, inbox, mapped, mmap_probe_error })
     }
 
     /// The files probed so far, with how.
@@ -272,6 +340,10 @@ impl Probes {
             "bfc_alloc_return" => &p.bfc_alloc_return,
             "bfc_alloc_plain_entry" => &p.bfc_alloc_plain_entry,
             "bfc_alloc_plain_return" => &p.bfc_alloc_plain_return,
+            "gf_segment" => &p.gf_segment,
+            "gf_block_alloc" => &p.gf_block_alloc,
+            "gf_block_free" => &p.gf_block_free,
+            "gf_oom" => &p.gf_oom,
             "empty_entry" => &p.empty_entry,
             "empty_return" => &p.empty_return,
             _ => return None,
@@ -372,13 +444,66 @@ impl Probes {
         Ok(&self.files[&id].1)
     }
 
+    /// Attaches gpufrag's own USDT probes (`gpufrag:segment`, `block_alloc`, `block_free`,
+    /// `oom`, from `include/gpufrag_annotate.h`) in the ELF file at `path` (once per file).
+    pub fn attach_annotations(&mut self, path: &Path) -> Result<&Attached, ProbeError> {
+        let id = procfs::file_id(path).map_err(|e| ProbeError::Other(format!("{}: {e}", path.display())))?;
+        if !self.files.contains_key(&id) {
+            let present = symbols::annotate_probes(path);
+            if present.is_empty() {
+                return Err(ProbeError::Other(format!("{} has no gpufrag USDT probes (include/gpufrag_annotate.h)", path.display())));
+            }
+            for name in &present {
+                let Some(prog) = self.program(&format!("gf_{name}")) else { continue };
+                let link = prog.attach_usdt(-1, path, "gpufrag", name).map_err(|e| classify(&e, &format!("attaching USDT gpufrag:{name} in {}", path.display())))?;
+                self.links.push(link);
+            }
+            self.files.insert(id, (path.to_path_buf(), Attached::Annotations { probes: present.len() }));
+        }
+        Ok(&self.files[&id].1)
+    }
+
     /// Probes a library of any kind.
     pub fn attach(&mut self, kind: LibKind, path: &Path) -> Result<&Attached, ProbeError> {
+        let id = procfs::file_id(path).map_err(|e| ProbeError::Other(format!("{}: {e}", path.display())))?;
         match kind {
-            LibKind::Cuda => self.attach_driver(path),
-            LibKind::C10Cuda => self.attach_torch(path),
-            LibKind::XlaBfc => self.attach_bfc(path),
+            LibKind::Cuda => {
+                self.attach_driver(path)?;
+            }
+            LibKind::C10Cuda => {
+                self.attach_torch(path)?;
+            }
+            LibKind::Annotated => {
+                self.attach_annotations(path)?;
+            }
+            LibKind::XlaBfc => {
+                self.attach_bfc(path)?;
+            }
         }
+        self.mark_probed(id);
+        self.files.get(&id).map(|(_, a)| a).ok_or_else(|| ProbeError::Other(format!("{} was not recorded as probed", path.display())))
+    }
+
+    /// Tells the mapping kprobe and the exec tracepoint that `id` is known (probed, or looked
+    /// at and found to need no probe): no more notifications for it.
+    pub fn mark_probed(&self, id: FileId) {
+        let mut key = [0u8; 16];
+        key[0..8].copy_from_slice(&id.ino.to_ne_bytes());
+        key[8..12].copy_from_slice(&kernel_dev(id.dev).to_ne_bytes());
+        let _ = self.skel.maps.probed_files.update(&key, &[1u8], MapFlags::ANY);
+    }
+
+    /// Undoes [`Probes::mark_probed`]: the next mapping or exec of `id` is reported again.
+    pub fn unmark_probed(&self, id: FileId) {
+        let mut key = [0u8; 16];
+        key[0..8].copy_from_slice(&id.ino.to_ne_bytes());
+        key[8..12].copy_from_slice(&kernel_dev(id.dev).to_ne_bytes());
+        let _ = self.skel.maps.probed_files.delete(&key);
+    }
+
+    /// The library mappings the kprobe reported since the last call.
+    pub fn take_mapped(&mut self) -> Vec<LibMapped> {
+        std::mem::take(&mut *self.mapped.borrow_mut())
     }
 
     /// Attaches only the empty baseline pair to `func` in `path` (for the benchmark).

@@ -19,7 +19,11 @@
 
 use crate::event::{Event, EventKind};
 pub use crate::ingest::Coverage;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+/// Exited incarnations remembered (for late events and the summary's names) when their maps
+/// are forgotten at exit; the oldest beyond this are dropped from the table.
+pub const EXITED_REMEMBERED: usize = 4096;
 
 /// What the state owner must do.
 #[derive(Clone, Debug, PartialEq)]
@@ -82,6 +86,13 @@ pub struct ProcessTable {
     pub assumed: BTreeMap<u32, u64>,
     /// Incarnations ended because their pid came back with another start time.
     pub reused: u64,
+    /// With `forget_on_exit` off: how many exited processes keep their final maps; the oldest
+    /// beyond it are let go (their maps forgotten) and counted in [`ProcessTable::let_go`].
+    pub keep_exited_max: usize,
+    /// Exited processes whose maps were let go for the cap.
+    pub let_go: u64,
+    /// Exited incarnations, oldest first.
+    exited_order: VecDeque<(u32, u64)>,
 }
 
 fn allocation_like(kind: EventKind) -> bool {
@@ -104,7 +115,34 @@ fn allocation_like(kind: EventKind) -> bool {
 impl ProcessTable {
     /// An empty table.
     pub fn new(forget_on_exit: bool) -> ProcessTable {
-        ProcessTable { forget_on_exit, ..ProcessTable::default() }
+        ProcessTable { forget_on_exit, keep_exited_max: usize::MAX, ..ProcessTable::default() }
+    }
+
+    /// Exited incarnations beyond the caps leave the table (and, when their maps were kept,
+    /// the state: a `Forget`, counted in `let_go`).
+    fn bound_exited(&mut self, out: &mut Vec<Action>) {
+        let cap = if self.forget_on_exit { EXITED_REMEMBERED } else { self.keep_exited_max.min(EXITED_REMEMBERED) };
+        while self.exited_order.len() > cap {
+            let Some((pid, start)) = self.exited_order.pop_front() else { break };
+            if self.procs.get(&pid).is_some_and(|p| p.exited && p.start_time == start) {
+                self.procs.remove(&pid);
+                self.assumed.remove(&pid);
+                if !self.forget_on_exit {
+                    self.let_go += 1;
+                    out.push(Action::Forget(pid));
+                }
+            }
+        }
+    }
+
+    /// Incarnations in the table (live and remembered exited ones).
+    pub fn len(&self) -> usize {
+        self.procs.len()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.procs.is_empty()
     }
 
     /// The current incarnation of `pid`.
@@ -127,11 +165,13 @@ impl ProcessTable {
             if !p.exited {
                 p.exited = true;
                 out.push(Action::Apply(Event { ts_ns, ..Event::new(EventKind::ProcessExit, pid, -1) }));
+                self.exited_order.push_back((pid, p.start_time));
             }
             if self.forget_on_exit {
                 out.push(Action::Forget(pid));
             }
         }
+        self.bound_exited(out);
     }
 
     /// Registers the process `pid` started at `start_time`. A different incarnation of the same
@@ -157,6 +197,12 @@ impl ProcessTable {
         self.procs.insert(pid, Incarnation { pid, start_time, name, exact, exited: false, last_device: None, handle_device: HashMap::new() });
         out.push(Action::Apply(Event { ts_ns, ..Event::new(EventKind::ProcessExec, pid, -1) }));
         out
+    }
+
+    /// The device an event of `pid` with no device of its own will be given (rules 3 to 5).
+    pub fn likely_device(&self, pid: u32) -> i16 {
+        let nvml_one = self.nvml_devices.get(&pid).filter(|d| d.len() == 1).map(|d| d[0]);
+        self.procs.get(&pid).and_then(|p| p.last_device).or(nvml_one).unwrap_or(0)
     }
 
     /// Marks a process not exact (attached mid-run, or events of it were lost).

@@ -17,6 +17,9 @@ pub enum LibKind {
     /// A library carrying XLA's BFC allocator: JAX's CUDA plugin (`xla_cuda_plugin.so`, in
     /// `jax_plugins/xla_cuda13/`) or TensorFlow's `libtensorflow_framework.so*`.
     XlaBfc,
+    /// Any ELF file with gpufrag's own USDT probes (`include/gpufrag_annotate.h`): found by
+    /// its notes, not its name.
+    Annotated,
 }
 
 impl LibKind {
@@ -107,9 +110,155 @@ pub fn reachable(pid: u32, path: &str) -> PathBuf {
     }
 }
 
-/// The CUDA libraries process `pid` maps, each once, reachable through its root.
+/// Why a process's `/proc` entry could not be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unreadable {
+    /// The process is gone.
+    Gone,
+    /// It exists but its entry cannot be read (permissions, a kernel that hides it).
+    Denied(String),
+}
+
+/// `/proc/PID/maps` as text.
+fn read_maps(pid: u32) -> Result<String, Unreadable> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) || !Path::new(&format!("/proc/{pid}")).exists() {
+            Unreadable::Gone
+        } else {
+            Unreadable::Denied(e.to_string())
+        }
+    })
+}
+
+/// The CUDA libraries process `pid` maps, each once, reachable through its root (nothing
+/// when its maps cannot be read).
 pub fn cuda_libs(pid: u32) -> Vec<MappedLib> {
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return Vec::new() };
+    try_cuda_libs(pid).unwrap_or_default()
+}
+
+/// Whether process `pid` maps the file `id` now.
+pub fn maps_file(pid: u32, id: FileId) -> bool {
+    let Ok(text) = read_maps(pid) else { return false };
+    parse_maps(&text).iter().any(|e| {
+        e.ino == id.ino
+            && (libc::makedev(e.dev.0, e.dev.1) == id.dev || std::fs::metadata(reachable(pid, &e.path)).is_ok_and(|m| m.dev() == id.dev && m.ino() == id.ino))
+    })
+}
+
+/// The executable of `pid`, as this process can open it.
+pub fn exe_path(pid: u32) -> Option<PathBuf> {
+    let p = PathBuf::from(format!("/proc/{pid}/exe"));
+    std::fs::metadata(&p).is_ok().then_some(p)
+}
+
+/// A file's size in bytes.
+pub fn file_size(path: &Path) -> Option<u64> {
+    std::fs::metadata(path).ok().map(|m| m.len())
+}
+
+/// Where the node keeps its CUDA driver, for probing before any process loads it: the
+/// directories of the dynamic linker's configuration (`/etc/ld.so.conf` and its includes) and
+/// cache, the usual driver directories (distribution multiarch and lib64 directories, CUDA's,
+/// the NVIDIA container toolkit's and GPU operator's `/run/nvidia/driver`, GKE's and WSL's),
+/// each in this process's root and, with `host_root`, under it. Every `libcuda.so*` file found,
+/// once per file.
+pub fn node_libcuda(host_root: Option<&Path>) -> Vec<PathBuf> {
+    const USUAL: [&str; 12] = [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+        "/lib64",
+        "/usr/local/cuda/lib64",
+        "/usr/local/cuda/compat",
+        "/usr/local/nvidia/lib64",
+        "/home/kubernetes/bin/nvidia/lib64",
+        "/usr/lib/wsl/lib",
+        "/run/nvidia/driver/usr/lib/x86_64-linux-gnu",
+        "/run/nvidia/driver/usr/lib64",
+    ];
+    let mut roots = vec![PathBuf::from("/")];
+    if let Some(h) = host_root {
+        roots.push(h.to_path_buf());
+    }
+    let mut out = Vec::new();
+    let mut ids = Vec::new();
+    for root in &roots {
+        let mut dirs: Vec<String> = USUAL.iter().map(|d| d.to_string()).collect();
+        dirs.extend(ld_so_conf_dirs(root));
+        dirs.extend(ld_cache_dirs(root));
+        for d in dirs {
+            let dir = root.join(d.trim_start_matches('/'));
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            let mut names: Vec<PathBuf> = entries.flatten().filter(|e| LibKind::of(&e.file_name().to_string_lossy()) == Some(LibKind::Cuda)).map(|e| e.path()).collect();
+            names.sort();
+            for p in names {
+                if let Ok(id) = file_id(&p) {
+                    if std::fs::metadata(&p).is_ok_and(|m| m.is_file()) && !ids.contains(&id) {
+                        ids.push(id);
+                        out.push(p);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The directories `root/etc/ld.so.conf` names, following `include` lines (globs in one
+/// directory, as glibc's configuration uses them), at most 64 files.
+fn ld_so_conf_dirs(root: &Path) -> Vec<String> {
+    let mut dirs = Vec::new();
+    let mut files = vec![root.join("etc/ld.so.conf")];
+    let mut read = 0;
+    while let Some(f) = files.pop() {
+        read += 1;
+        if read > 64 {
+            break;
+        }
+        let Ok(text) = std::fs::read_to_string(&f) else { continue };
+        for line in text.lines().map(|l| l.split('#').next().unwrap_or("").trim()) {
+            if let Some(pat) = line.strip_prefix("include").map(str::trim) {
+                let pat = if pat.starts_with('/') { root.join(pat.trim_start_matches('/')) } else { f.parent().unwrap_or(root).join(pat) };
+                let (dir, glob) = (pat.parent().map(Path::to_path_buf).unwrap_or_default(), pat.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+                let (pre, post) = glob.split_once('*').unwrap_or((&glob, ""));
+                if let Ok(rd) = std::fs::read_dir(&dir) {
+                    let mut found: Vec<PathBuf> = rd.flatten().map(|e| e.path()).filter(|p| p.file_name().is_some_and(|n| { let n = n.to_string_lossy(); n.starts_with(pre) && n.ends_with(post) && n.len() >= pre.len() + post.len() })).collect();
+                    found.sort();
+                    files.extend(found);
+                }
+            } else if line.starts_with('/') {
+                dirs.push(line.to_string());
+            }
+        }
+    }
+    dirs
+}
+
+/// The directories of the libcuda entries in `root`'s dynamic linker cache (`ldconfig -p` for
+/// this root; `-C` reads another root's cache file without running anything there).
+fn ld_cache_dirs(root: &Path) -> Vec<String> {
+    let cache = root.join("etc/ld.so.cache");
+    if !cache.is_file() {
+        return Vec::new();
+    }
+    let Ok(out) = std::process::Command::new("ldconfig").arg("-C").arg(&cache).arg("-p").stderr(std::process::Stdio::null()).output() else { return Vec::new() };
+    let mut dirs = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some((_, path)) = line.split_once("=> ") {
+            if LibKind::of(path.trim()) == Some(LibKind::Cuda) {
+                if let Some(d) = Path::new(path.trim()).parent() {
+                    dirs.push(d.display().to_string());
+                }
+            }
+        }
+    }
+    dirs
+}
+
+/// The CUDA libraries process `pid` maps, each once, reachable through its root.
+pub fn try_cuda_libs(pid: u32) -> Result<Vec<MappedLib>, Unreadable> {
+    let text = read_maps(pid)?;
     let mut seen = BTreeMap::new();
     for e in parse_maps(&text) {
         let Some(kind) = LibKind::of(&e.path) else { continue };
@@ -121,7 +270,7 @@ pub fn cuda_libs(pid: u32) -> Vec<MappedLib> {
         };
         seen.entry(id).or_insert(MappedLib { kind, id, path });
     }
-    seen.into_values().collect()
+    Ok(seen.into_values().collect())
 }
 
 /// The identity of a file by path.

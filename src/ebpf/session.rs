@@ -9,6 +9,21 @@
 //! A loop round is [`Session::step`], its messages applied, then [`Session::sample_nvml`] with the
 //! state they built (NVML's per-process bytes are compared with the traced bytes of the same
 //! moment, so the step that makes a sample due first brings the trace up to now).
+//!
+//! Traced from the first call. At start every libcuda the node has is probed (the dynamic
+//! linker's cache and configuration, the usual driver directories, `/run/nvidia/driver`, each
+//! also under `--host-root`), so a process started later is traced from its first call. A
+//! libcuda or libc10_cuda file not probed yet that a process maps is reported by the
+//! `security_mmap_file` kprobe and probed at once (the `/proc` scan stays as the fallback); a
+//! process that mapped a file before its probes were in is declared inexact. Executables that
+//! carry gpufrag's annotation USDT probes are probed when the scan first sees them (or up front
+//! with `--lib`).
+//!
+//! The moment of failure. A failed allocation wakes the reader at once (the BPF side forces the
+//! wakeup); if the event carries no device free, NVML is read right then and, if the failing
+//! process is still alive after the read, the figure goes into the stream as a `DeviceInfo` for
+//! that pid ([`F_SRC_NVML`]): the state takes it only when the process made no reading of its own
+//! near the failure (see `crate::ingest`).
 
 use super::nvml::DeviceMonitor;
 use super::processes::{coverage, Action, Coverage, ProcFs, ProcessTable};
@@ -16,7 +31,7 @@ use super::procfs::{self, FileId, LibKind};
 use super::{Attached, ProbeError, ProbeOptions, Probes};
 use crate::ingest::State;
 use crate::source::{now_ns, Msg};
-use crate::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_SRC_EBPF};
+use crate::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_SRC_EBPF, F_SRC_NVML};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -51,6 +66,12 @@ pub struct SessionOptions {
     pub forget_on_exit: bool,
     /// Test hook: wait this long between ring drains (forces overflow with a small ring).
     pub drain_delay: Duration,
+    /// The node's root file system as mounted into the agent's container (`--host-root`):
+    /// its libcuda files are probed up front too.
+    pub host_root: Option<PathBuf>,
+    /// Exited processes whose final maps are kept (when not forgotten on exit); older ones are
+    /// let go and counted.
+    pub keep_exited_max: usize,
 }
 
 /// A running session.
@@ -73,6 +94,21 @@ pub struct Session {
     /// Probe events waiting out the reorder window, by (timestamp, arrival).
     reorder: BTreeMap<(u64, u64), Event>,
     seq: u64,
+    /// Library mappings reported by the kprobe whose file is not in `/proc/PID/maps` yet, with
+    /// the rounds tried.
+    mapped_pending: Vec<(super::LibMapped, u32)>,
+    /// Executables already checked for gpufrag's annotation probes.
+    checked_exes: HashSet<FileId>,
+    /// Processes whose `/proc` entries could not be read (a coverage gap), counted once each.
+    pub unreadable_procs: u64,
+    unreadable: HashSet<u32>,
+    /// Processes that ended before their (new) executable could be checked for annotation
+    /// probes: declared inexact.
+    unchecked_exec: HashSet<u32>,
+    /// Failed allocations for which NVML was read at once.
+    pub nvml_reads_at_failure: u64,
+    /// Failed allocations whose process was gone before NVML could be read for them.
+    pub failures_after_exit: u64,
     /// The trace is up to now and an NVML sample is due ([`Session::sample_nvml`]).
     nvml_due: bool,
     /// Which node GPU each process's CUDA ordinal is, for the NVML readings this session takes
@@ -104,7 +140,11 @@ impl Session {
             }
         };
         let mut s = Session {
-            table: ProcessTable::new(opts.forget_on_exit),
+            table: {
+                let mut t = ProcessTable::new(opts.forget_on_exit);
+                t.keep_exited_max = opts.keep_exited_max;
+                t
+            },
             opts,
             probes,
             preexisting: HashSet::new(),
@@ -117,9 +157,19 @@ impl Session {
             attached_notes: BTreeSet::new(),
             reorder: BTreeMap::new(),
             seq: 0,
+            mapped_pending: Vec::new(),
+            checked_exes: HashSet::new(),
+            unreadable_procs: 0,
+            unreadable: HashSet::new(),
+            unchecked_exec: HashSet::new(),
+            nvml_reads_at_failure: 0,
+            failures_after_exit: 0,
             nvml_due: false,
             placement: crate::attribution::Attribution::for_node(None),
         };
+        if let Some(e) = &s.probes.mmap_probe_error {
+            s.notes.push(format!("no kprobe on a kernel mmap function ({e}): a libcuda file not probed at start is found only by the /proc scan, every {} ms", s.opts.scan_interval.as_millis()));
+        }
         if let Target::Pid { pid, follow } = s.opts.target {
             if !procfs::alive(pid) {
                 return Err(ProbeError::Other(format!("no process {pid}")));
@@ -132,9 +182,14 @@ impl Session {
             }
             // Probe the library the process would load before it does, so that a process caught
             // before its first CUDA call is traced exactly.
-            s.attach_up_front(procfs::libcuda_candidates(pid))?;
+            let mut c = procfs::libcuda_candidates(pid);
+            c.extend(procfs::node_libcuda(s.opts.host_root.as_deref()));
+            s.attach_up_front(c)?;
         } else {
-            s.attach_up_front(procfs::libcuda_candidates(std::process::id()))?;
+            // Where this process would load libcuda from (its LD_LIBRARY_PATH), and the node's.
+            let mut c = procfs::libcuda_candidates(std::process::id());
+            c.extend(procfs::node_libcuda(s.opts.host_root.as_deref()));
+            s.attach_up_front(c)?;
         }
         s.scan()?;
         Ok(s)
@@ -164,13 +219,22 @@ impl Session {
     /// candidates found (a note if one cannot be).
     fn attach_up_front(&mut self, candidates: Vec<PathBuf>) -> Result<(), ProbeError> {
         for p in self.opts.libs.clone() {
-            let kind = p.file_name().and_then(|n| LibKind::of(&n.to_string_lossy())).unwrap_or(LibKind::Cuda);
+            let by_name = p.file_name().and_then(|n| LibKind::of(&n.to_string_lossy()));
+            let kind = match by_name {
+                Some(k) => k,
+                None if !super::symbols::annotate_probes(&p).is_empty() => LibKind::Annotated,
+                None => LibKind::Cuda,
+            };
             self.attach_file(kind, &p).map_err(|e| match e {
                 ProbeError::Other(m) => ProbeError::Other(format!("--lib {}: {m}", p.display())),
                 other => other,
             })?;
         }
+        let mut seen = HashSet::new();
         for p in candidates {
+            if !procfs::file_id(&p).is_ok_and(|id| seen.insert(id)) {
+                continue;
+            }
             if let Err(e) = self.attach_file(LibKind::Cuda, &p) {
                 if matches!(e, ProbeError::Privileges(_) | ProbeError::Unsupported(_)) {
                     return Err(e);
@@ -204,12 +268,13 @@ impl Session {
                 Attached::Bfc(super::symbols::BfcProbes::None(why)) => {
                     format!("XLA BFC blocks not traced: {why}; XLA's pool is seen at the segment level only (one mapping, in use in full)")
                 }
+                Attached::Annotations { probes } => format!("allocator blocks: {probes} gpufrag annotation USDT probes (include/gpufrag_annotate.h) in {}", path.display()),
             };
             self.notes.push(note);
         }
         // Whoever maps the file now may have called it before the probes were in.
         for pid in procfs::pids() {
-            if procfs::cuda_libs(pid).iter().any(|l| l.id == id) {
+            if pid != std::process::id() && procfs::maps_file(pid, id) {
                 if let Some(st) = procfs::stat(pid) {
                     self.preexisting.insert((pid, st.start_time));
                     if self.table.get(pid).is_some_and(|p| p.start_time == st.start_time) {
@@ -235,10 +300,28 @@ impl Session {
             Target::Pid { pid, .. } => std::iter::once(pid).chain(self.table.all().filter(|p| !p.exited).map(|p| p.pid)).collect(),
         };
         for pid in pids {
-            if !self.wanted(pid) {
+            if !self.wanted(pid) || pid == std::process::id() {
                 continue;
             }
-            for lib in procfs::cuda_libs(pid) {
+            self.check_exe(pid);
+            let libs = match procfs::try_cuda_libs(pid) {
+                Ok(l) => l,
+                Err(procfs::Unreadable::Gone) => continue,
+                Err(procfs::Unreadable::Denied(why)) => {
+                    if self.unreadable.len() >= 65_536 {
+                        self.unreadable.clear();
+                    }
+                    if !self.unreadable.insert(pid) {
+                        continue;
+                    }
+                    self.unreadable_procs += 1;
+                    if self.unreadable_procs <= 3 {
+                        self.notes.push(format!("could not read /proc/{pid}/maps ({why}): its CUDA libraries cannot be found, so it is traced only if it uses a file probed for another process"));
+                    }
+                    continue;
+                }
+            };
+            for lib in libs {
                 if !self.probes.has_file(&lib.id) {
                     if let Err(e) = self.attach_file(lib.kind, &lib.path) {
                         self.notes.push(format!("could not probe {} of pid {pid}: {e}", lib.path.display()));
@@ -247,6 +330,106 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// Probes the executable of `pid` if it carries gpufrag's annotation USDT probes (each
+    /// executable file is checked once).
+    fn check_exe(&mut self, pid: u32) {
+        let Some(exe) = procfs::exe_path(pid) else { return };
+        let Ok(id) = procfs::file_id(&exe) else { return };
+        if self.probes.has_file(&id) || !self.checked_exes.insert(id) {
+            return;
+        }
+        self.probes.mark_probed(id);
+        if self.checked_exes.len() > 65_536 {
+            self.checked_exes.clear();
+        }
+        // A path that outlives the process (the uprobe is attached by path).
+        let path = std::fs::read_link(&exe)
+            .ok()
+            .map(|p| procfs::reachable(pid, &p.to_string_lossy()))
+            .filter(|p| procfs::file_id(p).is_ok_and(|i| i == id))
+            .unwrap_or(exe);
+        if procfs::file_size(&path).is_some_and(|n| n > 512 << 20) || super::symbols::annotate_probes(&path).is_empty() {
+            return;
+        }
+        // It ran before its announcements were probed: what it announced meanwhile is missing.
+        let start = procfs::stat(pid).map(|st| st.start_time).or_else(|| self.table.get(pid).map(|p| p.start_time));
+        if let Some(start) = start {
+            self.preexisting.insert((pid, start));
+        }
+        self.table.mark_inexact(pid);
+        if let Err(e) = self.attach_file(LibKind::Annotated, &path) {
+            // Looked at again at its next exec: never a process of it claimed exact unprobed.
+            self.checked_exes.remove(&id);
+            self.probes.unmark_probed(id);
+            if !procfs::alive(pid) {
+                return;
+            }
+            self.notes.push(format!("could not probe the annotations in {} of pid {pid}: {e}", path.display()));
+        }
+    }
+
+    /// Probes the library files the kprobe saw mapped (found in `/proc/PID/maps` by identity;
+    /// retried for a few rounds while the mapping is not listed yet).
+    fn probe_mapped(&mut self) {
+        let mut work: Vec<(super::LibMapped, u32)> = self.probes.take_mapped().into_iter().map(|m| (m, 0)).collect();
+        work.append(&mut self.mapped_pending);
+        for (m, tries) in work {
+            if self.probes.has_file(&m.id) || !self.wanted(m.pid) {
+                continue;
+            }
+            if LibKind::of(&m.name).is_none() {
+                // An executable the exec tracepoint saw for the first time.
+                if procfs::exe_path(m.pid).is_some() {
+                    self.check_exe(m.pid);
+                } else {
+                    // Gone before its executable could be looked at: it may have announced
+                    // blocks nobody saw.
+                    if self.unchecked_exec.len() >= 65_536 {
+                        self.unchecked_exec.clear();
+                    }
+                    self.unchecked_exec.insert(m.pid);
+                }
+                continue;
+            }
+            let found = procfs::cuda_libs(m.pid).into_iter().find(|l| l.id == m.id || l.path.file_name().is_some_and(|n| n.to_string_lossy() == m.name) && !self.probes.has_file(&l.id));
+            match found {
+                Some(lib) => {
+                    if let Err(e) = self.attach_file(lib.kind, &lib.path) {
+                        self.notes.push(format!("could not probe {} of pid {}: {e}", lib.path.display(), m.pid));
+                    }
+                }
+                None if tries < 50 && procfs::alive(m.pid) => self.mapped_pending.push((m, tries + 1)),
+                None => self.notes.push(format!("pid {} mapped {} (not probed yet) and was gone before it could be found in /proc/{}/maps", m.pid, m.name, m.pid)),
+            }
+        }
+    }
+
+    /// For each failed allocation among `events` that carries no device free: NVML read now,
+    /// kept (as a `DeviceInfo` of that pid) only if the process is still alive after the read.
+    fn read_at_failures(&mut self, events: &[Event]) -> Vec<Event> {
+        let mut out = Vec::new();
+        for e in events {
+            if e.kind() != Some(EventKind::AllocFailed) || e.rc != crate::ingest::RC_OUT_OF_MEMORY || e.device_free().is_some() {
+                continue;
+            }
+            let Some(n) = &self.nvml else { continue };
+            let device = if e.device >= 0 { e.device } else { self.table.likely_device(e.pid) };
+            // NVML's index of the process's GPU, not its CUDA ordinal.
+            let gpu = self.placement.node_device(e.pid, device);
+            let start = self.table.get(e.pid).map(|p| p.start_time);
+            let ts = now_ns();
+            let Some((total, free)) = n.device_memory(gpu) else { continue };
+            let alive = procfs::stat(e.pid).is_some_and(|st| st.state != 'Z' && st.state != 'X' && start.is_none_or(|s| s == st.start_time));
+            if !alive {
+                self.failures_after_exit += 1;
+                continue;
+            }
+            self.nvml_reads_at_failure += 1;
+            out.push(Event { ts_ns: ts, size: total, device_free: free, flags: F_DEVICE_FREE_KNOWN | F_SRC_EBPF | F_SRC_NVML, ..Event::new(EventKind::DeviceInfo, e.pid, device) });
+        }
+        out
     }
 
     /// Whether the target (attach mode) is still running, counting followed children.
@@ -260,19 +443,10 @@ impl Session {
     fn apply(&mut self, out: &mut Vec<Msg>, actions: Vec<Action>) {
         for a in actions {
             match a {
-                Action::Apply(mut e) => {
+                Action::Apply(e) => {
                     if e.kind() == Some(EventKind::ProcessExec) {
                         let name = self.table.get(e.pid).map(|p| p.name.clone()).unwrap_or_default();
                         out.push(Msg::Named { pid: e.pid, name });
-                    }
-                    if e.kind() == Some(EventKind::AllocFailed) && e.device_free().is_none() {
-                        // The uprobe cannot ask the device; NVML now is the closest measure.
-                        // NVML's index of the process's GPU, not its CUDA ordinal.
-                        let gpu = self.placement.node_device(e.pid, e.device);
-                        if let Some((_, free)) = self.nvml.as_ref().and_then(|n| n.device_memory(gpu)) {
-                            e.device_free = free;
-                            e.flags |= F_DEVICE_FREE_KNOWN;
-                        }
                     }
                     out.push(Msg::Event(e));
                 }
@@ -303,6 +477,7 @@ impl Session {
         if !self.opts.drain_delay.is_zero() {
             std::thread::sleep(self.opts.drain_delay);
         }
+        let wait = if self.mapped_pending.is_empty() { wait } else { wait.min(Duration::from_millis(2)) };
         let events = self.probes.poll(wait);
         let n = events.len();
         // Who a new process is, read now: by the time its events leave the reorder window a
@@ -316,7 +491,10 @@ impl Session {
                 out.push(Msg::Proc { pid: e.pid, read: Box::new(read) });
             }
         }
+        let readings = self.read_at_failures(&events);
+        self.probe_mapped();
         self.buffer(events);
+        self.buffer(readings);
         let ready = self.release(Some(now_ns().saturating_sub(REORDER_WINDOW_NS)));
         self.handle_events(out, ready);
         let lookup = ProcFs;
@@ -372,7 +550,10 @@ impl Session {
         let lookup = ProcFs;
         for ev in events {
             let pre = &self.preexisting;
-            let exact_if_new = |pid: u32, start: u64| !pre.contains(&(pid, start));
+            let unchecked = &self.unchecked_exec;
+            // A process gone before its first event is handled has no start time (0): then any
+            // holder of its pid that used a file before its probes were in makes it inexact.
+            let exact_if_new = |pid: u32, start: u64| !pre.contains(&(pid, start)) && !(start == 0 && (unchecked.contains(&pid) || pre.iter().any(|&(p, _)| p == pid)));
             let acts = self.table.on_event(ev, &lookup, &exact_if_new);
             self.apply(out, acts);
         }
@@ -396,6 +577,9 @@ impl Session {
             let traced = state.traced_bytes(pid, d);
             self.nvml_used.insert((pid, d), (used, traced));
         }
+        // Only for processes the table still knows: a long-running agent stays bounded.
+        let table = &self.table;
+        self.nvml_used.retain(|&(p, _), _| table.get(p).is_some());
         self.table.nvml_devices.clear();
         for &(pid, d) in self.nvml_used.keys() {
             self.table.nvml_devices.entry(pid).or_default().push(d);
@@ -460,6 +644,15 @@ impl Session {
         }
         for (pid, n) in &self.table.assumed {
             notes.push(format!("pid {pid}: {n} allocation(s) attributed to device 0 (no CUDA context seen since attaching and NVML did not tell)"));
+        }
+        if self.unreadable_procs > 0 {
+            notes.push(format!("{} process(es) had /proc entries gpufrag could not read: a gap in coverage (their libraries were not looked for)", self.unreadable_procs));
+        }
+        if self.failures_after_exit > 0 {
+            notes.push(format!("{} failed allocation(s) were seen only after their process had gone: no NVML figure was taken for them", self.failures_after_exit));
+        }
+        if self.table.let_go > 0 {
+            notes.push(format!("{} exited process(es) beyond --keep-exited-max were let go: their final maps are not in this summary", self.table.let_go));
         }
         if self.table.reused > 0 {
             notes.push(format!("{} pid(s) were reused by new processes; their earlier holders' state was dropped", self.table.reused));

@@ -143,6 +143,16 @@ pub fn torch_probes(path: &Path) -> TorchProbes {
     }
 }
 
+/// The gpufrag annotation probes (`gpufrag:NAME`, [`super::ANNOTATE_PROBES`]) that the ELF file
+/// at `path` carries in `.note.stapsdt`; empty when none (or not an ELF file). Reads only the
+/// section headers and the note, so it is cheap enough to run on every new executable.
+pub fn annotate_probes(path: &Path) -> Vec<&'static str> {
+    let Ok(data) = std::fs::read(path) else { return Vec::new() };
+    let Ok(file) = object::File::parse(&*data) else { return Vec::new() };
+    let Some(notes) = file.section_by_name(".note.stapsdt").and_then(|s| s.data().ok()) else { return Vec::new() };
+    super::ANNOTATE_PROBES.iter().copied().filter(|n| has_usdt(notes, "gpufrag", n)).collect()
+}
+
 /// The file offsets of the functions among `names` that the ELF file at `path` defines
 /// (exported or in `.symtab`), parsing the file once.
 pub fn function_offsets(path: &Path, names: &[&str]) -> std::io::Result<std::collections::HashMap<String, u64>> {

@@ -7,17 +7,33 @@
 //! dropped) is counted, the first few are kept with their event index for the user, and the
 //! figures are then reported as inexact.
 //!
+//! The device free of a failure. An OOM verdict needs what the device had free at the moment
+//! of the failure, and a process that dies of its OOM gives its memory back within ~100 ms
+//! (measured on the H200), so a reading taken later is wrong. An OOM record takes, in order:
+//! the figure its own event carries (the shim reads `cuMemGetInfo` in the process right after the
+//! failed call; PyTorch's observer and the annotation API pass the allocator's own figure); else
+//! the failing process's own latest `cuMemGetInfo`/`cudaMemGetInfo` reading on that device within
+//! [`READING_WINDOW_NS`] of the failure, before or after it (PyTorch reads it while building its
+//! message), while the process's traced bytes there are what they were at the failure; else an
+//! NVML read that the capture made for this failure while the process was alive (a `DeviceInfo`
+//! with the process's pid and [`F_SRC_NVML`]). Each record says which ([`DeviceFreeSource`]) and
+//! how far from the failure the reading was. Readings that arrive after the failure complete the
+//! record when applied, so a replay of the same events gives the same record.
+//!
 //! The state's size distributions (allocation sizes as events arrive, free-run sizes at a
 //! summary) live beside it in [`histogram`].
 
 pub mod histogram;
 
-use crate::event::{Event, EventKind, F_ALLOC_XLA_BFC, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
+use crate::event::{Event, EventKind, F_ALLOC_XLA_BFC, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED, F_SRC_NVML};
 use crate::framework::Framework;
 use crate::map::{AddressSpace, Anomaly, Figures, SegmentKind};
 use crate::rules::AllocatorRules;
 use histogram::SizeStats;
 use std::collections::BTreeMap;
+
+/// How many exit times [`State::exited`] keeps (the most recent).
+pub const EXITED_KEPT: usize = 4096;
 
 /// How much of a process's device memory a live trace accounts for (eBPF capture, which may
 /// attach to a process mid-run): what the trace holds beside what NVML says the process uses.
@@ -77,6 +93,45 @@ impl ProcessDevice {
     }
 }
 
+/// How close to a failure (before or after it) a reading of device free must be to stand for
+/// the failure's moment.
+pub const READING_WINDOW_NS: u64 = 100_000_000;
+
+/// Where an OOM record's device free came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceFreeSource {
+    /// The failure's own event carried it (the shim's reading right after the failed call,
+    /// PyTorch's figure, the annotation API's figure).
+    FailureEvent,
+    /// The failing process's own `cuMemGetInfo`/`cudaMemGetInfo` reading near the failure.
+    ProcessReading,
+    /// An NVML read made for this failure while the process was still alive.
+    NvmlAtFailure,
+    /// Not measured: the verdict cannot weigh device free.
+    NotMeasured,
+}
+
+impl DeviceFreeSource {
+    /// The JSON name.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceFreeSource::FailureEvent => "failure_event",
+            DeviceFreeSource::ProcessReading => "process_reading",
+            DeviceFreeSource::NvmlAtFailure => "nvml_at_failure",
+            DeviceFreeSource::NotMeasured => "not_measured",
+        }
+    }
+}
+
+/// A process's latest own reading of device free on one device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Reading {
+    ts_ns: u64,
+    free: u64,
+    /// The process's traced bytes on the device when it read.
+    traced: u64,
+}
+
 /// A failed allocation with the state of its address space at that moment.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OomRecord {
@@ -92,13 +147,24 @@ pub struct OomRecord {
     pub rc: i32,
     /// What kind of call failed.
     pub op: Option<EventKind>,
-    /// Device free bytes when the failure was observed, if measured.
+    /// Device free bytes at the failure, if measured (see [`DeviceFreeSource`]).
     pub device_free: Option<u64>,
+    /// Where `device_free` came from.
+    pub device_free_source: DeviceFreeSource,
+    /// Failure time minus reading time, ns: positive for a reading before the failure,
+    /// negative after; `None` when not measured.
+    pub device_free_age_ns: Option<i64>,
     /// The process's figures on that device at that moment.
     pub figures: Figures,
     /// The caching allocator whose request failed (a block allocation), or the one managing the
     /// process's memory (a driver call); `None` when none was seen.
     pub framework: Option<Framework>,
+}
+
+impl OomRecord {
+    fn traced(&self) -> u64 {
+        self.figures.reserved + self.figures.unmapped_physical
+    }
 }
 
 impl OomRecord {
@@ -192,6 +258,10 @@ pub struct State {
     /// replayed record has none.
     pub identities: BTreeMap<u32, std::sync::Arc<crate::attribution::Identity>>,
     rules: AllocatorRules,
+    /// Per (pid, device): the process's latest own reading of device free.
+    readings: BTreeMap<(u32, i16), Reading>,
+    /// OOM records (indices into `ooms`) that a reading arriving later may still complete.
+    awaiting: Vec<usize>,
 }
 
 impl State {
@@ -228,6 +298,39 @@ impl State {
     pub fn forget(&mut self, pid: u32) {
         self.spaces.retain(|&(p, _), _| p != pid);
         self.identities.remove(&pid);
+        self.readings.retain(|&(p, _), _| p != pid);
+        let ooms = &self.ooms;
+        self.awaiting.retain(|&i| ooms[i].pid != pid);
+    }
+
+
+    /// A reading of device free by (or, with `nvml`, for) `pid` on `device`: remembered as the
+    /// process's latest, and given to the OOM records it may complete.
+    fn reading(&mut self, pid: u32, device: i16, ts_ns: u64, free: u64, nvml: bool) {
+        let traced = self.traced_bytes(pid, device);
+        if !nvml {
+            self.readings.insert((pid, device), Reading { ts_ns, free, traced });
+        }
+        let ooms = &mut self.ooms;
+        for &i in &self.awaiting {
+            let o = &mut ooms[i];
+            if o.pid != pid || o.device != device || ts_ns < o.ts_ns || ts_ns - o.ts_ns > READING_WINDOW_NS {
+                continue;
+            }
+            let take = if nvml { o.device_free_source == DeviceFreeSource::NotMeasured } else { o.traced() == traced };
+            if take {
+                o.device_free = Some(free);
+                o.device_free_source = if nvml { DeviceFreeSource::NvmlAtFailure } else { DeviceFreeSource::ProcessReading };
+                o.device_free_age_ns = Some(-((ts_ns - o.ts_ns) as i64));
+            }
+        }
+    }
+
+    /// The device free of a failure whose event carries none: the process's own latest reading
+    /// before it, when recent and nothing of the process changed since.
+    fn reading_before(&self, pid: u32, device: i16, ts_ns: u64, traced: u64) -> Option<(u64, i64)> {
+        let r = self.readings.get(&(pid, device))?;
+        (r.ts_ns <= ts_ns && ts_ns - r.ts_ns <= READING_WINDOW_NS && r.traced == traced).then(|| (r.free, (ts_ns - r.ts_ns) as i64))
     }
 
     /// The map of (pid, device), created on first use.
@@ -239,6 +342,10 @@ impl State {
     /// Applies one event. Never fails: what does not fit is counted.
     pub fn apply(&mut self, ev: &Event) {
         self.events += 1;
+        if !self.awaiting.is_empty() {
+            let ooms = &self.ooms;
+            self.awaiting.retain(|&i| ev.ts_ns <= ooms[i].ts_ns.saturating_add(READING_WINDOW_NS));
+        }
         let Some(kind) = ev.kind() else {
             self.unknown_kinds += 1;
             return;
@@ -254,6 +361,9 @@ impl State {
                 }
                 if let Some(free) = ev.device_free() {
                     d.free = Some(free);
+                    if pid != 0 {
+                        self.reading(pid, device, ev.ts_ns, free, ev.flags & F_SRC_NVML != 0);
+                    }
                 }
                 Ok(())
             }
@@ -265,6 +375,12 @@ impl State {
             EventKind::ProcessExec => Ok(()),
             EventKind::ProcessExit => {
                 self.exited.insert(pid, ev.ts_ns);
+                if self.exited.len() > EXITED_KEPT {
+                    // The oldest exit goes: a long-running agent stays bounded.
+                    if let Some((&old, _)) = self.exited.iter().min_by_key(|(_, &t)| t) {
+                        self.exited.remove(&old);
+                    }
+                }
                 Ok(())
             }
             EventKind::AllocFailed => {
@@ -286,6 +402,17 @@ impl State {
                 };
                 let space_framework = self.spaces.get(&(pid, device)).and_then(|s| s.framework);
                 let framework = if ev.failed_op() == Some(EventKind::BlockAlloc) { Some(Framework::from_flags(ev.flags)) } else { space_framework };
+                let traced = figures.reserved + figures.unmapped_physical;
+                let (device_free, device_free_source, device_free_age_ns) = match ev.device_free() {
+                    Some(free) => (Some(free), DeviceFreeSource::FailureEvent, Some(0)),
+                    None => match self.reading_before(pid, device, ev.ts_ns, traced) {
+                        Some((free, age)) => (Some(free), DeviceFreeSource::ProcessReading, Some(age)),
+                        None => (None, DeviceFreeSource::NotMeasured, None),
+                    },
+                };
+                if device_free_source != DeviceFreeSource::FailureEvent {
+                    self.awaiting.push(self.ooms.len());
+                }
                 self.ooms.push(OomRecord {
                     framework,
                     ts_ns: ev.ts_ns,
@@ -294,7 +421,9 @@ impl State {
                     requested: ev.requested,
                     rc: ev.rc,
                     op: ev.failed_op(),
-                    device_free: ev.device_free(),
+                    device_free,
+                    device_free_source,
+                    device_free_age_ns,
                     figures,
                 });
                 Ok(())
@@ -488,5 +617,80 @@ mod failure_tests {
         assert_eq!(sum.failed_calls.iter().map(|c| (c.op.as_str(), c.rc)).collect::<Vec<_>>(), vec![("phys_create", 800), ("pool_alloc", 201)]);
         assert!(sum.notes.iter().any(|n| n.starts_with("2 allocation call(s) failed with codes other than out-of-memory")), "{:?}", sum.notes);
         assert!(sum.exact, "a refused call is not a lost event");
+    }
+}
+
+#[cfg(test)]
+mod device_free_tests {
+    use super::*;
+    use crate::event::{F_DEVICE_FREE_KNOWN, F_FAILED};
+
+    const MS: u64 = 1_000_000;
+
+    fn alloc(ts_ns: u64, addr: u64, size: u64) -> Event {
+        Event { ts_ns, addr, size, requested: size, ..Event::new(EventKind::MemAlloc, 7, 0) }
+    }
+    fn reading(ts_ns: u64, pid: u32, free: u64, nvml: bool) -> Event {
+        let flags = F_DEVICE_FREE_KNOWN | if nvml { F_SRC_NVML } else { 0 };
+        Event { ts_ns, size: 16 << 30, device_free: free, flags, ..Event::new(EventKind::DeviceInfo, pid, 0) }
+    }
+    fn failure(ts_ns: u64, free: Option<u64>) -> Event {
+        let flags = F_FAILED | if free.is_some() { F_DEVICE_FREE_KNOWN } else { 0 };
+        Event { ts_ns, requested: 3 << 30, rc: RC_OUT_OF_MEMORY, op: EventKind::MemAlloc as u16, flags, device_free: free.unwrap_or(0), ..Event::new(EventKind::AllocFailed, 7, 0) }
+    }
+    fn run(events: &[Event]) -> (Option<u64>, DeviceFreeSource, Option<i64>) {
+        let mut s = State::default();
+        s.apply_all(events);
+        let o = &s.ooms[0];
+        (o.device_free, o.device_free_source, o.device_free_age_ns)
+    }
+
+    #[test]
+    fn the_failures_own_figure_comes_first() {
+        let e = [alloc(MS, 0x1000_0000, 2 << 20), reading(2 * MS, 7, 111, false), failure(3 * MS, Some(222)), reading(4 * MS, 7, 333, false)];
+        assert_eq!(run(&e), (Some(222), DeviceFreeSource::FailureEvent, Some(0)));
+    }
+
+    #[test]
+    fn the_processs_own_reading_just_before_stands_for_the_failure() {
+        let e = [alloc(MS, 0x1000_0000, 2 << 20), reading(2 * MS, 7, 111, false), failure(3 * MS, None)];
+        assert_eq!(run(&e), (Some(111), DeviceFreeSource::ProcessReading, Some(MS as i64)));
+    }
+
+    #[test]
+    fn a_reading_before_an_allocation_of_the_process_is_stale() {
+        let e = [reading(MS, 7, 111, false), alloc(2 * MS, 0x1000_0000, 2 << 20), failure(3 * MS, None)];
+        assert_eq!(run(&e), (None, DeviceFreeSource::NotMeasured, None));
+    }
+
+    #[test]
+    fn a_reading_older_than_the_window_is_not_taken() {
+        let e = [reading(MS, 7, 111, false), failure(MS + READING_WINDOW_NS + 1, None)];
+        assert_eq!(run(&e), (None, DeviceFreeSource::NotMeasured, None));
+    }
+
+    #[test]
+    fn a_reading_after_the_failure_completes_it_and_beats_nvml() {
+        // PyTorch reads cudaMemGetInfo while building its message, after the failure; the
+        // capture's NVML read for the failure came first.
+        let e = [failure(MS, None), reading(2 * MS, 7, 999, true), reading(3 * MS, 7, 111, false)];
+        assert_eq!(run(&e), (Some(111), DeviceFreeSource::ProcessReading, Some(-2 * MS as i64)));
+        let e = [failure(MS, None), reading(2 * MS, 7, 999, true)];
+        assert_eq!(run(&e), (Some(999), DeviceFreeSource::NvmlAtFailure, Some(-(MS as i64))));
+    }
+
+    #[test]
+    fn readings_of_other_processes_and_late_ones_are_not_taken() {
+        let e = [failure(MS, None), reading(2 * MS, 8, 999, false), reading(2 * MS, 0, 998, false), reading(MS + READING_WINDOW_NS + 1, 7, 111, false)];
+        assert_eq!(run(&e), (None, DeviceFreeSource::NotMeasured, None));
+    }
+
+    #[test]
+    fn an_unmeasured_failure_is_not_judged_on_zero_free() {
+        let mut s = State::default();
+        s.apply(&failure(MS, None));
+        let sum = crate::analysis::summary::Summary::from_state(&s, "t");
+        assert_eq!(sum.ooms[0].verdict, crate::analysis::Verdict::Inconclusive);
+        assert_eq!(sum.ooms[0].device_free_source, "not_measured");
     }
 }

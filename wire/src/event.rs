@@ -148,6 +148,9 @@ pub const F_FRAMEWORK_OWNED: u32 = 1 << 7;
 pub const F_ALLOC_XLA_BFC: u32 = 1 << 8;
 /// A block or adopt event of CuPy's memory pool.
 pub const F_ALLOC_CUPY: u32 = 1 << 9;
+/// A `DeviceInfo` that NVML gave (not the process's own `cuMemGetInfo`); with a non-zero `pid`, a
+/// read made for that process's failed allocation while it was still alive.
+pub const F_SRC_NVML: u32 = 1 << 10;
 
 /// The wire record: 80 bytes, little-endian on every platform gpufrag runs on.
 #[repr(C)]

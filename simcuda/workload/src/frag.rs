@@ -109,10 +109,68 @@ pub fn frag_oom(keep: u64) -> Outcome {
                 "reserved" = s.reserved,
                 "allocated" = s.allocated,
                 "stranded" = s.stranded,
+                "releasable" = s.releasable,
+                "largest_free_block" = s.largest_free_block,
                 "num_alloc_retries" = s.num_alloc_retries,
                 "num_ooms" = s.num_ooms,
             );
             println!("OOM_MESSAGE {}", oom_message(oom.requested, 0, total, free_at_oom, &s));
+            Ok(())
+        }
+    }
+}
+
+/// `true-oom`: the caching allocator holds a few blocks and one cached segment, and asks for more
+/// than the device has free plus its whole cache: releasing the cache and retrying fails too,
+/// a true OOM (the verdict's other case, next to `frag-oom`).
+pub fn true_oom(keep: u64) -> Outcome {
+    init_runtime()?;
+    let (free, total) = mem_info()?;
+    let balloon = free.saturating_sub(keep);
+    if balloon > 0 {
+        let mut p = 0;
+        // SAFETY: valid out-pointer; a direct call into libcuda.so.1.
+        let rc = unsafe { ffi::cuMemAlloc_v2(&mut p, balloon as usize) };
+        result!("test" = "true-oom", "step" = "balloon", "size" = balloon, "addr" = hex(p), "rc" = rc);
+        ok("cuMemAlloc_v2 (balloon)", rc)?;
+    }
+    let mut alloc = CachingAllocator::new();
+    let mut dev = Runtime;
+    let mut blocks = Vec::new();
+    for _ in 0..4 {
+        blocks.push(alloc.malloc(&mut dev, 200 * MIB).map_err(|e| format!("200 MiB block: {e:?}"))?);
+        announce(&mut alloc);
+    }
+    // One 200 MiB segment becomes cache (releasable), one block is split (stranded).
+    alloc.free(blocks[0]);
+    announce(&mut alloc);
+    alloc.malloc(&mut dev, 3 * MIB).map_err(|e| format!("3 MiB block: {e:?}"))?;
+    announce(&mut alloc);
+    let request = 4u64 << 30;
+    match alloc.malloc(&mut dev, request) {
+        Ok(addr) => {
+            announce(&mut alloc);
+            Err(format!("the 4 GiB request succeeded at {}: no OOM", hex(addr)))
+        }
+        Err(oom) => {
+            announce(&mut alloc);
+            let (free_at_oom, _) = mem_info()?;
+            annotate::oom(oom.requested, free_at_oom);
+            let s = alloc.stats();
+            result!(
+                "test" = "true-oom",
+                "step" = "oom",
+                "requested" = oom.requested,
+                "rc" = oom.rc,
+                "device_free" = free_at_oom,
+                "total" = total,
+                "reserved" = s.reserved,
+                "allocated" = s.allocated,
+                "stranded" = s.stranded,
+                "releasable" = s.releasable,
+                "largest_free_block" = s.largest_free_block,
+                "num_alloc_retries" = s.num_alloc_retries,
+            );
             Ok(())
         }
     }

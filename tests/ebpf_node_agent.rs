@@ -1,0 +1,322 @@
+//! `gpufrag agent` as a DaemonSet runs it, against the simcuda stand-in: started in a clean
+//! environment (no CUDA library on its own path, no NVML), it finds the node's driver under
+//! `--host-root` or `--lib`, traces processes started after it from their first call, and judges
+//! a process that exits right after its OOM the way `gpufrag run` does, with the device free of
+//! the failure's moment. The workload's caching allocator is seen through the USDT probes of
+//! `include/gpufrag_annotate.h`, so each verdict is checked against the workload's own figures.
+//! Tests skip (printing why) only where the kernel refuses eBPF.
+
+mod tool_support;
+#[path = "ebpf_fixtures/support.rs"]
+mod support;
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use support::*;
+
+/// What issue 12 measured for `frag-oom` (the H200 run of frag_oom.py, reproduced by simcuda).
+const FRAG_REQUESTED: u64 = 2_684_354_560;
+const FRAG_STRANDED: u64 = 2_097_152_000;
+const FRAG_LARGEST_FREE_BLOCK: u64 = 209_715_200;
+
+fn workload() -> PathBuf {
+    let p = gpufrag().parent().expect("binary dir").join("simcuda-workload");
+    assert!(p.exists(), "{} is missing: build the workspace (cargo build --workspace --release)", p.display());
+    p
+}
+
+struct Agent {
+    child: Child,
+    err: Lines,
+    summary: PathBuf,
+}
+
+/// Starts `gpufrag agent` with nothing in its environment but PATH: no LD_LIBRARY_PATH, so
+/// neither simcuda's libcuda nor its NVML is reachable except through the arguments.
+fn start_clean_agent(args: &[&str]) -> Agent {
+    let summary = unique("node-agent.json");
+    let mut cmd = Command::new(gpufrag());
+    cmd.env_clear().env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+    cmd.args(["agent", "--summary-json"]).arg(&summary).args(args).stderr(Stdio::piped()).stdout(Stdio::null());
+    let mut child = cmd.spawn().expect("agent");
+    let mut err = Lines::new(child.stderr.take().expect("stderr"));
+    assert!(err.wait_for("agent: tracing", Duration::from_secs(120)), "{}", err.rest());
+    Agent { child, err, summary }
+}
+
+fn stop(mut a: Agent) -> (Value, String) {
+    // Let the last process's exit and events through the reorder window and the scan.
+    std::thread::sleep(Duration::from_millis(700));
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(a.child.id() as i32, libc::SIGINT) }, 0);
+    let st = wait_timeout(&mut a.child, Duration::from_secs(60));
+    let log = a.err.rest();
+    assert!(st.success(), "agent: {st}\n{log}");
+    let text = std::fs::read_to_string(&a.summary).unwrap_or_else(|e| panic!("{e}\n{log}"));
+    (serde_json::from_str(&text).expect("json"), log)
+}
+
+/// A node's root file system with the driver where a distribution keeps it: simcuda's
+/// libraries copied (not linked) into `usr/lib/x86_64-linux-gnu`, as the NVIDIA container
+/// toolkit bind-mounts the host's driver into a workload's container.
+fn host_root() -> PathBuf {
+    let root = unique("host-root");
+    let lib = root.join("usr/lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&lib).expect("host root");
+    for name in ["libcuda.so.1", "libcudart.so.13", "libnvidia-ml.so.1"] {
+        std::fs::copy(simcuda_dir().join(name), lib.join(name)).unwrap_or_else(|e| panic!("copying {name}: {e}"));
+    }
+    root
+}
+
+/// Runs the workload with `lib_dir` first on its library path and a fresh simulated device.
+fn run_workload(args: &[&str], lib_dir: &Path) -> (u32, String) {
+    let state = unique("simcuda-state");
+    std::fs::create_dir_all(&state).expect("state");
+    let child = Command::new(workload())
+        .args(args)
+        .env("LD_LIBRARY_PATH", lib_dir)
+        .env("SIMCUDA_DEVICES", "1")
+        .env("SIMCUDA_STATE_DIR", &state)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("workload");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("workload");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "simcuda-workload {args:?}: {}\n{stdout}", out.status);
+    (pid, stdout)
+}
+
+/// The workload's `RESULT ... step=STEP` line as key → value.
+fn result_line(stdout: &str, step: &str) -> BTreeMap<String, String> {
+    let line = stdout.lines().find(|l| l.starts_with("RESULT ") && l.contains(&format!(" step={step}"))).unwrap_or_else(|| panic!("no RESULT step={step} in\n{stdout}"));
+    line.split_whitespace().skip(1).filter_map(|t| t.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn num(r: &BTreeMap<String, String>, k: &str) -> u64 {
+    r.get(k).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no number {k} in {r:?}"))
+}
+
+/// The one final OOM of `pid` in a summary.
+fn oom_of(s: &Value, pid: u32) -> Value {
+    let ooms: Vec<&Value> = s["ooms"].as_array().expect("ooms").iter().filter(|o| o["pid"].as_u64() == Some(u64::from(pid))).collect();
+    assert_eq!(ooms.len(), 1, "pid {pid} should have one final OOM: {s:#}");
+    ooms[0].clone()
+}
+
+/// The figures an OOM verdict rests on, for comparing two summaries.
+fn verdict_figures(o: &Value) -> (String, u64, u64, u64, u64, u64) {
+    (o["verdict"].as_str().unwrap_or("").to_string(), u(o, "requested"), u(o, "device_free"), u(o, "stranded"), u(o, "releasable"), u(o, "largest_free_block"))
+}
+
+/// `gpufrag run` on the same workload: the reference the agent must agree with.
+fn under_run(args: &[&str]) -> (Value, String) {
+    let state = unique("simcuda-state");
+    std::fs::create_dir_all(&state).expect("state");
+    let summary = unique("run.json");
+    let out = Command::new(gpufrag())
+        .args(["run", "-q", "--no-report", "--summary-json"])
+        .arg(&summary)
+        .arg("--")
+        .arg(workload())
+        .args(args)
+        .env("LD_LIBRARY_PATH", simcuda_dir())
+        .env("SIMCUDA_STATE_DIR", &state)
+        .output()
+        .expect("gpufrag run");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "gpufrag run: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    (serde_json::from_str(&std::fs::read_to_string(&summary).expect("run summary")).expect("json"), stdout)
+}
+
+/// Must show (a): frag-oom exits right after its OOM; the agent's verdict and figures are those
+/// of `gpufrag run` and of the workload itself, device free being the process's own reading.
+fn check_frag_oom(agent: Agent, lib_dir: &Path) {
+    let (pid, stdout) = run_workload(&["frag-oom"], lib_dir);
+    let (s, log) = stop(agent);
+    let own = result_line(&stdout, "oom");
+    let o = oom_of(&s, pid);
+    assert_eq!(o["verdict"].as_str(), Some("fragmentation"), "{o:#}\n{log}");
+    assert_eq!(u(&o, "requested"), FRAG_REQUESTED, "{o:#}");
+    assert_eq!(u(&o, "stranded"), FRAG_STRANDED, "{o:#}");
+    assert_eq!(u(&o, "largest_free_block"), FRAG_LARGEST_FREE_BLOCK, "{o:#}");
+    assert_eq!(u(&o, "device_free"), num(&own, "device_free"), "device free must be the process's own reading at its OOM: {o:#}\n{stdout}");
+    assert_eq!(o["device_free_source"].as_str(), Some("failure_event"), "{o:#}");
+    let (r, _) = under_run(&["frag-oom"]);
+    let ro = r["ooms"].as_array().and_then(|a| a.first()).cloned().unwrap_or_else(|| panic!("run gave no OOM: {r:#}"));
+    assert_eq!(verdict_figures(&o), verdict_figures(&ro), "agent vs run\nagent: {o:#}\nrun: {ro:#}");
+    // Traced from its first call: nothing missing, nothing lost.
+    assert_exact(&s, pid, &log);
+}
+
+/// `pid` was traced from its first call with nothing lost or out of place (other tests' processes
+/// run at the same time: only this pid is looked at).
+fn assert_exact(s: &Value, pid: u32, log: &str) {
+    let cov: Vec<&Value> = s["coverage"].as_array().expect("coverage").iter().filter(|c| c["pid"].as_u64() == Some(u64::from(pid))).collect();
+    assert!(!cov.is_empty() && cov.iter().all(|c| c["exact"] == Value::Bool(true)), "pid {pid} not exact: {cov:#?}\n{log}");
+    let mine = format!(": pid {pid} ");
+    let notes: Vec<&str> = s["notes"].as_array().expect("notes").iter().filter_map(Value::as_str).filter(|n| n.contains(&mine)).collect();
+    assert!(notes.is_empty(), "anomalies of pid {pid}: {notes:#?}");
+    assert_eq!(u(s, "dropped"), 0, "{:#}", s["notes"]);
+}
+
+#[test]
+fn a_clean_agent_finds_the_driver_under_host_root_and_judges_frag_oom_as_run_does() {
+    require_ebpf!();
+    let root = host_root();
+    let w = workload().display().to_string();
+    let agent = start_clean_agent(&["--host-root", &root.display().to_string(), "--lib", &w, "--keep-exited"]);
+    check_frag_oom(agent, &root.join("usr/lib/x86_64-linux-gnu"));
+}
+
+#[test]
+fn a_clean_agent_given_the_driver_by_lib_judges_frag_oom_as_run_does() {
+    require_ebpf!();
+    let lib = simcuda_dir().join("libcuda.so.1").display().to_string();
+    let w = workload().display().to_string();
+    let agent = start_clean_agent(&["--lib", &lib, "--lib", &w, "--keep-exited"]);
+    check_frag_oom(agent, &simcuda_dir());
+}
+
+/// Must show (e), true OOM: more than free plus the whole cache, on the eBPF path, against the
+/// workload's own figures (and the same as `gpufrag run`).
+#[test]
+fn ebpf_true_oom_verdict_matches_the_workloads_own_figures() {
+    require_ebpf!();
+    let lib = simcuda_dir().join("libcuda.so.1").display().to_string();
+    let w = workload().display().to_string();
+    let agent = start_clean_agent(&["--lib", &lib, "--lib", &w, "--keep-exited"]);
+    let (pid, stdout) = run_workload(&["true-oom"], &simcuda_dir());
+    let (s, log) = stop(agent);
+    let own = result_line(&stdout, "oom");
+    let o = oom_of(&s, pid);
+    assert_eq!(o["verdict"].as_str(), Some("true_oom"), "{o:#}\n{log}");
+    for (field, key) in [("requested", "requested"), ("device_free", "device_free"), ("stranded", "stranded"), ("releasable", "releasable"), ("largest_free_block", "largest_free_block")] {
+        assert_eq!(u(&o, field), num(&own, key), "{field}: agent {o:#}\nworkload {own:?}");
+    }
+    let (r, _) = under_run(&["true-oom"]);
+    let ro = r["ooms"].as_array().and_then(|a| a.first()).cloned().unwrap_or_else(|| panic!("run gave no OOM: {r:#}"));
+    assert_eq!(verdict_figures(&o), verdict_figures(&ro), "agent vs run\nagent: {o:#}\nrun: {ro:#}");
+    assert_exact(&s, pid, &log);
+}
+
+/// Must show (e), fragmentation, on the eBPF path against the workload's own figures.
+#[test]
+fn ebpf_fragmentation_verdict_matches_the_workloads_own_figures() {
+    require_ebpf!();
+    let lib = simcuda_dir().join("libcuda.so.1").display().to_string();
+    let w = workload().display().to_string();
+    let agent = start_clean_agent(&["--lib", &lib, "--lib", &w, "--keep-exited"]);
+    let (pid, stdout) = run_workload(&["frag-oom"], &simcuda_dir());
+    let (s, log) = stop(agent);
+    let own = result_line(&stdout, "oom");
+    let o = oom_of(&s, pid);
+    assert_eq!(o["verdict"].as_str(), Some("fragmentation"), "{o:#}\n{log}");
+    for (field, key) in [("requested", "requested"), ("device_free", "device_free"), ("stranded", "stranded"), ("releasable", "releasable"), ("largest_free_block", "largest_free_block")] {
+        assert_eq!(u(&o, field), num(&own, key), "{field}: agent {o:#}\nworkload {own:?}");
+    }
+    // The driver's two refusals (first try, retry after releasing the cache) fold into it.
+    assert_eq!(u(&o, "driver_failures_before"), num(&own, "num_alloc_retries") + 1, "{o:#}");
+    assert_exact(&s, pid, &log);
+}
+
+/// Must show (b): 50 processes of a few ms each, started after the agent, every one traced from
+/// its first call: its one allocation and its free, exact, nothing lost.
+#[test]
+fn fifty_short_processes_started_after_the_agent_are_all_traced_from_their_first_call() {
+    require_ebpf!();
+    let lib = simcuda_dir().join("libcuda.so.1").display().to_string();
+    let w = workload().display().to_string();
+    let agent = start_clean_agent(&["--lib", &lib, "--lib", &w, "--keep-exited"]);
+    let mut pids = Vec::new();
+    let mut longest = Duration::ZERO;
+    for _ in 0..50 {
+        let t = Instant::now();
+        let (pid, out) = run_workload(&["basic", "1MiB"], &simcuda_dir());
+        longest = longest.max(t.elapsed());
+        assert!(out.contains("test=basic"), "{out}");
+        pids.push(pid);
+    }
+    let (s, log) = stop(agent);
+    let procs = s["processes"].as_array().expect("processes");
+    let cov = s["coverage"].as_array().expect("coverage");
+    let mut missing = Vec::new();
+    for &pid in &pids {
+        let p = procs.iter().find(|p| p["pid"].as_u64() == Some(u64::from(pid)));
+        let c = cov.iter().find(|c| c["pid"].as_u64() == Some(u64::from(pid)));
+        match (p, c) {
+            (Some(p), Some(c)) if u(p, "allocs") == 1 && u(p, "frees") == 1 && c["exact"] == Value::Bool(true) => {}
+            _ => missing.push((pid, p.cloned(), c.cloned())),
+        }
+    }
+    assert!(missing.is_empty(), "{} of 50 processes (each at most {longest:?}) not traced exactly from their first call: {missing:#?}\n{log}", missing.len());
+    for &pid in &pids {
+        assert_exact(&s, pid, &log);
+    }
+}
+
+/// NVML absent: the clean agent says so, and an OOM it could not measure a device free for is
+/// not judged on a made-up 0 (here the allocator's own figure is there, so it is measured).
+#[test]
+fn without_nvml_the_gap_is_a_note_and_no_figure_is_invented() {
+    require_ebpf!();
+    let lib = simcuda_dir().join("libcuda.so.1").display().to_string();
+    let agent = start_clean_agent(&["--lib", &lib]);
+    // Driver level only (the annotations are not probed up front): the driver's refusal of the
+    // 2.5 GiB segment takes the process's own cudaMemGetInfo reading next to it.
+    let (pid, stdout) = run_workload(&["frag-oom"], &simcuda_dir());
+    let (s, _) = stop(agent);
+    let notes = s["notes"].to_string();
+    assert!(notes.contains("NVML unavailable"), "{notes}");
+    let own = result_line(&stdout, "oom");
+    for o in s["ooms"].as_array().expect("ooms").iter().filter(|o| o["pid"].as_u64() == Some(u64::from(pid))) {
+        match o["device_free_source"].as_str() {
+            Some("process_reading" | "failure_event") => assert_eq!(u(o, "device_free"), num(&own, "device_free"), "{o:#}"),
+            Some("not_measured") => assert_eq!(o["verdict"].as_str(), Some("inconclusive"), "{o:#}"),
+            other => panic!("device free from {other:?} without NVML: {o:#}"),
+        }
+    }
+}
+
+/// An executable with gpufrag's annotation probes that nobody named: its first exec is reported
+/// by the exec tracepoint and it is probed then. A process that ran before its probes were in
+/// (or ended before its executable could be looked at) is declared inexact; once probed, the
+/// next process is traced from its first call, blocks included. Never a process claimed exact
+/// with its blocks missing.
+#[test]
+fn an_annotated_executable_is_probed_at_its_first_exec_and_later_processes_are_exact() {
+    require_ebpf!();
+    let lib = simcuda_dir().join("libcuda.so.1").display().to_string();
+    // A copy: a file no other test's agent has probed or looked at.
+    let exe = unique("annotated-workload");
+    std::fs::copy(workload(), &exe).expect("copy the workload");
+    let agent = start_clean_agent(&["--lib", &lib, "--keep-exited"]);
+    let mut pids = Vec::new();
+    for _ in 0..4 {
+        let state = unique("simcuda-state");
+        std::fs::create_dir_all(&state).expect("state");
+        let child = Command::new(&exe).arg("frag-oom").env("LD_LIBRARY_PATH", simcuda_dir()).env("SIMCUDA_STATE_DIR", &state).stdout(Stdio::null()).spawn().expect("workload copy");
+        pids.push(child.id());
+        assert!(child.wait_with_output().expect("workload copy").status.success());
+        std::thread::sleep(Duration::from_millis(1000));
+    }
+    let (s, log) = stop(agent);
+    let notes = s["notes"].to_string();
+    assert!(notes.contains("gpufrag annotation USDT probes") && notes.contains("annotated-workload"), "{notes}\n{log}");
+    let exact = |pid: u32| s["coverage"].as_array().expect("coverage").iter().filter(|c| c["pid"].as_u64() == Some(u64::from(pid))).all(|c| c["exact"] == Value::Bool(true));
+    assert!(!exact(pids[0]), "the first process ran before its announcements were probed: {:#}", s["coverage"]);
+    let mut exact_seen = 0;
+    for &pid in &pids {
+        if exact(pid) {
+            exact_seen += 1;
+            let o = oom_of(&s, pid);
+            assert_eq!((o["verdict"].as_str(), u(&o, "stranded"), u(&o, "largest_free_block")), (Some("fragmentation"), FRAG_STRANDED, FRAG_LARGEST_FREE_BLOCK), "pid {pid} claimed exact: {o:#}");
+            assert_exact(&s, pid, &log);
+        }
+    }
+    assert!(exact_seen >= 1 && exact(pids[3]), "of 4 processes, only {exact_seen} traced from their first call once the executable was probed: {:#}\n{log}", s["coverage"]);
+}
