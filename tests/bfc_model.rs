@@ -217,7 +217,7 @@ proptest! {
         let mut map = AddressSpace::default();
         map.set_bfc_rules(bfc.rules());
         if opts.coalesce_regions {
-            map.reserve(BASE, 1 << 40);
+            map.reserve(BASE, 1 << 40).expect("a fresh map takes the reservation");
         }
         let mut regions_fed = 0u64;
         let mut live: Vec<u64> = Vec::new();
