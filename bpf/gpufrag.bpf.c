@@ -949,9 +949,12 @@ int on_exit(struct bpf_raw_tracepoint_args *ctx)
 	/* A later process with this pid must not inherit the last pool looked up. */
 	struct obj_key last_pool = { .obj = (__u64)-1, .tgid = tgid };
 	bpf_map_delete_elem(&device_pool, &last_pool);
-	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_PROCESS_EXIT, -1, GPUFRAG_F_SRC_EBPF);
+	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_PROCESS_EXIT, -1, GPUFRAG_F_SRC_EBPF | GPUFRAG_F_COMM);
 	if (!e)
 		return 0;
+	/* The name of a process that may be gone before user space reads /proc (16 bytes over addr
+	 * and size, which an exit does not use). */
+	bpf_get_current_comm(&e->addr, 16);
 	bpf_ringbuf_submit(e, 0);
 	return 0;
 }

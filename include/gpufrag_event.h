@@ -59,6 +59,7 @@ enum gpufrag_event_kind {
 #define GPUFRAG_F_ALLOC_XLA_BFC     (1u << 8) /* block/adopt: XLA's BFC allocator (neither bit: PyTorch's) */
 #define GPUFRAG_F_ALLOC_CUPY        (1u << 9) /* block/adopt: CuPy's memory pool */
 #define GPUFRAG_F_SRC_NVML          (1u << 10) /* DEVICE_INFO read from NVML (pid != 0: for that process's failed allocation) */
+#define GPUFRAG_F_COMM              (1u << 11) /* PROCESS_EXIT from eBPF: addr and size hold the process's comm (16 bytes, NUL-padded) */
 
 struct gpufrag_event {
 	__u64 ts_ns;       /* CLOCK_MONOTONIC (live) or the trace's own clock (import) */

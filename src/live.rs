@@ -234,8 +234,16 @@ impl Live {
             Msg::Named { pid, name } => {
                 // A process gone before /proc was read has no name there: the one read early.
                 let name = if name.is_empty() || name == "unknown" { self.state.identities.get(&pid).map(|i| i.exe.clone()).unwrap_or(name) } else { name };
-                if !self.processes.iter().any(|(p, _)| *p == pid) {
-                    self.name_process(pid, name);
+                if !name.is_empty() {
+                    if let Some(id) = self.state.identities.get_mut(&pid).filter(|id| id.exe.is_empty() || id.exe == "unknown") {
+                        std::sync::Arc::make_mut(id).exe = name.clone();
+                    }
+                }
+                match self.processes.iter_mut().find(|(p, _)| *p == pid) {
+                    // Named at its start before its name could be read: the name found later.
+                    Some((_, known)) if known.is_empty() && !name.is_empty() => *known = name,
+                    Some(_) => {}
+                    None => self.name_process(pid, name),
                 }
             }
             Msg::Proc { pid, read } => self.attribution.prefetch(pid, *read),

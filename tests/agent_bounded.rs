@@ -98,7 +98,7 @@ fn heap_after(n: u64, forget_on_exit: bool, keep_max: usize) -> (i64, i64, usize
         }
     }
     let end = LIVE_BYTES.load(Ordering::Relaxed);
-    assert_eq!(live.state.events, n * 5 + 0, "every event applied (exec, alloc, info, free, exit)");
+    assert_eq!(live.state.events, n * 5, "every event applied (exec, alloc, info, free, exit)");
     (half, end, table.len(), live.state.spaces.len())
 }
 

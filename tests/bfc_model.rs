@@ -72,10 +72,8 @@ impl NaiveBfc {
     fn try_fit(&mut self, rounded: u64, requested: u64) -> Option<u64> {
         let mut best: Option<usize> = None;
         for (i, c) in self.chunks.iter().enumerate() {
-            if c.used.is_none() && c.size >= rounded {
-                if best.is_none_or(|b| (c.size, c.addr) < (self.chunks[b].size, self.chunks[b].addr)) {
-                    best = Some(i);
-                }
+            if c.used.is_none() && c.size >= rounded && best.is_none_or(|b| (c.size, c.addr) < (self.chunks[b].size, self.chunks[b].addr)) {
+                best = Some(i);
             }
         }
         let i = best?;

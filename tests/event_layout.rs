@@ -17,7 +17,7 @@ const FIELDS: [&str; 15] = [
 ];
 
 /// Every flag bit: its C name (after `GPUFRAG_F_`) and the Rust constant.
-const FLAGS: [(&str, u32); 8] = [
+const FLAGS: [(&str, u32); 12] = [
     ("DEVICE_FREE_KNOWN", event::F_DEVICE_FREE_KNOWN),
     ("SRC_SHIM", event::F_SRC_SHIM),
     ("SRC_EBPF", event::F_SRC_EBPF),
@@ -26,6 +26,10 @@ const FLAGS: [(&str, u32); 8] = [
     ("BLOCK_SIZE_KNOWN", event::F_BLOCK_SIZE_KNOWN),
     ("FAILED", event::F_FAILED),
     ("FRAMEWORK_OWNED", event::F_FRAMEWORK_OWNED),
+    ("ALLOC_XLA_BFC", event::F_ALLOC_XLA_BFC),
+    ("ALLOC_CUPY", event::F_ALLOC_CUPY),
+    ("SRC_NVML", event::F_SRC_NVML),
+    ("COMM", event::F_COMM),
 ];
 
 fn rust_offsets() -> Vec<usize> {

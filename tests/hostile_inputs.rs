@@ -231,7 +231,7 @@ fn zero_size_and_overlapping_events() -> Vec<Event> {
         let kind = kinds[(r % kinds.len() as u64) as usize];
         let addr = base + ((r >> 8) % 8) * (2 << 20) + ((r >> 16) % 2) * 512;
         let size = sizes[((r >> 24) % sizes.len() as u64) as usize];
-        let flags = ((r >> 32) & 1) as u32 * gpufrag::event::F_FRAMEWORK_OWNED | ((r >> 33) & 1) as u32 * gpufrag::event::F_BLOCK_SIZE_KNOWN;
+        let flags = (((r >> 32) & 1) as u32 * gpufrag::event::F_FRAMEWORK_OWNED) | (((r >> 33) & 1) as u32 * gpufrag::event::F_BLOCK_SIZE_KNOWN);
         v.push(Event { requested: size, flags, ..e(kind, addr, size) });
     }
     v

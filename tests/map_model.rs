@@ -461,8 +461,8 @@ fn exp_ops() -> impl Strategy<Value = Vec<ExpOp>> {
 fn run_exp_ops(ops: &[ExpOp], rules: &AllocatorRules) -> Result<(), TestCaseError> {
     let mut real = AddressSpace::new(rules.clone());
     let mut model = NaiveSpace::new(rules.clone());
-    real.reserve(BASE, SLOTS * PAGE).unwrap();
-    model.reserve(BASE, SLOTS * PAGE).unwrap();
+    real.reserve(BASE, SLOTS * PAGE).map_err(|e| TestCaseError::fail(format!("reserve: {e:?}")))?;
+    model.reserve(BASE, SLOTS * PAGE).map_err(|e| TestCaseError::fail(format!("model reserve: {e:?}")))?;
     compare_steps(real, model, ops, rules, |op, m| op.resolve(m))
 }
 

@@ -238,7 +238,7 @@ mod tests {
     #[test]
     fn xla_fragmentation_names_jaxs_settings_and_ignores_device_free() {
         let mib = 1u64 << 20;
-        let o = OomInputs { requested: 20 * mib, device_free: 0, stranded: 25 * mib, releasable: 0, largest_free_block: 17 * mib, framework: true, allocator: Some(Framework::Xla) };
+        let o = OomInputs { requested: 20 * mib, device_free: 0, device_free_known: true, stranded: 25 * mib, releasable: 0, largest_free_block: 17 * mib, framework: true, allocator: Some(Framework::Xla) };
         assert_eq!(o.verdict(), Verdict::Fragmentation);
         let fix = o.fix();
         for want in ["XLA_PYTHON_CLIENT_PREALLOCATE=false", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR=platform"] {

@@ -239,6 +239,12 @@ impl ProcessTable {
                 return out;
             }
             EventKind::ProcessExit => {
+                // A process gone before /proc was read is named by the kernel's comm at its exit.
+                if let (Some(p), Some(comm)) = (self.procs.get_mut(&pid), ev.comm()) {
+                    if p.name.is_empty() {
+                        p.name = comm;
+                    }
+                }
                 self.end(pid, ev.ts_ns, &mut out);
                 return out;
             }

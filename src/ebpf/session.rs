@@ -444,7 +444,7 @@ impl Session {
         for a in actions {
             match a {
                 Action::Apply(e) => {
-                    if e.kind() == Some(EventKind::ProcessExec) {
+                    if matches!(e.kind(), Some(EventKind::ProcessExec | EventKind::ProcessExit)) {
                         let name = self.table.get(e.pid).map(|p| p.name.clone()).unwrap_or_default();
                         out.push(Msg::Named { pid: e.pid, name });
                     }

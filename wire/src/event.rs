@@ -151,6 +151,9 @@ pub const F_ALLOC_CUPY: u32 = 1 << 9;
 /// A `DeviceInfo` that NVML gave (not the process's own `cuMemGetInfo`); with a non-zero `pid`, a
 /// read made for that process's failed allocation while it was still alive.
 pub const F_SRC_NVML: u32 = 1 << 10;
+/// A `ProcessExit` from the eBPF probes whose `addr` and `size` hold the process's command name
+/// (the kernel's 16-byte `comm`, NUL-padded): the name of a process gone before `/proc` was read.
+pub const F_COMM: u32 = 1 << 11;
 
 /// The wire record: 80 bytes, little-endian on every platform gpufrag runs on.
 #[repr(C)]
@@ -211,6 +214,20 @@ impl Event {
     /// Device free bytes when the source measured them.
     pub fn device_free(&self) -> Option<u64> {
         (self.flags & F_DEVICE_FREE_KNOWN != 0).then_some(self.device_free)
+    }
+
+    /// The command name a [`F_COMM`] event carries in `addr` and `size`; `None` without the flag
+    /// or when it is empty.
+    pub fn comm(&self) -> Option<String> {
+        if self.flags & F_COMM == 0 {
+            return None;
+        }
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..].copy_from_slice(&self.size.to_le_bytes());
+        let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+        let name = String::from_utf8_lossy(&b[..end]).into_owned();
+        (!name.is_empty()).then_some(name)
     }
 
     /// The record as its 80 wire bytes.
