@@ -231,6 +231,11 @@ static void oom(void)
 	CUresult rc = cuMemAlloc_v2(&q, 1ull << 50);
 	printf("OOM rc=%d requested=%llu\n", rc, 1ull << 50);
 	printf("FIGURES device=0 reserved=%llu segments=1\n", 64 * MIB);
+	/* Keep the 64 MiB half a second after the failure, as a program reporting its OOM does: the
+	 * test checks the NVML read made at the failure, which a process already in its exit path
+	 * (memory back on the device, not yet a zombie) would race on a loaded machine. */
+	fflush(stdout);
+	usleep(500 * 1000);
 }
 
 static void wait_scenario(const char *file)
