@@ -100,19 +100,7 @@ pub fn self_check(stream: &RequestStream, limits: &Limits) -> Check {
                     oom = Some(e);
                 }
             },
-            Request::FreeRequested { alloc, .. } => {
-                let p = ptrs[alloc as usize];
-                if p != 0 {
-                    a.free_requested(p);
-                }
-            }
-            Request::FreeCompleted { alloc, .. } => {
-                let p = ptrs[alloc as usize];
-                if p != 0 {
-                    a.free_completed(p);
-                }
-            }
-            Request::EmptyCache { .. } => a.empty_cache(),
+            Request::FreeRequested { .. } | Request::FreeCompleted { .. } | Request::EmptyCache { .. } => super::release(&mut a, &ptrs, req),
         }
         let ops = a.take_ops();
         if let Some(d) = compare_ops(stream, r, &ops, recorded) {
@@ -194,17 +182,7 @@ fn sequence_check(stream: &RequestStream, limits: &Limits) -> Check {
     for req in &stream.requests {
         match *req {
             Request::Alloc { size, stream: s, .. } => ptrs.push(a.malloc(size, s).unwrap_or(0)),
-            Request::FreeRequested { alloc, .. } => {
-                if ptrs[alloc as usize] != 0 {
-                    a.free_requested(ptrs[alloc as usize]);
-                }
-            }
-            Request::FreeCompleted { alloc, .. } => {
-                if ptrs[alloc as usize] != 0 {
-                    a.free_completed(ptrs[alloc as usize]);
-                }
-            }
-            Request::EmptyCache { .. } => a.empty_cache(),
+            Request::FreeRequested { .. } | Request::FreeCompleted { .. } | Request::EmptyCache { .. } => super::release(&mut a, &ptrs, req),
         }
         sim_ops.extend(a.take_ops().into_iter().map(|o| (o, req.entry())));
     }

@@ -61,6 +61,28 @@ pub struct Outcome {
     pub figures: Figures,
 }
 
+/// Applies a request that returns memory (a free requested or completed, an `empty_cache()`) to
+/// `a`, with `ptrs` the address each earlier allocation got (0: it failed): the same in the
+/// simulation and in both self-checks. An allocation is each caller's own (what it does with a
+/// refusal differs).
+pub(crate) fn release(a: &mut Allocator, ptrs: &[u64], req: &Request) {
+    let ptr = |alloc: u32| ptrs.get(alloc as usize).copied().filter(|&p| p != 0);
+    match *req {
+        Request::FreeRequested { alloc, .. } => {
+            if let Some(p) = ptr(alloc) {
+                a.free_requested(p);
+            }
+        }
+        Request::FreeCompleted { alloc, .. } => {
+            if let Some(p) = ptr(alloc) {
+                a.free_completed(p);
+            }
+        }
+        Request::EmptyCache { .. } => a.empty_cache(),
+        Request::Alloc { .. } => {}
+    }
+}
+
 /// Runs `stream` under `scenario`. A request that fails where the trace's did not ends the run
 /// (the program would have raised there); one that failed in the trace too is passed over, as
 /// the program did. A request that failed in the trace but succeeds here keeps its block to the
@@ -92,19 +114,7 @@ pub fn simulate(stream: &RequestStream, scenario: &Scenario, replay: bool) -> Ou
                     }
                 }
             },
-            Request::FreeRequested { alloc, .. } => {
-                let p = ptrs[alloc as usize];
-                if p != 0 {
-                    a.free_requested(p);
-                }
-            }
-            Request::FreeCompleted { alloc, .. } => {
-                let p = ptrs[alloc as usize];
-                if p != 0 {
-                    a.free_completed(p);
-                }
-            }
-            Request::EmptyCache { .. } => a.empty_cache(),
+            Request::FreeRequested { .. } | Request::FreeCompleted { .. } | Request::EmptyCache { .. } => release(&mut a, &ptrs, req),
         }
         a.clear_ops();
     }
