@@ -164,14 +164,31 @@ def _gpufrag_hook():
                 return path
         return None
 
-    def build_plan(torch):
-        """(library path, compile command, source dir, sources), or a string saying why not."""
+    def cached_library(torch):
+        """(library path, source dir, sources) of this torch's tracker (it may not be built yet),
+        or a string saying why there is none. Cheap: no compiler, no cpp_extension import."""
         import hashlib
 
         try:
             srcs = tracker_sources()
         except OSError as e:
             return f"its source is missing ({e})"
+        if not isinstance(getattr(torch, "__version__", None), str):
+            return "this torch has no version string to key the library by"
+        abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+        h = hashlib.sha256()
+        for k in sorted(srcs):
+            h.update(k.encode() + b"\0" + srcs[k] + b"\0")
+        h.update(f"{torch.__version__}|{getattr(torch.version, 'cuda', None)}|{abi}".encode())
+        key = h.hexdigest()[:16]
+        safe = "".join(c if c.isalnum() or c in ".+-" else "_" for c in str(torch.__version__))
+        d = cache_dir()
+        return os.path.join(d, f"torch-tracker-{safe}-{key}.so"), os.path.join(d, f"src-{key}"), srcs
+
+    def build_command(torch, src_dir):
+        """The compile command (output path to append), or a string saying why it cannot be built."""
+        import glob
+
         cxx = compiler()
         if cxx is None:
             return "no C++ compiler (c++, g++ or clang++; or set CXX)"
@@ -191,30 +208,23 @@ def _gpufrag_hook():
                 return f"torch's include paths are unknown ({type(e).__name__}: {e})"
         if not any(os.path.exists(os.path.join(i, "c10", "cuda", "CUDACachingAllocator.h")) for i in incs):
             return "torch's headers (c10/cuda/CUDACachingAllocator.h) are not installed"
+        # cuda_runtime_api.h: CUDA_HOME's, else the one the CUDA wheels install beside torch
         cuda_home = getattr(cpp_extension, "CUDA_HOME", None)
-        for extra in ([os.path.join(cuda_home, "include")] if cuda_home else []) + [
-            os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "cuda_runtime", "include")
-        ]:
-            if os.path.isdir(extra) and extra not in incs:
-                incs.append(extra)
+        site = os.path.dirname(os.path.dirname(torch.__file__))
+        extra = [os.path.join(cuda_home, "include")] if cuda_home else []
+        extra += sorted(os.path.dirname(h) for h in glob.glob(os.path.join(site, "nvidia", "*", "include", "cuda_runtime_api.h")))
+        for e in extra:
+            if os.path.isdir(e) and e not in incs:
+                incs.append(e)
         abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
         try:
             lib = list(cpp_extension.library_paths())[0]
         except Exception:
             lib = os.path.join(os.path.dirname(torch.__file__), "lib")
-        h = hashlib.sha256()
-        for k in sorted(srcs):
-            h.update(k.encode() + b"\0" + srcs[k] + b"\0")
-        h.update(f"{torch.__version__}|{getattr(torch.version, 'cuda', None)}|{abi}|{cxx}".encode())
-        key = h.hexdigest()[:16]
-        safe = "".join(c if c.isalnum() or c in ".+-" else "_" for c in str(torch.__version__))
-        d = cache_dir()
-        out = os.path.join(d, f"torch-tracker-{safe}-{key}.so")
-        src_dir = os.path.join(d, f"src-{key}")
         cmd = [cxx, "-O2", "-shared", "-fPIC", "-std=c++20", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-I", src_dir]
         cmd += [f"-I{i}" for i in incs]
         cmd += [os.path.join(src_dir, "torch_tracker.cpp"), f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10_cuda", "-lc10", "-o"]
-        return out, cmd, src_dir, srcs
+        return cmd
 
     def write_sources(src_dir, srcs):
         os.makedirs(src_dir, exist_ok=True)
@@ -294,13 +304,17 @@ def _gpufrag_hook():
         if not early:
             send_json(7, {"blocks": "snapshots", "note": f"{snap}: CUDA was initialised before the hook could wrap it, so the trace tracker would miss the blocks handed out before it"})
             return
-        plan = build_plan(torch)
+        plan = cached_library(torch)
         if isinstance(plan, str):
             send_json(7, {"blocks": "snapshots", "note": f"{snap}: the trace tracker is unavailable: {plan}"})
             return
-        out, cmd, src_dir, srcs = plan
+        out, src_dir, srcs = plan
         built = ""
         if not os.path.exists(out):
+            cmd = build_command(torch, src_dir)
+            if isinstance(cmd, str):
+                send_json(7, {"blocks": "snapshots", "note": f"{snap}: the trace tracker is unavailable: {cmd}"})
+                return
             if tracker_mode == "build":
                 secs, err = build_now(out, cmd, src_dir, srcs)
                 if err:
