@@ -576,7 +576,13 @@ def _gpufrag_hook():
 
     def at_exit():
         arm()
-        if not st["dead"] and not st["tracker"]:
+        if st["tracker"]:
+            # the state at exit, as a final snapshot would give it: not the teardown's frees
+            try:
+                st["tracker_lib"].gpufrag_torch_tracker_stop()
+            except Exception:
+                pass
+        elif not st["dead"]:
             snapshot()
         framework_oom(getattr(sys, "last_value", None))
         jax_stats("exit")

@@ -124,7 +124,7 @@ fn assert_tracker_figures(s: &Value, out: &Output) {
 }
 
 #[test]
-fn built_tracker_brings_every_block_and_the_run_record_replays_faithfully_in_whatif() {
+fn built_tracker_brings_every_block_up_to_exit_not_the_teardowns_frees_and_the_run_record_replays_faithfully_in_whatif() {
     let sc = Scratch::new("build");
     let rec = sc.dir.join("run.rec");
     let (s, out) = sc.run("build", &["--torch-tracker=build", "--record", rec.to_str().expect("utf-8 path")], &[], false);
