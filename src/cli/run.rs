@@ -167,8 +167,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     if !args.no_python_hook {
         let dir = consumer.dir().join("python");
-        std::fs::create_dir_all(&dir)?;
-        std::fs::write(dir.join("sitecustomize.py"), PYTHON_HOOK)?;
+        let hook = dir.join("sitecustomize.py");
+        std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&hook, PYTHON_HOOK)).with_context(|| format!("writing the Python hook {}", hook.display()))?;
         cmd.env("PYTHONPATH", prepend_path("PYTHONPATH", &dir));
         cmd.env("GPUFRAG_PY_INTERVAL", args.python_interval.to_string());
     }
