@@ -53,6 +53,8 @@ pub enum Msg {
         requested: u64,
         /// Device free bytes PyTorch measured.
         device_free: u64,
+        /// The allocator's allowed bytes (`set_per_process_memory_fraction`), when a fraction caps it.
+        allowed: Option<u64>,
     },
     /// A framework's own statistics from a Python hook (JAX's `memory_stats()`, CuPy's pool).
     FrameworkStats(crate::framework::FrameworkReport),

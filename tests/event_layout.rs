@@ -17,7 +17,7 @@ const FIELDS: [&str; 15] = [
 ];
 
 /// Every flag bit: its C name (after `GPUFRAG_F_`) and the Rust constant.
-const FLAGS: [(&str, u32); 12] = [
+const FLAGS: [(&str, u32); 14] = [
     ("DEVICE_FREE_KNOWN", event::F_DEVICE_FREE_KNOWN),
     ("SRC_SHIM", event::F_SRC_SHIM),
     ("SRC_EBPF", event::F_SRC_EBPF),
@@ -30,6 +30,8 @@ const FLAGS: [(&str, u32); 12] = [
     ("ALLOC_CUPY", event::F_ALLOC_CUPY),
     ("SRC_NVML", event::F_SRC_NVML),
     ("COMM", event::F_COMM),
+    ("ALLOCATOR_OOM", event::F_ALLOCATOR_OOM),
+    ("ALLOWED_KNOWN", event::F_ALLOWED_KNOWN),
 ];
 
 fn rust_offsets() -> Vec<usize> {

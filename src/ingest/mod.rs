@@ -25,7 +25,7 @@
 
 pub mod histogram;
 
-use crate::event::{Event, EventKind, F_ALLOC_XLA_BFC, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED, F_SRC_NVML};
+use crate::event::{Event, EventKind, F_ALLOCATOR_OOM, F_ALLOC_XLA_BFC, F_ALLOWED_KNOWN, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED, F_SRC_NVML};
 use crate::framework::Framework;
 use crate::map::{AddressSpace, Anomaly, Figures, SegmentKind};
 use crate::rules::AllocatorRules;
@@ -159,6 +159,20 @@ pub struct OomRecord {
     /// The caching allocator whose request failed (a block allocation), or the one managing the
     /// process's memory (a driver call); `None` when none was seen.
     pub framework: Option<Framework>,
+    /// The allocator's allowed bytes (`set_per_process_memory_fraction`), when its OOM report
+    /// carried them ([`crate::event::F_ALLOWED_KNOWN`]: PyTorch's OOM observer under `run`).
+    pub allowed: Option<u64>,
+    /// PyTorch's own out-of-memory path reported this failure in a capture that traces the
+    /// process's driver calls ([`crate::event::F_ALLOCATOR_OOM`]).
+    pub allocator_oom: bool,
+    /// The allocator's own reserved bytes at the failure, when its report carried them.
+    pub allocator_reserved: Option<u64>,
+    /// Failed driver allocations of this process on this device since its last successful
+    /// driver allocation or its last allocator OOM: 0 for an allocator OOM means the allocator
+    /// refused without asking the driver.
+    pub driver_failures_before: u64,
+    /// The device's total bytes as last measured before the failure (`cuMemGetInfo` or NVML).
+    pub device_total: Option<u64>,
 }
 
 impl OomRecord {
@@ -262,6 +276,9 @@ pub struct State {
     readings: BTreeMap<(u32, i16), Reading>,
     /// OOM records (indices into `ooms`) that a reading arriving later may still complete.
     awaiting: Vec<usize>,
+    /// Per (pid, device): failed driver allocations since the last successful one or the last
+    /// allocator OOM ([`OomRecord::driver_failures_before`]).
+    driver_failures: BTreeMap<(u32, i16), u64>,
 }
 
 impl State {
@@ -299,6 +316,7 @@ impl State {
         self.spaces.retain(|&(p, _), _| p != pid);
         self.identities.remove(&pid);
         self.readings.retain(|&(p, _), _| p != pid);
+        self.driver_failures.retain(|&(p, _), _| p != pid);
         let ooms = &self.ooms;
         self.awaiting.retain(|&i| ooms[i].pid != pid);
     }
@@ -413,7 +431,20 @@ impl State {
                 if device_free_source != DeviceFreeSource::FailureEvent {
                     self.awaiting.push(self.ooms.len());
                 }
+                let block = ev.failed_op() == Some(EventKind::BlockAlloc);
+                let driver_failures_before = if block {
+                    self.driver_failures.remove(&(pid, device)).unwrap_or(0)
+                } else {
+                    *self.driver_failures.entry((pid, device)).or_default() += 1;
+                    0
+                };
+                let allocator_oom = ev.flags & F_ALLOCATOR_OOM != 0;
                 self.ooms.push(OomRecord {
+                    allowed: (ev.flags & F_ALLOWED_KNOWN != 0).then_some(ev.size),
+                    allocator_oom,
+                    allocator_reserved: (allocator_oom && ev.handle != 0).then_some(ev.handle),
+                    driver_failures_before,
+                    device_total: self.devices.get(&device).and_then(|d| d.total),
                     framework,
                     ts_ns: ev.ts_ns,
                     pid,
@@ -489,9 +520,13 @@ impl State {
                     _ => Err(Anomaly::NotAMapEvent(ev.kind)),
                 };
                 m.debug_check();
-                if r.is_ok() && matches!(kind, EventKind::MemAlloc | EventKind::MemAllocPitch | EventKind::MemAllocManaged | EventKind::PoolAlloc | EventKind::Map) {
+                let segment = r.is_ok() && matches!(kind, EventKind::MemAlloc | EventKind::MemAllocPitch | EventKind::MemAllocManaged | EventKind::PoolAlloc | EventKind::Map);
+                if segment {
                     s.allocs += 1;
                     s.segment_sizes.record(ev.size);
+                }
+                if segment || kind == EventKind::PhysCreate {
+                    self.driver_failures.remove(&(pid, device));
                 }
                 r
             }
