@@ -36,6 +36,16 @@ pub enum Msg {
         /// The snapshot (segments with blocks).
         snapshot: Box<crate::snapshot::Snapshot>,
     },
+    /// How a Python hook brings the process's PyTorch blocks: PyTorch's allocator trace tracker
+    /// (event level, its events arrive through the shim's ring) or snapshots.
+    BlocksSource {
+        /// The process.
+        pid: u32,
+        /// The trace tracker is attached.
+        tracker: bool,
+        /// The hook's sentence for the summary (why snapshots, when it is snapshots).
+        note: String,
+    },
     /// A Python hook found PyTorch's native caching allocator in charge of the process's memory.
     Armed {
         /// The process.
@@ -55,6 +65,17 @@ pub enum Msg {
         device_free: u64,
         /// The allocator's allowed bytes (`set_per_process_memory_fraction`), when a fraction caps it.
         allowed: Option<u64>,
+    },
+    /// PyTorch's OOM observer gave the allowed bytes of an OOM the trace tracker reported.
+    PyOomAllowed {
+        /// The process.
+        pid: u32,
+        /// Device.
+        device: i16,
+        /// PyTorch's allocation size.
+        requested: u64,
+        /// The allowed bytes of `set_per_process_memory_fraction`.
+        allowed: u64,
     },
     /// A framework's own statistics from a Python hook (JAX's `memory_stats()`, CuPy's pool).
     FrameworkStats(crate::framework::FrameworkReport),

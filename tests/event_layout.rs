@@ -17,7 +17,7 @@ const FIELDS: [&str; 15] = [
 ];
 
 /// Every flag bit: its C name (after `GPUFRAG_F_`) and the Rust constant.
-const FLAGS: [(&str, u32); 14] = [
+const FLAGS: [(&str, u32); 15] = [
     ("DEVICE_FREE_KNOWN", event::F_DEVICE_FREE_KNOWN),
     ("SRC_SHIM", event::F_SRC_SHIM),
     ("SRC_EBPF", event::F_SRC_EBPF),
@@ -32,6 +32,7 @@ const FLAGS: [(&str, u32); 14] = [
     ("COMM", event::F_COMM),
     ("ALLOCATOR_OOM", event::F_ALLOCATOR_OOM),
     ("ALLOWED_KNOWN", event::F_ALLOWED_KNOWN),
+    ("OOM_AMEND", event::F_OOM_AMEND),
 ];
 
 fn rust_offsets() -> Vec<usize> {
@@ -127,7 +128,7 @@ fn c_header_and_rust_struct_have_the_same_layout() {
 /// the consumer's definitions.
 #[test]
 fn python_hook_hello_and_frames_match_the_rust_definitions() {
-    use gpufrag::consumer::{PY_ARMED, PY_ARMED_BYTES, PY_EVENTS, PY_FRAMEWORK_OOM, PY_HEADER_BYTES, PY_MAGIC, PY_OOM, PY_OOM_BYTES, PY_SNAPSHOT, PY_STATS};
+    use gpufrag::consumer::{PY_ARMED, PY_ARMED_BYTES, PY_EVENTS, PY_FRAMEWORK_OOM, PY_HEADER_BYTES, PY_MAGIC, PY_OOM, PY_OOM_ALLOWED, PY_OOM_ALLOWED_BYTES, PY_OOM_BYTES, PY_SNAPSHOT, PY_STATS};
     use gpufrag::hello::{Hello, HELLO_BYTES, SOURCE_PYTHON};
     if std::process::Command::new("python3").arg("--version").output().is_err() {
         tool_support::missing("python3", "apt-get install python3");
@@ -194,7 +195,7 @@ fn python_hook_hello_and_frames_match_the_rust_definitions() {
             (k, None) => assert!([PY_SNAPSHOT, PY_EVENTS, PY_STATS, PY_FRAMEWORK_OOM].contains(&k), "frame {k}: only the snapshot, events and JSON frames have bodies that are not struct-packed"),
             (k, Some(f)) => {
                 let n = *sized.next().expect("a size per format");
-                let want = if k == PY_OOM { PY_OOM_BYTES } else if k == PY_ARMED { PY_ARMED_BYTES } else { panic!("frame type {k} ({f}) is not one the consumer reads") };
+                let want = if k == PY_OOM { PY_OOM_BYTES } else if k == PY_OOM_ALLOWED { PY_OOM_ALLOWED_BYTES } else if k == PY_ARMED { PY_ARMED_BYTES } else { panic!("frame type {k} ({f}) is not one the consumer reads") };
                 assert_eq!(n, want, "frame {k} packs {f:?}: {n} bytes, the consumer reads {want}");
             }
         }

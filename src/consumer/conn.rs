@@ -282,6 +282,12 @@ pub const PY_OOM: u32 = 2;
 pub const PY_OOM_BYTES: usize = 40;
 /// Bytes of a [`PY_OOM`] frame's body from a hook that sends no allowed bytes.
 pub const PY_OOM_BYTES_V1: usize = 32;
+/// Frame: the allowed bytes of the OOM the trace tracker reported (`<qQQ`: device, PyTorch's
+/// allocation size, the allowed bytes of `set_per_process_memory_fraction`), sent by the OOM
+/// observer when the tracker's OOM entry, which cannot carry them, is the OOM itself.
+pub const PY_OOM_ALLOWED: u32 = 8;
+/// Bytes of a [`PY_OOM_ALLOWED`] frame's body.
+pub const PY_OOM_ALLOWED_BYTES: usize = 24;
 /// Frame: CUDA is up and PyTorch's native caching allocator manages this process's memory
 /// (`<q`: the current device).
 pub const PY_ARMED: u32 = 3;
@@ -298,8 +304,20 @@ pub const PY_STATS: u32 = 5;
 /// Frame: a framework's out-of-memory error, JSON (`framework`, `device`, `requested`,
 /// `device_free` or null, `source`, `message`).
 pub const PY_FRAMEWORK_OOM: u32 = 6;
+/// Frame: how this process's PyTorch blocks reach gpufrag, JSON (`blocks`: `"tracker"`, PyTorch's
+/// allocator trace tracker, event level, its events in the shim's ring; or `"snapshots"`; `note`:
+/// the hook's sentence for the summary, saying why when it is snapshots).
+pub const PY_BLOCKS_SOURCE: u32 = 7;
 /// Largest frame accepted.
 const PY_MAX_FRAME: u64 = 1 << 31;
+
+/// The body of a [`PY_BLOCKS_SOURCE`] frame.
+#[derive(serde::Deserialize)]
+struct BlocksSourceFrame {
+    blocks: String,
+    #[serde(default)]
+    note: String,
+}
 
 /// The body of a [`PY_FRAMEWORK_OOM`] frame.
 #[derive(serde::Deserialize)]
@@ -349,6 +367,14 @@ pub fn python_reader(hello: Hello, mut stream: impl Read, mut emit: impl FnMut(c
                 let allowed = if body.len() == PY_OOM_BYTES { Some(q(32)).filter(|&a| a > 0) } else { None };
                 emit(crate::source::Msg::PyOom { pid: hello.pid, device: q(0) as i64 as i16, requested: q(8), device_free: q(24), allowed });
             }
+            PY_OOM_ALLOWED if body.len() == PY_OOM_ALLOWED_BYTES => {
+                let q = |o: usize| {
+                    let mut w = [0u8; 8];
+                    w.copy_from_slice(&body[o..o + 8]);
+                    u64::from_le_bytes(w)
+                };
+                emit(crate::source::Msg::PyOomAllowed { pid: hello.pid, device: q(0) as i64 as i16, requested: q(8), allowed: q(16) });
+            }
             PY_ARMED if body.len() == PY_ARMED_BYTES => {
                 let mut w = [0u8; 8];
                 w.copy_from_slice(&body);
@@ -384,6 +410,14 @@ pub fn python_reader(hello: Hello, mut stream: impl Read, mut emit: impl FnMut(c
                     device_free: f.device_free,
                 }),
                 Err(e) => emit(crate::source::Msg::Warning(format!("{name}: unusable out-of-memory frame: {e}"))),
+            },
+            PY_BLOCKS_SOURCE => match serde_json::from_slice::<BlocksSourceFrame>(&body) {
+                Ok(f) if f.blocks == "tracker" || f.blocks == "snapshots" => {
+                    let note = f.note.chars().take(400).collect();
+                    emit(crate::source::Msg::BlocksSource { pid: hello.pid, tracker: f.blocks == "tracker", note })
+                }
+                Ok(f) => emit(crate::source::Msg::Warning(format!("{name}: unknown block source {:?}", f.blocks.chars().take(40).collect::<String>()))),
+                Err(e) => emit(crate::source::Msg::Warning(format!("{name}: unusable block-source frame: {e}"))),
             },
             t => emit(crate::source::Msg::Warning(format!("{name}: unknown frame type {t}"))),
         }

@@ -166,6 +166,10 @@ pub const F_ALLOCATOR_OOM: u32 = 1 << 12;
 /// (`set_per_process_memory_fraction`: fraction × the device total), exactly as PyTorch's OOM
 /// observer received them.
 pub const F_ALLOWED_KNOWN: u32 = 1 << 13;
+/// An `AllocFailed` that is no failure of its own: it gives its allowed bytes (`size`, with
+/// [`F_ALLOWED_KNOWN`]) to its process's latest allocator OOM on its device (the trace tracker's
+/// OOM entry, which cannot carry them), or to the next one when it comes first.
+pub const F_OOM_AMEND: u32 = 1 << 14;
 
 /// The wire record: 80 bytes, little-endian on every platform gpufrag runs on.
 #[repr(C)]
