@@ -128,7 +128,7 @@ fn c_header_and_rust_struct_have_the_same_layout() {
 /// the consumer's definitions.
 #[test]
 fn python_hook_hello_and_frames_match_the_rust_definitions() {
-    use gpufrag::consumer::{PY_ARMED, PY_ARMED_BYTES, PY_EVENTS, PY_FRAMEWORK_OOM, PY_HEADER_BYTES, PY_MAGIC, PY_OOM, PY_OOM_ALLOWED, PY_OOM_ALLOWED_BYTES, PY_OOM_BYTES, PY_SNAPSHOT, PY_STATS};
+    use gpufrag::consumer::{PY_ARMED, PY_ARMED_BYTES, PY_BLOCKS_SOURCE, PY_EVENTS, PY_FRAMEWORK_OOM, PY_HEADER_BYTES, PY_MAGIC, PY_OOM, PY_OOM_ALLOWED, PY_OOM_ALLOWED_BYTES, PY_OOM_BYTES, PY_SNAPSHOT, PY_STATS};
     use gpufrag::hello::{Hello, HELLO_BYTES, SOURCE_PYTHON};
     if std::process::Command::new("python3").arg("--version").output().is_err() {
         tool_support::missing("python3", "apt-get install python3");
@@ -192,7 +192,7 @@ fn python_hook_hello_and_frames_match_the_rust_definitions() {
     for (kind, fmt) in &sends {
         seen.push(*kind);
         match (*kind, fmt) {
-            (k, None) => assert!([PY_SNAPSHOT, PY_EVENTS, PY_STATS, PY_FRAMEWORK_OOM].contains(&k), "frame {k}: only the snapshot, events and JSON frames have bodies that are not struct-packed"),
+            (k, None) => assert!([PY_SNAPSHOT, PY_EVENTS, PY_STATS, PY_FRAMEWORK_OOM, PY_BLOCKS_SOURCE].contains(&k), "frame {k}: only the snapshot, events and JSON frames have bodies that are not struct-packed"),
             (k, Some(f)) => {
                 let n = *sized.next().expect("a size per format");
                 let want = if k == PY_OOM { PY_OOM_BYTES } else if k == PY_OOM_ALLOWED { PY_OOM_ALLOWED_BYTES } else if k == PY_ARMED { PY_ARMED_BYTES } else { panic!("frame type {k} ({f}) is not one the consumer reads") };
@@ -202,7 +202,7 @@ fn python_hook_hello_and_frames_match_the_rust_definitions() {
     }
     seen.sort_unstable();
     seen.dedup();
-    assert_eq!(seen, [PY_SNAPSHOT, PY_OOM, PY_ARMED, PY_EVENTS, PY_STATS, PY_FRAMEWORK_OOM], "the frames the hook sends");
+    assert_eq!(seen, [PY_SNAPSHOT, PY_OOM, PY_ARMED, PY_EVENTS, PY_STATS, PY_FRAMEWORK_OOM, PY_BLOCKS_SOURCE, PY_OOM_ALLOWED], "the frames the hook sends");
     // An events frame carries whole wire events: the hook's EVENT struct is the 80-byte record.
     let event_fmt = hook.split("EVENT = struct.Struct(\"").nth(1).and_then(|r| r.split('"').next()).expect("the hook's EVENT format");
     let out = Command::new("python3").arg("-c").arg(format!("import struct; print(struct.calcsize({event_fmt:?}))")).output().expect("python3");
