@@ -7,8 +7,9 @@ the program itself has imported torch and initialised CUDA: an import hook wraps
 is up the hook connects to the consumer's socket (GPUFRAG_SOCK), says that a caching allocator
 manages this process's memory, and attaches PyTorch's out-of-memory observer. It then sends
 `torch.cuda.memory._snapshot()` (the caching allocator's segments and blocks) every
-GPUFRAG_PY_INTERVAL seconds (default 1), when the out-of-memory observer fires (with the request
-and the device free PyTorch measured), and at exit. With `backend:cudaMallocAsync` there are no
+GPUFRAG_PY_INTERVAL seconds (default 1), when the out-of-memory observer fires (with the request,
+the device free PyTorch measured and, when set_per_process_memory_fraction caps the allocator, its
+allowed bytes), and at exit. With `backend:cudaMallocAsync` there are no
 blocks to send (the driver's pools hold them) and the hook stays quiet. It never turns on history
 recording, never imports torch itself, and swallows its own errors: the traced program comes first.
 Set GPUFRAG_PYTHON_HOOK=0 to switch it off. A sitecustomize the program had is imported after it.
@@ -92,12 +93,37 @@ def _gpufrag_hook():
         except Exception:
             pass
 
-    def on_oom(device, alloc, device_allocated, device_free):
+    def allowed_bytes(device, limit):
+        """The allowed bytes of set_per_process_memory_fraction, or 0 when no fraction caps the
+        allocator: PyTorch passes its observers the allowed bytes when a fraction is set and the
+        device total otherwise."""
+        torch = sys.modules["torch"]
+        get = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        if get is not None:
+            return int(limit) if float(get(int(device))) < 1.0 else 0
+        total = int(torch.cuda.mem_get_info(int(device))[1])
+        return int(limit) if int(limit) < total else 0
+
+    def on_oom(device, alloc, limit, device_free):
+        # PyTorch 2.11 calls observers with (device, alloc_size, set_fraction ?
+        # allowed_memory_maximum : device_total, device_free), after releasing its lock.
         if st["tracker"]:
-            return  # the tracker's OOM entry is in the ring, ordered with the blocks
+            # The tracker's OOM entry is in the ring, ordered with the blocks; what it cannot
+            # carry is the cap: the allowed bytes go as an amendment of that OOM (frame 8).
+            try:
+                allowed = allowed_bytes(device, limit)
+                if allowed:
+                    send(8, struct.pack("<qQQ", int(device), int(alloc), allowed))
+            except Exception:
+                pass
+            return
         snapshot()
         try:
-            send(2, struct.pack("<qQQQ", int(device), int(alloc), int(device_allocated), int(device_free)))
+            allowed = allowed_bytes(device, limit)
+        except Exception:
+            allowed = 0
+        try:
+            send(2, struct.pack("<qQQQQ", int(device), int(alloc), int(limit), int(device_free), allowed))
         except Exception:
             pass
 

@@ -195,15 +195,32 @@ impl Live {
                 self.python_pids.insert(pid);
                 self.apply(&Event { ts_ns: now_ns(), ..Event::new(EventKind::Adopt, pid, device) });
             }
-            Msg::PyOom { pid, device, requested, device_free } => {
+            Msg::PyOom { pid, device, requested, device_free, allowed } => {
                 self.python_pids.insert(pid);
+                // The allowed bytes, when the hook found a memory fraction set, say exactly whether
+                // the allocator's cap refused the request (the verdict compares them with reserved).
                 let e = Event {
                     ts_ns: now_ns(),
                     requested,
                     device_free,
+                    size: allowed.unwrap_or(0),
                     rc: 2,
                     op: EventKind::BlockAlloc as u16,
-                    flags: F_DEVICE_FREE_KNOWN | F_FAILED,
+                    flags: F_DEVICE_FREE_KNOWN | F_FAILED | if allowed.is_some() { crate::event::F_ALLOWED_KNOWN } else { 0 },
+                    ..Event::new(EventKind::AllocFailed, pid, device)
+                };
+                self.apply(&e);
+            }
+            Msg::PyOomAllowed { pid, device, requested, allowed } => {
+                // An amendment, recorded like any event: it gives the tracker's OOM entry (before
+                // or after it in time) its allowed bytes.
+                let e = Event {
+                    ts_ns: now_ns(),
+                    requested,
+                    size: allowed,
+                    rc: 2,
+                    op: EventKind::BlockAlloc as u16,
+                    flags: F_FAILED | crate::event::F_ALLOWED_KNOWN | crate::event::F_OOM_AMEND,
                     ..Event::new(EventKind::AllocFailed, pid, device)
                 };
                 self.apply(&e);

@@ -63,6 +63,19 @@ pub enum Msg {
         requested: u64,
         /// Device free bytes PyTorch measured.
         device_free: u64,
+        /// The allocator's allowed bytes (`set_per_process_memory_fraction`), when a fraction caps it.
+        allowed: Option<u64>,
+    },
+    /// PyTorch's OOM observer gave the allowed bytes of an OOM the trace tracker reported.
+    PyOomAllowed {
+        /// The process.
+        pid: u32,
+        /// Device.
+        device: i16,
+        /// PyTorch's allocation size.
+        requested: u64,
+        /// The allowed bytes of `set_per_process_memory_fraction`.
+        allowed: u64,
     },
     /// A framework's own statistics from a Python hook (JAX's `memory_stats()`, CuPy's pool).
     FrameworkStats(crate::framework::FrameworkReport),

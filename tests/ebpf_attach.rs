@@ -141,6 +141,34 @@ fn a_failed_allocation_is_an_oom_with_its_request() {
     assert!(o["device_free_age_ns"].as_i64().is_some_and(|a| a <= 0), "read after the failure: {o:#}");
 }
 
+/// Issue 13: PyTorch's OOM report (`c10::reportOutOfMemoryToProfiler`, in the libc10.so beside
+/// libc10_cuda.so) with no failed driver call before it is the allocator's own cap:
+/// `allowed_limit`; after a failed driver call of the same request it is the driver's OOM, the
+/// failed call folded into it.
+#[test]
+fn regression_pytorchs_oom_report_tells_the_allocators_cap_from_the_drivers_refusal() {
+    require_ebpf!();
+    for lib in [fixtures().usdt_lib.display().to_string(), fixtures().symbols_lib.display().to_string()] {
+        let t = attach_from_start(&["torchoom", &lib, "limit"], 1, &["--lib", &lib]);
+        let ooms = t.summary["ooms"].as_array().expect("ooms");
+        assert_eq!(ooms.len(), 1, "the CPU-side report is no GPU OOM: {:#}", t.summary);
+        let o = &ooms[0];
+        assert_eq!(o["verdict"], "allowed_limit", "{o:#}");
+        assert_eq!(u(o, "requested"), 30 * MIB, "{o:#}");
+        assert_eq!(u(o, "reserved"), 20 * MIB, "{o:#}");
+        assert_eq!(o["device_free_source"], "nvml_at_failure", "{o:#}");
+        assert!(t.stderr.contains("allowed_limit"), "the verdict is printed live:\n{}", t.stderr);
+
+        let t = attach_from_start(&["torchoom", &lib, "driver"], 1, &["--lib", &lib]);
+        let ooms = t.summary["ooms"].as_array().expect("ooms");
+        assert_eq!(ooms.len(), 1, "the failed driver call folds into PyTorch's OOM: {:#}", t.summary);
+        let o = &ooms[0];
+        assert_eq!(o["op"], "block_alloc", "{o:#}");
+        assert_eq!(u(o, "driver_failures_before"), 1, "{o:#}");
+        assert_eq!(o["verdict"], "true_oom", "2^50 bytes: {o:#}");
+    }
+}
+
 #[test]
 fn follow_traces_a_forked_child_as_its_own_process() {
     require_ebpf!();

@@ -265,7 +265,15 @@ pub struct OomSummary {
     pub rc: i32,
     /// The call that failed.
     pub op: String,
-    /// `fragmentation`, `true_oom` or `inconclusive`.
+    /// Free bytes in partly used 2 MiB driver pages at the failure (the process's sub-2 MiB
+    /// driver allocations): usable by small requests only.
+    #[serde(default)]
+    pub page_stranded: u64,
+    /// The allocator's allowed bytes (`set_per_process_memory_fraction`: fraction × device total)
+    /// when its OOM report carried them (PyTorch's OOM observer under `run`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed: Option<u64>,
+    /// `fragmentation`, `true_oom`, `allowed_limit` or `inconclusive`.
     pub verdict: Verdict,
     /// The verdict in plain words.
     pub explanation: String,
@@ -476,6 +484,8 @@ impl Summary {
                     largest_free_block: o.figures.largest_free_block,
                     reserved: o.figures.reserved,
                     allocated: o.figures.allocated,
+                    page_stranded: o.figures.page_stranded,
+                    allowed: o.allowed,
                     rc: o.rc,
                     op: o.op.map_or("unknown", |k| k.name()).to_string(),
                     verdict: inputs.verdict(),

@@ -118,6 +118,8 @@ pub struct DeviceView {
     pub stranded: u64,
     /// Σ releasable.
     pub releasable: u64,
+    /// Σ page-stranded: free bytes in 2 MiB driver pages held by live sub-2 MiB allocations.
+    pub page_stranded: u64,
     /// max largest free block.
     pub largest_free_block: u64,
     /// Device free, when measured.
@@ -229,6 +231,7 @@ impl Reader {
                 allocated: 0,
                 stranded: 0,
                 releasable: 0,
+                page_stranded: 0,
                 largest_free_block: 0,
                 free: d.free,
                 total: d.total,
@@ -241,6 +244,7 @@ impl Reader {
                 d.allocated += p.figures.allocated;
                 d.stranded += p.figures.stranded;
                 d.releasable += p.figures.releasable;
+                d.page_stranded += p.figures.page_stranded;
                 d.largest_free_block = d.largest_free_block.max(p.figures.largest_free_block);
             }
         }
@@ -461,6 +465,35 @@ mod tests {
 
     fn builder() -> Builder {
         Builder::new(GpuIds::without_nvml())
+    }
+
+    /// Issue 13: page-stranded bytes were in no metric. Sub-2 MiB driver allocations packed two
+    /// to a 2 MiB page, every other one freed: each page keeps half of itself stranded.
+    #[test]
+    fn regression_page_stranded_bytes_are_exported_per_process_and_device() {
+        let mut st = State::default();
+        let (mib, base) = (1u64 << 20, 1u64 << 40);
+        let pages = 5u64;
+        for i in 0..2 * pages {
+            st.apply(&alloc(10, base + i * mib, mib));
+        }
+        for i in (0..2 * pages).step_by(2) {
+            st.apply(&Event { addr: base + i * mib, ..Event::new(EventKind::MemFree, 10, 0) });
+        }
+        // The naive model: every page holds one live 1 MiB, so 1 MiB of it is stranded.
+        let want = pages * mib;
+        let store = Arc::new(Store::default());
+        store.put(builder().build(&st));
+        let r = Reader::new(store);
+        let text = crate::export::prometheus::render(&r.view(), &[]);
+        let value = |name: &str| -> u64 {
+            let line = text.lines().find(|l| l.starts_with(name) && !l.starts_with('#')).unwrap_or_else(|| panic!("no {name} in\n{text}"));
+            line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
+        };
+        assert_eq!(value("gpufrag_memory_page_stranded_bytes{"), want, "{text}");
+        assert_eq!(value("gpufrag_process_memory_page_stranded_bytes{"), want, "{text}");
+        // The verdict label set has every verdict, allowed_limit included, at 0.
+        assert!(text.contains("gpufrag_verdict=\"allowed_limit\"} 0"), "{text}");
     }
 
     #[test]

@@ -25,7 +25,7 @@
 
 pub mod histogram;
 
-use crate::event::{Event, EventKind, F_ALLOC_XLA_BFC, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED, F_SRC_NVML};
+use crate::event::{Event, EventKind, F_ALLOCATOR_OOM, F_ALLOC_XLA_BFC, F_ALLOWED_KNOWN, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED, F_OOM_AMEND, F_SRC_NVML};
 use crate::framework::Framework;
 use crate::map::{AddressSpace, Anomaly, Figures, SegmentKind};
 use crate::rules::AllocatorRules;
@@ -159,6 +159,20 @@ pub struct OomRecord {
     /// The caching allocator whose request failed (a block allocation), or the one managing the
     /// process's memory (a driver call); `None` when none was seen.
     pub framework: Option<Framework>,
+    /// The allocator's allowed bytes (`set_per_process_memory_fraction`), when its OOM report
+    /// carried them ([`crate::event::F_ALLOWED_KNOWN`]: PyTorch's OOM observer under `run`).
+    pub allowed: Option<u64>,
+    /// PyTorch's own out-of-memory path reported this failure in a capture that traces the
+    /// process's driver calls ([`crate::event::F_ALLOCATOR_OOM`]).
+    pub allocator_oom: bool,
+    /// The allocator's own reserved bytes at the failure, when its report carried them.
+    pub allocator_reserved: Option<u64>,
+    /// Failed driver allocations of this process on this device since its last successful
+    /// driver allocation or its last allocator OOM: 0 for an allocator OOM means the allocator
+    /// refused without asking the driver.
+    pub driver_failures_before: u64,
+    /// The device's total bytes as last measured before the failure (`cuMemGetInfo` or NVML).
+    pub device_total: Option<u64>,
 }
 
 impl OomRecord {
@@ -262,7 +276,16 @@ pub struct State {
     readings: BTreeMap<(u32, i16), Reading>,
     /// OOM records (indices into `ooms`) that a reading arriving later may still complete.
     awaiting: Vec<usize>,
+    /// Per (pid, device): failed driver allocations since the last successful one or the last
+    /// allocator OOM ([`OomRecord::driver_failures_before`]).
+    driver_failures: BTreeMap<(u32, i16), u64>,
+    /// Per (pid, device): allowed bytes that arrived before the OOM they amend (time, bytes).
+    pending_allowed: BTreeMap<(u32, i16), (u64, u64)>,
 }
+
+/// How far apart in time an OOM and the amendment that gives it its allowed bytes may be (they
+/// come by different channels: the tracker's ring and the Python hook's socket).
+pub const AMEND_WINDOW_NS: u64 = 2_000_000_000;
 
 impl State {
     /// An empty state; new address spaces follow `rules`.
@@ -299,6 +322,8 @@ impl State {
         self.spaces.retain(|&(p, _), _| p != pid);
         self.identities.remove(&pid);
         self.readings.retain(|&(p, _), _| p != pid);
+        self.driver_failures.retain(|&(p, _), _| p != pid);
+        self.pending_allowed.retain(|&(p, _), _| p != pid);
         let ooms = &self.ooms;
         self.awaiting.retain(|&i| ooms[i].pid != pid);
     }
@@ -322,6 +347,18 @@ impl State {
                 o.device_free = Some(free);
                 o.device_free_source = if nvml { DeviceFreeSource::NvmlAtFailure } else { DeviceFreeSource::ProcessReading };
                 o.device_free_age_ns = Some(-((ts_ns - o.ts_ns) as i64));
+            }
+        }
+    }
+
+    /// An amendment's allowed bytes: to `pid`'s latest allocator OOM on `device` when it has none
+    /// yet and is near in time, else kept for the next one.
+    fn amend_allowed(&mut self, pid: u32, device: i16, ts_ns: u64, allowed: u64) {
+        let latest = self.ooms.iter_mut().rev().find(|o| o.pid == pid && o.device == device && o.op == Some(EventKind::BlockAlloc));
+        match latest {
+            Some(o) if o.allowed.is_none() && o.ts_ns.abs_diff(ts_ns) <= AMEND_WINDOW_NS => o.allowed = Some(allowed),
+            _ => {
+                self.pending_allowed.insert((pid, device), (ts_ns, allowed));
             }
         }
     }
@@ -383,6 +420,10 @@ impl State {
                 }
                 Ok(())
             }
+            EventKind::AllocFailed if ev.flags & F_OOM_AMEND != 0 => {
+                self.amend_allowed(pid, device, ev.ts_ns, ev.size);
+                Ok(())
+            }
             EventKind::AllocFailed => {
                 if let Some(free) = ev.device_free() {
                     self.devices.entry(device).or_default().free = Some(free);
@@ -413,7 +454,21 @@ impl State {
                 if device_free_source != DeviceFreeSource::FailureEvent {
                     self.awaiting.push(self.ooms.len());
                 }
+                let block = ev.failed_op() == Some(EventKind::BlockAlloc);
+                let driver_failures_before = if block {
+                    self.driver_failures.remove(&(pid, device)).unwrap_or(0)
+                } else {
+                    *self.driver_failures.entry((pid, device)).or_default() += 1;
+                    0
+                };
+                let allocator_oom = ev.flags & F_ALLOCATOR_OOM != 0;
+                let pending = if block { self.pending_allowed.remove(&(pid, device)).filter(|&(t, _)| t.abs_diff(ev.ts_ns) <= AMEND_WINDOW_NS).map(|(_, a)| a) } else { None };
                 self.ooms.push(OomRecord {
+                    allowed: (ev.flags & F_ALLOWED_KNOWN != 0).then_some(ev.size).or(pending),
+                    allocator_oom,
+                    allocator_reserved: (allocator_oom && ev.handle != 0).then_some(ev.handle),
+                    driver_failures_before,
+                    device_total: self.devices.get(&device).and_then(|d| d.total),
                     framework,
                     ts_ns: ev.ts_ns,
                     pid,
@@ -489,9 +544,13 @@ impl State {
                     _ => Err(Anomaly::NotAMapEvent(ev.kind)),
                 };
                 m.debug_check();
-                if r.is_ok() && matches!(kind, EventKind::MemAlloc | EventKind::MemAllocPitch | EventKind::MemAllocManaged | EventKind::PoolAlloc | EventKind::Map) {
+                let segment = r.is_ok() && matches!(kind, EventKind::MemAlloc | EventKind::MemAllocPitch | EventKind::MemAllocManaged | EventKind::PoolAlloc | EventKind::Map);
+                if segment {
                     s.allocs += 1;
                     s.segment_sizes.record(ev.size);
+                }
+                if segment || kind == EventKind::PhysCreate {
+                    self.driver_failures.remove(&(pid, device));
                 }
                 r
             }
@@ -617,6 +676,27 @@ mod failure_tests {
         assert_eq!(sum.failed_calls.iter().map(|c| (c.op.as_str(), c.rc)).collect::<Vec<_>>(), vec![("phys_create", 800), ("pool_alloc", 201)]);
         assert!(sum.notes.iter().any(|n| n.starts_with("2 allocation call(s) failed with codes other than out-of-memory")), "{:?}", sum.notes);
         assert!(sum.exact, "a refused call is not a lost event");
+    }
+
+    /// Issue 13: under the trace tracker the OOM is the tracker's entry (in the ring) and the
+    /// allowed bytes come from the OOM observer (on the socket), in either order: the amendment
+    /// gives them to that OOM and makes no OOM of its own; one that comes first waits for it.
+    #[test]
+    fn regression_an_amendment_gives_the_trackers_oom_its_allowed_bytes_in_either_order() {
+        use crate::event::{F_ALLOWED_KNOWN, F_FAILED, F_OOM_AMEND};
+        let oom = |ts_ns| Event { ts_ns, requested: 20 << 30, rc: RC_OUT_OF_MEMORY, op: EventKind::BlockAlloc as u16, flags: F_FAILED, ..Event::new(EventKind::AllocFailed, 7, 0) };
+        let amend = |ts_ns| Event { ts_ns, requested: 20 << 30, size: 16 << 30, rc: RC_OUT_OF_MEMORY, op: EventKind::BlockAlloc as u16, flags: F_FAILED | F_ALLOWED_KNOWN | F_OOM_AMEND, ..Event::new(EventKind::AllocFailed, 7, 0) };
+        for first_oom in [true, false] {
+            let mut s = State::default();
+            let (a, b) = if first_oom { (oom(1_000), amend(5_000)) } else { (amend(1_000), oom(5_000)) };
+            s.apply(&a);
+            s.apply(&b);
+            assert_eq!(s.ooms.len(), 1, "first_oom {first_oom}: {:?}", s.ooms);
+            assert_eq!(s.ooms[0].allowed, Some(16 << 30), "first_oom {first_oom}");
+            // A later OOM of the same process is not given them.
+            s.apply(&oom(10_000_000_000));
+            assert_eq!(s.ooms[1].allowed, None);
+        }
     }
 }
 

@@ -16,6 +16,10 @@
  *                    exists, exit (the OOM is seen while the process still holds its memory)
  *   gate FILE SCENARIO [ARG]  wait until FILE exists before touching CUDA at all, then SCENARIO
  *   torch LIB        blocks from the fake libc10_cuda.so at LIB inside one 20 MiB segment
+ *   torchoom LIB MODE  a 4 MiB block in a 20 MiB segment, then PyTorch's OOM report (the fake
+ *                    libc10.so beside LIB) for a 30 MiB request: MODE limit reports it with no
+ *                    driver call (a memory fraction's cap refused it), MODE driver after a failed
+ *                    cuMemAlloc_v2 of the same request; a CPU-side report too, which is no GPU OOM
  *   xla LIB          chunks from the fake XLA BFC allocator at LIB (xla_cuda_plugin.so) inside one
  *                    64 MiB preallocated pool, ending with a fragmentation OOM inside the pool
  *   bench N          N alloc+free pairs of 4 KiB; prints ns per pair
@@ -288,6 +292,46 @@ static void torch(const char *lib)
 	printf("FIGURES device=0 reserved=%llu blocks=2 requested=%llu\n", 20 * MIB, 5 * MIB + 1);
 }
 
+static void torch_oom(const char *lib, const char *mode)
+{
+	void *h = dlopen(lib, RTLD_NOW);
+	if (!h) {
+		fprintf(stderr, "cuda_prog: %s\n", dlerror());
+		exit(2);
+	}
+	/* libc10.so lies beside libc10_cuda.so, as in torch/lib. */
+	char c10[4096];
+	const char *slash = strrchr(lib, '/');
+	int dir = slash ? (int)(slash - lib) + 1 : 0;
+	snprintf(c10, sizeof(c10), "%.*slibc10.so", dir, lib);
+	void *hc = dlopen(c10, RTLD_NOW);
+	if (!hc) {
+		fprintf(stderr, "cuda_prog: %s\n", dlerror());
+		exit(2);
+	}
+	void (*set_base)(unsigned long long) = sym(h, "fake_set_base");
+	void *(*fmalloc)(unsigned long, signed char) = sym(h, "fake_malloc");
+	void (*report)(long, unsigned long, unsigned long, signed char) = sym(hc, "fake_report_oom");
+	void (*report_cpu)(long) = sym(hc, "fake_report_cpu_oom");
+	CUdeviceptr seg, q;
+	check(cuMemAlloc_v2(&seg, 20 * MIB), "cuMemAlloc_v2");
+	set_base(seg);
+	(void)fmalloc(4 * MIB, 0);
+	report_cpu(MIB);
+	unsigned long long want = 30 * MIB;
+	if (!strcmp(mode, "driver")) {
+		CUresult rc = cuMemAlloc_v2(&q, 1ull << 50);
+		printf("DRIVER rc=%d\n", rc);
+		want = 1ull << 50;
+	}
+	report((long)want, 4 * MIB, 20 * MIB, 0);
+	printf("OOM requested=%llu\n", want);
+	printf("FIGURES device=0 reserved=%llu blocks=1 requested=%llu\n", 20 * MIB, 4 * MIB);
+	fflush(stdout);
+	/* Keep the memory while NVML is read for the failure. */
+	usleep(500000);
+}
+
 static void xla(const char *lib)
 {
 	void *h = dlopen(lib, RTLD_NOW);
@@ -392,6 +436,8 @@ int main(int argc, char **argv)
 		oom_hold(strtoull(argv[2], 0, 10), strtoull(argv[3], 0, 10), argv[4]);
 	else if (!strcmp(s, "torch"))
 		torch(argv[2]);
+	else if (!strcmp(s, "torchoom") && argc > 3)
+		torch_oom(argv[2], argv[3]);
 	else if (!strcmp(s, "xla"))
 		xla(argv[2]);
 	else if (!strcmp(s, "bench"))

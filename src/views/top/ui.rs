@@ -78,14 +78,17 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
         f.render_widget(
             Paragraph::new(Line::from(vec![Span::styled(
                 format!(
-                    "OOM pid {} gpu {}: {} requested: {} (largest free block {}, stranded {}, device free {})",
+                    "OOM pid {} gpu {}: {} requested: {} (largest free block {}, stranded {}, device free {}{}{})",
                     o.pid,
                     o.device,
                     human_bytes(o.requested),
                     o.verdict.name(),
                     human_bytes(o.largest_free_block),
                     human_bytes(o.stranded),
-                    if o.device_free_known { human_bytes(o.device_free) } else { "not measured".into() }
+                    if o.device_free_known { human_bytes(o.device_free) } else { "not measured".into() },
+                    // Driver-level fragmentation: free bytes in partly used 2 MiB pages.
+                    if o.page_stranded > 0 { format!(", page-stranded {}", human_bytes(o.page_stranded)) } else { String::new() },
+                    o.allowed.map_or(String::new(), |a| format!(", allowed {}", human_bytes(a)))
                 ),
                 Style::default().fg(Color::Red).add_modifier(Modifier::BOLD),
             )])),
