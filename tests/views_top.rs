@@ -136,6 +136,8 @@ fn replay_shows_the_frag_oom_numbers_and_q_restores_the_terminal() {
         assert!(row.contains(want), "{want} in the device row {row:?}");
     }
     assert!(s.contains("OOM pid 0 gpu 0: 2.50 GiB requested: fragmentation"), "{s}");
+    let prow = s.lines().find(|l| l.contains("pid 0") && l.contains("gpu 0") && l.contains("9.77 GiB")).unwrap_or_else(|| panic!("a process row:\n{s}"));
+    assert!(prow.contains("pytorch"), "the process row names its allocator: {prow:?}");
     assert!(s.contains("segments of pid 0 on gpu 0: 20, largest free run 200.00 MiB"), "{s}");
     assert_eq!(s.matches("500.00 MiB ").count(), 20, "one strip row per segment:\n{s}");
     assert!(s.contains("   request ▀"), "the request at the same scale:\n{s}");

@@ -29,6 +29,8 @@ pub struct RowView {
     pub label: String,
     /// The figures.
     pub figures: DeviceSummary,
+    /// A process row's caching allocator (`pytorch`, `xla`, `cupy`), when one was seen.
+    pub framework: Option<crate::framework::Framework>,
 }
 
 /// The sort orders `s` cycles through.
@@ -225,9 +227,9 @@ impl App {
 
 /// One row per device and per process of a summary, unsorted.
 pub fn rows_of(s: &Summary) -> Vec<RowView> {
-    let mut rows: Vec<RowView> = s.devices.iter().map(|d| RowView { key: RowKey::Device(d.device), label: device_label(d.device), figures: d.clone() }).collect();
+    let mut rows: Vec<RowView> = s.devices.iter().map(|d| RowView { key: RowKey::Device(d.device), label: device_label(d.device), figures: d.clone(), framework: None }).collect();
     for p in &s.processes {
-        rows.push(RowView { key: RowKey::Process(p.pid, p.figures.device), label: format!("{} {}", crate::analysis::summary::Summary::process_label(p), device_label(p.figures.device)), figures: p.figures.clone() });
+        rows.push(RowView { key: RowKey::Process(p.pid, p.figures.device), label: format!("{} {}", crate::analysis::summary::Summary::process_label(p), device_label(p.figures.device)), figures: p.figures.clone(), framework: p.framework });
     }
     rows
 }

@@ -70,7 +70,7 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
     }
 
     // Table.
-    let header = Row::new(["", "reserved", "allocated", "stranded", "largest free", "frag", "dropped", "coverage"]).style(Style::default().add_modifier(Modifier::BOLD));
+    let header = Row::new(["", "allocator", "reserved", "allocated", "stranded", "largest free", "frag", "dropped", "coverage"]).style(Style::default().add_modifier(Modifier::BOLD));
     let body: Vec<Row> = rows
         .iter()
         .map(|r| {
@@ -78,6 +78,7 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
             let cov = format!("{} {}", if exact { "exact" } else { "approx" }, d.level);
             Row::new(vec![
                 Cell::from(r.label.clone()),
+                Cell::from(r.framework.map_or("", |f| f.name())),
                 Cell::from(human_bytes(d.reserved)),
                 Cell::from(human_bytes(d.allocated)),
                 Cell::from(human_bytes(d.stranded)).style(if d.stranded > 0 { Style::default().fg(STRANDED) } else { Style::default() }),
@@ -90,6 +91,7 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
         .collect();
     let widths = [
         Constraint::Length(18),
+        Constraint::Length(9),
         Constraint::Length(12),
         Constraint::Length(12),
         Constraint::Length(12),
