@@ -15,7 +15,8 @@ torch.cuda.synchronize()
 st = torch.cuda.memory_stats()
 res = {"pid": os.getpid(), "backend": torch.cuda.get_allocator_backend(), "reserved": torch.cuda.memory_reserved(),
        "allocated": torch.cuda.memory_allocated(), "inactive_split_bytes": st.get("inactive_split_bytes.all.current"),
-       "segment_count": st.get("segment.all.current")}
+       "segment_count": st.get("segment.all.current"), "peak_reserved": st.get("reserved_bytes.all.peak"),
+       "allocations": st.get("allocation.all.allocated"), "frees": st.get("allocation.all.freed")}
 try:
     snap = torch.cuda.memory._snapshot()
     res["snapshot_segments"] = len(snap["segments"])

@@ -18,8 +18,8 @@
  * shim path, one relaxed load of a cached pointer). gpufrag_announce_block_free must be called
  * before the block can be handed out again (before it goes back on the free lists).
  *
- * PyTorch needs none of this (gpufrag reads its blocks through its snapshot API or its own USDT
- * probes); simcuda-workload's caching allocator uses it.
+ * PyTorch needs none of this (gpufrag reads its blocks through its allocator trace tracker, its
+ * snapshot API or its own USDT probes); simcuda-workload's caching allocator uses it.
  *
  * USDT arguments (all 8 bytes; `device` signed):
  *   gpufrag:segment     (addr, device)
@@ -40,6 +40,9 @@ extern "C" {
 void gpufrag_annotate_segment(uint64_t addr, int device);
 /* A block [addr, addr + size) was handed out for a request of `requested` bytes. */
 void gpufrag_annotate_block_alloc(uint64_t addr, uint64_t size, uint64_t requested, int device);
+/* The same, with the stream the block was allocated on (a caching allocator with per-stream
+ * pools, e.g. PyTorch's trace tracker in python/torch_tracker.cpp). */
+void gpufrag_annotate_block_alloc_on_stream(uint64_t addr, uint64_t size, uint64_t requested, int device, uint64_t stream);
 /* The block at addr went back to the cache. */
 void gpufrag_annotate_block_free(uint64_t addr, int device);
 /* A request of `requested` bytes failed for good (after the allocator's own retries);

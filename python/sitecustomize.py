@@ -47,7 +47,7 @@ def _gpufrag_hook():
         interval = max(0.05, float(os.environ.get("GPUFRAG_PY_INTERVAL", "1")))
     except ValueError:
         interval = 1.0
-    st = {"sock": None, "dead": False, "armed": False, "pid": os.getpid()}
+    st = {"sock": None, "dead": False, "armed": False, "pid": os.getpid(), "tracker": False}
     lock = threading.Lock()
 
     def hello():
@@ -93,6 +93,8 @@ def _gpufrag_hook():
             pass
 
     def on_oom(device, alloc, device_allocated, device_free):
+        if st["tracker"]:
+            return  # the tracker's OOM entry is in the ring, ordered with the blocks
         snapshot()
         try:
             send(2, struct.pack("<qQQQ", int(device), int(alloc), int(device_allocated), int(device_free)))
@@ -105,19 +107,218 @@ def _gpufrag_hook():
         except Exception:
             return False
 
-    def arm():
-        if st["armed"] or not cuda_ready():
-            return
-        st["armed"] = True
+    def arm(early=False):
+        """early: called from the lazy-init wrapper, before any block exists (the tracker only
+        attaches then: a block handed out before it would be freed unknown)."""
+        with lock:
+            if st["armed"] or not cuda_ready():
+                return
+            st["armed"] = True
         if not native_backend():
             st["dead"] = True
             return
         torch = sys.modules["torch"]
         try:
             send(3, struct.pack("<q", int(torch.cuda.current_device())))
-            torch._C._cuda_attach_out_of_memory_observer(on_oom)
         except Exception:
             pass
+        st["choosing"] = True
+        try:
+            blocks_source(torch, early)
+        except Exception as e:
+            send_json(7, {"blocks": "snapshots", "note": f"PyTorch blocks from snapshots every {interval:g} s: the trace tracker failed ({type(e).__name__}: {e})"})
+        st["choosing"] = False
+        if not st["tracker"]:
+            try:
+                torch._C._cuda_attach_out_of_memory_observer(on_oom)
+            except Exception:
+                pass
+
+    # PyTorch's allocator trace tracker (python/torch_tracker.cpp): event-level blocks, O(1) per
+    # allocation, instead of a snapshot a second. A plain shared library built once with the
+    # system C++ compiler against torch's own headers, cached per torch version, CUDA version and
+    # source hash, loaded with ctypes and attached right here, after CUDA's lazy initialisation
+    # and before the first block. GPUFRAG_TORCH_TRACKER: auto (the default: use it when cached,
+    # else snapshots for this run while a detached process builds it for the next), build (build
+    # it now, before the program's first allocation), off (snapshots).
+    tracker_mode = os.environ.get("GPUFRAG_TORCH_TRACKER", "auto")
+
+    def cache_dir():
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return os.path.join(base, "gpufrag")
+
+    def tracker_sources():
+        here = os.environ.get("GPUFRAG_TRACKER_SRC") or os.path.dirname(os.path.abspath(__file__))
+        out = {}
+        for name in ("torch_tracker.cpp", "torch_trace.h"):
+            with open(os.path.join(here, name), "rb") as f:
+                out[name] = f.read()
+        return out
+
+    def compiler():
+        import shutil
+
+        for c in ([os.environ["CXX"]] if os.environ.get("CXX") else []) + ["c++", "g++", "clang++"]:
+            path = shutil.which(c)
+            if path:
+                return path
+        return None
+
+    def build_plan(torch):
+        """(library path, compile command, source dir, sources), or a string saying why not."""
+        import hashlib
+
+        try:
+            srcs = tracker_sources()
+        except OSError as e:
+            return f"its source is missing ({e})"
+        cxx = compiler()
+        if cxx is None:
+            return "no C++ compiler (c++, g++ or clang++; or set CXX)"
+        try:
+            from torch.utils import cpp_extension
+        except Exception as e:
+            return f"torch.utils.cpp_extension is unusable ({type(e).__name__}: {e})"
+        try:
+            try:
+                incs = list(cpp_extension.include_paths("cuda"))
+            except TypeError:
+                incs = list(cpp_extension.include_paths(cuda=True))
+        except Exception:
+            try:
+                incs = list(cpp_extension.include_paths())
+            except Exception as e:
+                return f"torch's include paths are unknown ({type(e).__name__}: {e})"
+        if not any(os.path.exists(os.path.join(i, "c10", "cuda", "CUDACachingAllocator.h")) for i in incs):
+            return "torch's headers (c10/cuda/CUDACachingAllocator.h) are not installed"
+        cuda_home = getattr(cpp_extension, "CUDA_HOME", None)
+        for extra in ([os.path.join(cuda_home, "include")] if cuda_home else []) + [
+            os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "cuda_runtime", "include")
+        ]:
+            if os.path.isdir(extra) and extra not in incs:
+                incs.append(extra)
+        abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+        try:
+            lib = list(cpp_extension.library_paths())[0]
+        except Exception:
+            lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+        h = hashlib.sha256()
+        for k in sorted(srcs):
+            h.update(k.encode() + b"\0" + srcs[k] + b"\0")
+        h.update(f"{torch.__version__}|{getattr(torch.version, 'cuda', None)}|{abi}|{cxx}".encode())
+        key = h.hexdigest()[:16]
+        safe = "".join(c if c.isalnum() or c in ".+-" else "_" for c in str(torch.__version__))
+        d = cache_dir()
+        out = os.path.join(d, f"torch-tracker-{safe}-{key}.so")
+        src_dir = os.path.join(d, f"src-{key}")
+        cmd = [cxx, "-O2", "-shared", "-fPIC", "-std=c++20", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-I", src_dir]
+        cmd += [f"-I{i}" for i in incs]
+        cmd += [os.path.join(src_dir, "torch_tracker.cpp"), f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10_cuda", "-lc10", "-o"]
+        return out, cmd, src_dir, srcs
+
+    def write_sources(src_dir, srcs):
+        os.makedirs(src_dir, exist_ok=True)
+        for name, body in srcs.items():
+            tmp = os.path.join(src_dir, f".{name}.{os.getpid()}")
+            with open(tmp, "wb") as f:
+                f.write(body)
+            os.replace(tmp, os.path.join(src_dir, name))
+
+    def clean_env():
+        # the build must not be traced (nor hold the consumer's socket open)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFRAG_") and k != "LD_PRELOAD"}
+        return env
+
+    def build_now(out, cmd, src_dir, srcs):
+        """Builds the library (temp file + rename: no process ever loads half of one); (seconds, error)."""
+        import subprocess
+
+        t0 = time.monotonic()
+        write_sources(src_dir, srcs)
+        tmp = f"{out}.{os.getpid()}.tmp"
+        r = subprocess.run(cmd + [tmp], env=clean_env(), stdin=subprocess.DEVNULL, capture_output=True, timeout=600)
+        if r.returncode != 0:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            last = (r.stderr or b"").decode(errors="replace").strip().splitlines()[-3:]
+            return time.monotonic() - t0, f"the build failed (exit {r.returncode}): {' / '.join(last)}"
+        os.replace(tmp, out)
+        return time.monotonic() - t0, None
+
+    def build_detached(out, cmd, src_dir, srcs):
+        """Starts the build in a process of its own session that outlives this one; False when
+        another build of the same library is under way."""
+        import subprocess
+
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        lock = f"{out}.building"
+        try:
+            if time.time() - os.stat(lock).st_mtime < 900:
+                return False
+            os.unlink(lock)
+        except OSError:
+            pass
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            os.close(fd)
+        except OSError:
+            return False
+        write_sources(src_dir, srcs)
+        tmp = f"{out}.{os.getpid()}.tmp"
+        script = 'start=$(date +%s); "$@" "$T" > "$L" 2>&1 && mv -f "$T" "$O" && echo "built in $(( $(date +%s) - start )) s" >> "$L"; rm -f "$T" "$K"'
+        env = clean_env()
+        env.update({"T": tmp, "O": out, "L": f"{out}.log", "K": lock})
+        subprocess.Popen(["/bin/sh", "-c", script, "gpufrag-tracker-build"] + cmd, env=env, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        return True
+
+    def attach_library(path):
+        import ctypes
+
+        lib = ctypes.CDLL(path)
+        lib.gpufrag_torch_tracker_attach.restype = ctypes.c_int
+        rc = lib.gpufrag_torch_tracker_attach()
+        if rc < 0:
+            return None, {-1: "the shim's annotation functions are not loaded", -2: "PyTorch refused the tracker"}.get(rc, f"attach returned {rc}")
+        st["tracker_lib"] = lib
+        return lib, None
+
+    def blocks_source(torch, early):
+        """Picks how PyTorch's blocks reach gpufrag for this process and says so (frame 7)."""
+        snap = f"PyTorch blocks from snapshots every {interval:g} s"
+        if tracker_mode == "off":
+            send_json(7, {"blocks": "snapshots", "note": f"{snap} (--torch-tracker=off)"})
+            return
+        if not early:
+            send_json(7, {"blocks": "snapshots", "note": f"{snap}: CUDA was initialised before the hook could wrap it, so the trace tracker would miss the blocks handed out before it"})
+            return
+        plan = build_plan(torch)
+        if isinstance(plan, str):
+            send_json(7, {"blocks": "snapshots", "note": f"{snap}: the trace tracker is unavailable: {plan}"})
+            return
+        out, cmd, src_dir, srcs = plan
+        built = ""
+        if not os.path.exists(out):
+            if tracker_mode == "build":
+                secs, err = build_now(out, cmd, src_dir, srcs)
+                if err:
+                    send_json(7, {"blocks": "snapshots", "note": f"{snap}: the trace tracker is unavailable: {err}"})
+                    return
+                built = f"; built in {secs:.1f} s before the first allocation"
+            else:
+                started = build_detached(out, cmd, src_dir, srcs)
+                what = "is being built" if started else "is being built by another process"
+                send_json(7, {"blocks": "snapshots", "note": f"{snap}; the trace tracker {what} for the next run (cached in {os.path.dirname(out)})",
+                              "building": out})
+                return
+        _, err = attach_library(out)
+        if err:
+            send_json(7, {"blocks": "snapshots", "note": f"{snap}: the trace tracker did not attach: {err} ({out})"})
+            return
+        st["tracker"] = True
+        send_json(7, {"blocks": "tracker", "note": f"PyTorch blocks: trace tracker (event level){built}, {out}", "library": out})
 
     def wrap_lazy_init(cuda):
         orig = getattr(cuda, "_lazy_init", None)
@@ -127,7 +328,7 @@ def _gpufrag_hook():
         def _lazy_init(*a, **k):
             r = orig(*a, **k)
             try:
-                arm()
+                arm(early=True)
             except Exception:
                 pass
             return r
@@ -357,7 +558,7 @@ def _gpufrag_hook():
         while not st["dead"]:
             if cuda_ready():
                 arm()
-                if st["armed"] and not st["dead"]:
+                if st["armed"] and not st["dead"] and not st["tracker"] and not st.get("choosing"):
                     snapshot()
             jax_stats("periodic")
             cupy_stats("periodic")
@@ -365,7 +566,7 @@ def _gpufrag_hook():
 
     def at_exit():
         arm()
-        if not st["dead"]:
+        if not st["dead"] and not st["tracker"]:
             snapshot()
         framework_oom(getattr(sys, "last_value", None))
         jax_stats("exit")

@@ -28,6 +28,8 @@ pub struct Live {
     pub python_pids: BTreeSet<u32>,
     /// Warnings for the summary.
     pub warnings: Vec<String>,
+    /// How each Python hook brings its process's PyTorch blocks: (trace tracker, the hook's note).
+    pub blocks_sources: BTreeMap<u32, (bool, String)>,
     oom_seen: usize,
     quiet: bool,
     /// Processes that connected, with their names.
@@ -109,7 +111,7 @@ impl Live {
             Some(p) => Some(record::Rotating::create(p, None).with_context(|| format!("creating the record file {}", p.display()))?),
             None => None,
         };
-        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), oom_seen: 0, quiet, processes: std::collections::VecDeque::new(), observers: Vec::new(), pending_ooms: Vec::new(), held_ooms: Vec::new(), framework_reports: BTreeMap::new(), attribution: crate::attribution::Attribution::for_node(std::env::var("GPUFRAG_NVML_LIB").ok().as_deref()) })
+        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), blocks_sources: BTreeMap::new(), oom_seen: 0, quiet, processes: std::collections::VecDeque::new(), observers: Vec::new(), pending_ooms: Vec::new(), held_ooms: Vec::new(), framework_reports: BTreeMap::new(), attribution: crate::attribution::Attribution::for_node(std::env::var("GPUFRAG_NVML_LIB").ok().as_deref()) })
     }
 
     /// Reads who a process is when it starts (or is first seen), and files the event under the
@@ -183,6 +185,10 @@ impl Live {
                 for e in &events {
                     self.apply_placed(e);
                 }
+            }
+            Msg::BlocksSource { pid, tracker, note } => {
+                self.python_pids.insert(pid);
+                self.blocks_sources.insert(pid, (tracker, note));
             }
             Msg::Armed { pid, device } => {
                 // Adopt at address 0: a caching allocator manages this process's memory on the
@@ -386,12 +392,26 @@ impl Live {
         let mut s = Summary::from_state(&self.state, source);
         // A record that stopped short cannot replay to these figures.
         s.exact &= self.record_error.is_none();
-        if !self.python_pids.is_empty() {
+        let list = |pids: Vec<u32>| pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
+        let (tracked, snapped): (Vec<u32>, Vec<u32>) = self.python_pids.iter().partition(|p| self.blocks_sources.get(p).is_some_and(|b| b.0));
+        if !tracked.is_empty() {
+            s.notes.push(format!(
+                "PyTorch blocks: trace tracker (event level): block-level figures (allocated, stranded, largest free block) come from every allocation and free PyTorch's caching allocator made in pid {}, through its allocator trace tracker and the LD_PRELOAD shim",
+                list(tracked)
+            ));
+        }
+        if !snapped.is_empty() {
             s.notes.push(format!(
                 "block-level figures (allocated, stranded, largest free block) come from PyTorch's allocator snapshots sent by the Python hook of pid {}; segment-level figures from the LD_PRELOAD shim",
-                self.python_pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+                list(snapped)
             ));
-        } else if s.devices.iter().any(|d| d.level == "segment") {
+        }
+        for (pid, (_, note)) in &self.blocks_sources {
+            if !note.is_empty() {
+                s.notes.push(format!("pid {pid}: {note}"));
+            }
+        }
+        if self.python_pids.is_empty() && s.devices.iter().any(|d| d.level == "segment") {
             s.notes.push("segment level only: no caching allocator's blocks were seen, so allocated equals reserved and nothing counts as stranded".into());
         }
         for r in self.framework_reports.values() {

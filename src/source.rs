@@ -36,6 +36,16 @@ pub enum Msg {
         /// The snapshot (segments with blocks).
         snapshot: Box<crate::snapshot::Snapshot>,
     },
+    /// How a Python hook brings the process's PyTorch blocks: PyTorch's allocator trace tracker
+    /// (event level, its events arrive through the shim's ring) or snapshots.
+    BlocksSource {
+        /// The process.
+        pid: u32,
+        /// The trace tracker is attached.
+        tracker: bool,
+        /// The hook's sentence for the summary (why snapshots, when it is snapshots).
+        note: String,
+    },
     /// A Python hook found PyTorch's native caching allocator in charge of the process's memory.
     Armed {
         /// The process.

@@ -6,9 +6,13 @@
 //! placed in free runs, mappings that touch, overlap and cut each other. Minimised failures are
 //! kept below as named regression tests with a one-line postmortem.
 //!
-//! A second property drives the same operations through `ingest::State::apply` as wire events,
-//! to check the event → map wiring (kinds, `F_FRAMEWORK_OWNED`, `F_BLOCK_SIZE_KNOWN`, failed
-//! calls), and a replay of the `gpt2_varlen` trace checks both on a real PyTorch run.
+//! A second property drives the same operations as wire events through `ingest::State::apply`
+//! and through the model's own reading of each event kind (`naive::MEANINGS`, written from the
+//! kinds' docs in `wire/src/event.rs`, which a test checks it quotes word for word), to check the
+//! event → map wiring (kinds, `F_FRAMEWORK_OWNED`, `F_BLOCK_SIZE_KNOWN`, failed calls, adopt):
+//! wiring `MemAllocPitch` to a plain driver segment in `State::apply` fails it at the first
+//! event, a 512-byte pitch allocation (map: `kind: Driver`, model: `kind: Pitch`). A replay of
+//! the `gpt2_varlen` trace checks both on a real PyTorch run.
 
 #[path = "common/naive.rs"]
 mod naive;
@@ -52,6 +56,7 @@ enum Op {
     PoolReserved { pool: u64, reserved: u64 },
     BlockAlloc { pick: Pick, requested: u64, known: Option<u64> },
     BlockFree { pick: Pick },
+    Adopt { pick: Pick },
 }
 
 /// One concrete operation; `at` is an offset from [`BASE`].
@@ -71,6 +76,7 @@ enum Step {
     PoolReserved { pool: u64, reserved: u64 },
     BlockAlloc { at: u64, requested: u64, known: Option<u64> },
     BlockFree { at: u64 },
+    Adopt { at: u64 },
 }
 
 fn raw(slot: u64, off: u64) -> u64 {
@@ -137,6 +143,7 @@ impl Op {
                 };
                 Step::BlockFree { at }
             }
+            Op::Adopt { pick } => Step::Adopt { at: segment_at(pick) },
         }
     }
 }
@@ -162,6 +169,7 @@ impl Step {
             Step::PoolReserved { pool, reserved } => { m.pool_reserved(pool, reserved); Ok(0) },
             Step::BlockAlloc { at, requested, known } => m.block_alloc(BASE.wrapping_add(at), requested, known),
             Step::BlockFree { at } => m.block_free(BASE.wrapping_add(at)).map(|b| b.size),
+            Step::Adopt { at } => ok(m.adopt_at(BASE.wrapping_add(at))),
         }
     }
 
@@ -182,6 +190,7 @@ impl Step {
             Step::PoolReserved { pool, reserved } => { m.pool_reserved(pool, reserved); Ok(0) },
             Step::BlockAlloc { at, requested, known } => m.block_alloc(BASE.wrapping_add(at), requested, known),
             Step::BlockFree { at } => m.block_free(BASE.wrapping_add(at)).map(|b| b.size),
+            Step::Adopt { at } => ok(m.adopt_at(BASE.wrapping_add(at))),
         }
     }
 
@@ -218,6 +227,7 @@ impl Step {
                 ..e(EventKind::BlockAlloc)
             },
             Step::BlockFree { at } => Event { addr: BASE.wrapping_add(at), ..e(EventKind::BlockFree) },
+            Step::Adopt { at } => Event { addr: BASE.wrapping_add(at), ..e(EventKind::Adopt) },
         }
     }
 }
@@ -308,26 +318,26 @@ fn run_steps(steps: &[Step]) {
     }
 }
 
-/// The same steps as wire events through `State::apply`, each preceded by a copy that failed
-/// (`rc != 0`), which must change nothing.
+/// The same steps as wire events, through `State::apply` and through the model's own reading
+/// of the wire format ([`NaiveState::apply`], its table written from the kinds' docs), each
+/// preceded by a copy that failed (`rc != 0`), which must change nothing. A kind wired to the
+/// wrong map operation in the state differs from the model here.
 fn run_events(ops: &[Op], rules: &AllocatorRules) -> Result<(), TestCaseError> {
     let mut state = State::new(rules.clone());
-    let mut model = NaiveSpace::new(rules.clone());
-    let mut anomalies = 0;
+    let mut model = NaiveState::new(rules.clone());
     let mut done = Vec::with_capacity(ops.len());
     for op in ops {
-        let step = op.resolve(&model);
+        let step = op.resolve(model.space(PID, DEVICE));
         done.push(step);
         let context = || format!("after event {}: {step:?}\n{}", done.len() - 1, describe(&done, rules));
         let ev = step.event();
-        state.apply(&Event { rc: 2, ..ev });
-        state.apply(&ev);
-        if step.apply_model(&mut model).is_err() {
-            anomalies += 1;
+        for e in [Event { rc: 2, ..ev }, ev] {
+            state.apply(&e);
+            model.apply(&e);
         }
-        prop_assert_eq!(state.anomaly_count, anomalies, "anomalies counted\n{}", context());
+        prop_assert_eq!(state.anomaly_count, model.anomalies, "anomalies counted\n{}", context());
         let real = &state.spaces[&(PID, DEVICE)].map;
-        same_state(real, &model, &context)?;
+        same_state(real, model.space(PID, DEVICE), &context)?;
     }
     prop_assert_eq!(state.spaces.len(), 1);
     Ok(())
@@ -389,6 +399,7 @@ fn op(blocks: u32) -> impl Strategy<Value = Op> {
         1 => (1..=3u64, 0..=16u64).prop_map(|(pool, n)| Op::PoolReserved { pool, reserved: n * MIB }),
         10 * blocks => (pick(), requested(), known()).prop_map(|(pick, requested, known)| Op::BlockAlloc { pick, requested, known }),
         6 * blocks => pick().prop_map(|pick| Op::BlockFree { pick }),
+        1 => pick().prop_map(|pick| Op::Adopt { pick }),
     ]
 }
 
@@ -619,6 +630,32 @@ fn gpt2_varlen_replay_agrees_with_the_model() {
         }
     }
     assert_eq!(state.anomaly_count, model.anomalies, "{:?}", state.anomalies);
+}
+
+/// The model's event table is written from the wire format's own words: it names every kind
+/// once, and the doc it quotes for each is word for word the kind's doc comment in
+/// `wire/src/event.rs` (a changed doc makes this fail, so the meaning is read again).
+#[test]
+fn the_models_event_table_covers_every_kind_and_quotes_the_wire_docs() {
+    let src = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("wire/src/event.rs")).expect("wire/src/event.rs");
+    let body = &src[src.find("pub enum EventKind {").expect("the enum")..src.find("impl EventKind").expect("its impl")];
+    let mut docs = std::collections::BTreeMap::new();
+    let mut doc: Vec<&str> = Vec::new();
+    for line in body.lines().skip(1).map(str::trim) {
+        if let Some(d) = line.strip_prefix("///") {
+            doc.push(d.trim());
+        } else if let Some((name, _)) = line.split_once(" = ") {
+            docs.insert(name.to_string(), doc.join(" "));
+            doc.clear();
+        }
+    }
+    assert_eq!(docs.len(), EventKind::ALL.len(), "kinds found in wire/src/event.rs: {docs:?}");
+    for kind in EventKind::ALL {
+        let rows: Vec<_> = naive::MEANINGS.iter().filter(|(k, _, _)| *k == kind).collect();
+        assert_eq!(rows.len(), 1, "{kind:?} appears {} times in the model's table", rows.len());
+        let wire = docs.get(&format!("{kind:?}")).unwrap_or_else(|| panic!("{kind:?} has no doc in wire/src/event.rs"));
+        assert_eq!(rows[0].1, wire, "the model's reading of {kind:?} quotes another doc than the wire format's");
+    }
 }
 
 // ---- Regression tests: minimised counterexamples, each with its postmortem. ----

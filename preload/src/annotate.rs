@@ -7,6 +7,7 @@
 //! |---|---|
 //! | `gpufrag_annotate_segment(addr, device)` | `Adopt{addr}`: the allocator owns the segment holding `addr` |
 //! | `gpufrag_annotate_block_alloc(addr, size, requested, device)` | `BlockAlloc{addr, size, requested}`, `F_BLOCK_SIZE_KNOWN` when `size` > 0 |
+//! | `gpufrag_annotate_block_alloc_on_stream(addr, size, requested, device, stream)` | the same, with the block's `stream` |
 //! | `gpufrag_annotate_block_free(addr, device)` | `BlockFree{addr}` |
 //! | `gpufrag_annotate_oom(requested, device_free, device)` | `AllocFailed{requested, rc = 2, op = BlockAlloc}`, device free when not `UINT64_MAX` |
 //!
@@ -39,6 +40,19 @@ pub extern "C" fn gpufrag_annotate_block_alloc(addr: u64, size: u64, requested: 
         g.record(|| {
             let flags = if size > 0 { F_BLOCK_SIZE_KNOWN } else { 0 };
             hook::annotation(Call { addr, size, requested, ..Call::new(EventKind::BlockAlloc, 0) }, device(dev), flags, 0, None)
+        });
+    }
+}
+
+/// `gpufrag_annotate_block_alloc` with the stream the block was allocated on (PyTorch's trace
+/// tracker, python/torch_tracker.cpp: its pools are per stream, and the whatif replay keeps them
+/// apart).
+#[no_mangle]
+pub extern "C" fn gpufrag_annotate_block_alloc_on_stream(addr: u64, size: u64, requested: u64, dev: i32, stream: u64) {
+    if let Some(g) = hook::enter() {
+        g.record(|| {
+            let flags = if size > 0 { F_BLOCK_SIZE_KNOWN } else { 0 };
+            hook::annotation(Call { addr, size, requested, stream, ..Call::new(EventKind::BlockAlloc, 0) }, device(dev), flags, 0, None)
         });
     }
 }

@@ -169,6 +169,10 @@ pub struct ProcessSummary {
     /// `k8s.container.name`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub k8s_container_name: Option<String>,
+    /// The process ended (a `ProcessExit` was seen); its figures are its last. Left out while
+    /// it runs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exited: bool,
 }
 
 /// One segment in a table.
@@ -424,6 +428,7 @@ impl Summary {
                     k8s_pod_name: None,
                     k8s_namespace_name: None,
                     k8s_container_name: None,
+                    exited: state.exited.contains_key(&s.pid),
                 });
             }
         }

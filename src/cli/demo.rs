@@ -69,6 +69,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         if args.program_output { "; the program's own output is mixed in" } else { " (--program-output shows the program's own lines)" }
     );
     let run_args = run::Args {
+        torch_tracker: run::TorchTracker::Off,
         out: super::LiveArgs { summary_json: args.summary_json.clone(), record: None, quiet: false },
         no_follow: false,
         no_python_hook: true,

@@ -28,6 +28,12 @@ pub struct Args {
     /// Seconds between the Python hook's allocator snapshots.
     #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
     pub python_interval: f64,
+    /// How PyTorch's blocks are captured: `auto` uses PyTorch's allocator trace tracker (event
+    /// level, O(1) per allocation) when its library is cached, else allocator snapshots for this
+    /// run while a background process builds the library for the next; `build` builds it first
+    /// (once, before the program's first allocation); `off` takes snapshots.
+    #[arg(long, value_enum, default_value_t = TorchTracker::Auto, value_name = "WHEN")]
+    pub torch_tracker: TorchTracker,
     /// Events each traced process's rings hold, all lanes together (a power of two, default
     /// 1048576; split evenly over GPUFRAG_RING_LANES lanes, 16 by default); when full, events are
     /// dropped and counted, never waited for.
@@ -50,8 +56,35 @@ pub struct Args {
     pub cmd: Vec<OsString>,
 }
 
+/// When `run` uses PyTorch's allocator trace tracker (python/torch_tracker.cpp).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TorchTracker {
+    /// The tracker when its library is cached; else snapshots, and the library built in the
+    /// background for the next run.
+    Auto,
+    /// Build the library now if it is not cached (the program waits for it once).
+    Build,
+    /// Snapshots only.
+    Off,
+}
+
+impl TorchTracker {
+    /// The value the Python hook reads (GPUFRAG_TORCH_TRACKER).
+    fn env(self) -> &'static str {
+        match self {
+            TorchTracker::Auto => "auto",
+            TorchTracker::Build => "build",
+            TorchTracker::Off => "off",
+        }
+    }
+}
+
 /// The Python start-up hook, written into the consumer's private directory.
 const PYTHON_HOOK: &str = include_str!("../../python/sitecustomize.py");
+/// The trace tracker's source and its translation header, written beside the hook, which
+/// builds them (see python/torch_tracker.cpp).
+const TORCH_TRACKER: [(&str, &str); 2] =
+    [("torch_tracker.cpp", include_str!("../../python/torch_tracker.cpp")), ("torch_trace.h", include_str!("../../python/torch_trace.h"))];
 
 /// Where the shim is: the flag or env, else next to this executable (cargo's target dir), else
 /// `../lib/gpufrag/` (an installed layout).
@@ -169,6 +202,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         let dir = consumer.dir().join("python");
         std::fs::create_dir_all(&dir)?;
         std::fs::write(dir.join("sitecustomize.py"), PYTHON_HOOK)?;
+        for (name, text) in TORCH_TRACKER {
+            std::fs::write(dir.join(name), text)?;
+        }
+        cmd.env("GPUFRAG_TORCH_TRACKER", args.torch_tracker.env());
         cmd.env("PYTHONPATH", prepend_path("PYTHONPATH", &dir));
         cmd.env("GPUFRAG_PY_INTERVAL", args.python_interval.to_string());
     }

@@ -43,6 +43,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             ),
         }
     };
-    top::run(&source)?;
+    let contain: top::Contain = |file, f| crate::guard::contain(file, f);
+    match &source {
+        // A panic while replaying or drawing a replay is an input error naming the file (exit 2),
+        // the same guard as decoding; the terminal is put back by the unwinding.
+        Source::Replay { path, .. } => crate::guard::contain(path, || top::run(&source, contain))?,
+        Source::Connect(_) => top::run(&source, contain)?,
+    }
     Ok(ExitCode::SUCCESS)
 }

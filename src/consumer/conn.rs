@@ -293,8 +293,20 @@ pub const PY_STATS: u32 = 5;
 /// Frame: a framework's out-of-memory error, JSON (`framework`, `device`, `requested`,
 /// `device_free` or null, `source`, `message`).
 pub const PY_FRAMEWORK_OOM: u32 = 6;
+/// Frame: how this process's PyTorch blocks reach gpufrag, JSON (`blocks`: `"tracker"`, PyTorch's
+/// allocator trace tracker, event level, its events in the shim's ring; or `"snapshots"`; `note`:
+/// the hook's sentence for the summary, saying why when it is snapshots).
+pub const PY_BLOCKS_SOURCE: u32 = 7;
 /// Largest frame accepted.
 const PY_MAX_FRAME: u64 = 1 << 31;
+
+/// The body of a [`PY_BLOCKS_SOURCE`] frame.
+#[derive(serde::Deserialize)]
+struct BlocksSourceFrame {
+    blocks: String,
+    #[serde(default)]
+    note: String,
+}
 
 /// The body of a [`PY_FRAMEWORK_OOM`] frame.
 #[derive(serde::Deserialize)]
@@ -381,6 +393,14 @@ pub fn python_reader(hello: Hello, mut stream: impl Read, mut emit: impl FnMut(c
                     requested_text: f.requested_text.map(|t| t.chars().take(40).collect()),
                 }),
                 Err(e) => emit(crate::source::Msg::Warning(format!("{name}: unusable out-of-memory frame: {e}"))),
+            },
+            PY_BLOCKS_SOURCE => match serde_json::from_slice::<BlocksSourceFrame>(&body) {
+                Ok(f) if f.blocks == "tracker" || f.blocks == "snapshots" => {
+                    let note = f.note.chars().take(400).collect();
+                    emit(crate::source::Msg::BlocksSource { pid: hello.pid, tracker: f.blocks == "tracker", note })
+                }
+                Ok(f) => emit(crate::source::Msg::Warning(format!("{name}: unknown block source {:?}", f.blocks.chars().take(40).collect::<String>()))),
+                Err(e) => emit(crate::source::Msg::Warning(format!("{name}: unusable block-source frame: {e}"))),
             },
             t => emit(crate::source::Msg::Warning(format!("{name}: unknown frame type {t}"))),
         }

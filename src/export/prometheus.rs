@@ -2,8 +2,12 @@
 //! the same [`METRICS`] catalogue and views as the OTLP export, with the names and labels a
 //! collector's Prometheus exporter would give them, plus `target_info` carrying the resource.
 //!
-//! A small server on one std thread: a scrape renders a view (microseconds for a node's worth of
-//! processes) and closes the connection. It binds 127.0.0.1 unless given another address. Why not
+//! Served by hyper's HTTP/1 server connection on a one-worker Tokio runtime of its own: many
+//! connections at once (at most [`MAX_CONNECTIONS`]), keep-alive, and per-connection timeouts
+//! ([`HEADER_READ_TIMEOUT`], which also ends an idle kept-alive connection, and
+//! [`CONNECTION_LIFETIME`]), so an idle or stalled local client delays no scrape. A scrape renders a
+//! view (microseconds for a node's worth of processes). It binds 127.0.0.1 unless given another
+//! address. Why not
 //! `opentelemetry-prometheus`: it is discontinued (its last release, 0.31, says so), and it would
 //! pull the `prometheus` crate and a second registry for what is a page of text here.
 
@@ -11,13 +15,19 @@ use super::catalog::{prometheus_label, prometheus_name, AttrValue, Kind, Point, 
 use super::snapshot::{Reader, View, BUCKETS};
 use crate::ingest::histogram::BUCKET_BOUNDS;
 use anyhow::Context;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::convert::Infallible;
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
+use tokio::sync::Semaphore;
 
 /// The default address of `--prometheus`.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
@@ -107,34 +117,57 @@ pub fn render(view: &View, resource: &[(String, String)]) -> String {
     out
 }
 
-/// The running endpoint; stops when dropped.
+/// Connections served at once; further ones wait in the kernel's accept queue until one ends.
+pub const MAX_CONNECTIONS: usize = 64;
+/// How long a connection may take to send a request's head, counted from when it starts waiting
+/// for one: hyper starts this timer on a new connection and again after each response, so it is
+/// also the idle timeout of a kept-alive connection. A stalled half request or an idle connection
+/// is closed after it.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a connection is kept, whatever it does (a client that sends requests but never
+/// reads the answers holds its slot at most this long); then it is shut down gracefully (the
+/// request in flight is answered) within [`SHUTDOWN_GRACE`].
+pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+/// The time a connection past [`CONNECTION_LIFETIME`] is given to finish its request.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// A request's head larger than this is refused (hyper answers 431 and closes).
+const MAX_HEAD_BYTES: usize = 16 * 1024;
+
+/// The running endpoint; stops when dropped (its connections are closed).
 pub struct Endpoint {
     addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+/// What a scrape renders from.
+struct Page {
+    reader: Reader,
+    resource: Vec<(String, String)>,
 }
 
 impl Endpoint {
-    /// Binds `addr` and serves `/metrics` from `reader` on a thread of its own.
+    /// Binds `addr` and serves `/metrics` from `reader` on a thread of its own
+    /// (`gpufrag-prometheus`, a one-worker Tokio runtime): up to [`MAX_CONNECTIONS`] connections
+    /// at once, HTTP/1.1 with keep-alive, each under [`HEADER_READ_TIMEOUT`] and
+    /// [`CONNECTION_LIFETIME`], so a stalled or idle client delays no other scrape.
     pub fn start(addr: SocketAddr, reader: Reader, resource: Vec<(String, String)>) -> anyhow::Result<Endpoint> {
         let listener = TcpListener::bind(addr).with_context(|| format!("binding the Prometheus endpoint to {addr}"))?;
         let addr = listener.local_addr()?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("gpufrag-prometheus".into())
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    if stop2.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    if let Ok(s) = conn {
-                        serve(s, &reader, &resource);
-                    }
-                }
-            })
+        listener.set_nonblocking(true).context("the Prometheus endpoint's socket")?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(1)
+            .thread_name("gpufrag-prometheus")
+            .enable_io()
+            .enable_time()
+            .build()
             .context("starting the Prometheus endpoint's thread")?;
-        Ok(Endpoint { addr, stop, thread: Some(thread) })
+        let listener = {
+            let _in = runtime.enter();
+            tokio::net::TcpListener::from_std(listener).context("the Prometheus endpoint's socket")?
+        };
+        runtime.spawn(accept(listener, Arc::new(Page { reader, resource })));
+        Ok(Endpoint { addr, runtime: Some(runtime) })
     }
 
     /// The bound address (useful with port 0).
@@ -145,45 +178,69 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        // Wake the accept loop.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        if let Some(rt) = self.runtime.take() {
+            // Drops the accept loop and every connection's task: the sockets close.
+            rt.shutdown_timeout(Duration::from_millis(500));
         }
     }
 }
 
-fn serve(mut s: TcpStream, reader: &Reader, resource: &[(String, String)]) {
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
-    let mut head = Vec::with_capacity(1024);
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => head.extend_from_slice(&buf[..n]),
-        }
+async fn accept(listener: tokio::net::TcpListener, page: Arc<Page>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else { return };
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(_) => {
+                // Out of file descriptors, or a connection reset before it was accepted: the
+                // next accept may succeed; do not spin.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let page = page.clone();
+        tokio::spawn(async move {
+            connection(stream, page).await;
+            drop(slot);
+        });
     }
-    let line = String::from_utf8_lossy(&head);
-    let mut it = line.split_whitespace();
-    let (method, target) = (it.next().unwrap_or(""), it.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
+}
+
+async fn connection(stream: tokio::net::TcpStream, page: Arc<Page>) {
+    let _ = stream.set_nodelay(true);
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT).max_buf_size(MAX_HEAD_BYTES);
+    let service = service_fn(move |req: Request<Incoming>| {
+        let page = page.clone();
+        async move { Ok::<_, Infallible>(respond(&page, req.method(), req.uri().path())) }
+    });
+    let conn = http.serve_connection(TokioIo::new(stream), service);
+    let mut conn = std::pin::pin!(conn);
+    if tokio::time::timeout(CONNECTION_LIFETIME, conn.as_mut()).await.is_err() {
+        conn.as_mut().graceful_shutdown();
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, conn).await;
+    }
+}
+
+fn respond(page: &Page, method: &Method, path: &str) -> Response<Full<Bytes>> {
     let (status, ctype, body) = match (method, path) {
-        ("GET" | "HEAD", "/metrics") => {
-            let view = reader.view();
-            let body = render(&view, resource);
-            reader.collected(true);
-            ("200 OK", "text/plain; version=0.0.4; charset=utf-8", body)
+        (&Method::GET | &Method::HEAD, "/metrics") => {
+            let view = page.reader.view();
+            let body = render(&view, &page.resource);
+            page.reader.collected(true);
+            (StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", body)
         }
-        ("GET" | "HEAD", "/") => ("200 OK", "text/plain; charset=utf-8", "gpufrag: metrics at /metrics\n".to_string()),
-        ("GET" | "HEAD", _) => ("404 Not Found", "text/plain; charset=utf-8", "not found: metrics are at /metrics\n".to_string()),
-        _ => ("405 Method Not Allowed", "text/plain; charset=utf-8", "only GET\n".to_string()),
+        (&Method::GET | &Method::HEAD, "/") => (StatusCode::OK, "text/plain; charset=utf-8", "gpufrag: metrics at /metrics\n".to_string()),
+        (&Method::GET | &Method::HEAD, _) => (StatusCode::NOT_FOUND, "text/plain; charset=utf-8", "not found: metrics are at /metrics\n".to_string()),
+        _ => (StatusCode::METHOD_NOT_ALLOWED, "text/plain; charset=utf-8", "only GET\n".to_string()),
     };
-    let _ = write!(s, "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
-    let body = if method == "HEAD" { String::new() } else { body };
-    let _ = s.write_all(body.as_bytes());
-    let _ = s.flush();
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(ctype));
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        r.headers_mut().insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+    }
+    r
 }
 
 #[cfg(test)]

@@ -105,6 +105,7 @@ fn describe(pk: &Pickle, v: &PV) -> String {
         PV::None => "None".into(),
         PV::Bool(b) => format!("bool {}", if *b { "True" } else { "False" }),
         PV::Int(i) => format!("int {i}"),
+        PV::UInt(u) => format!("int {u}"),
         PV::HugeInt { bytes } => format!("an int of about {bytes} bytes"),
         PV::Float(x) => format!("float {x}"),
         PV::Bytes(n) => format!("bytes of length {n}"),
@@ -148,6 +149,7 @@ fn pick<'v, const N: usize>(d: &'v Container, keys: [&str; N]) -> [Option<&'v PV
 fn as_u64(v: &PV) -> Option<u64> {
     match v {
         PV::Int(i) => u64::try_from(*i).ok(),
+        PV::UInt(u) => Some(*u),
         _ => None,
     }
 }
@@ -156,14 +158,15 @@ fn as_u64(v: &PV) -> Option<u64> {
 /// values taken as their two's-complement bit pattern (PyTorch writes pointers as `int64_t`).
 fn as_bits(v: &PV) -> Option<u64> {
     match v {
-        PV::Int(i) => u64::try_from(*i).ok().or_else(|| i64::try_from(*i).ok().map(|n| n as u64)),
+        PV::Int(i) => Some(*i as u64),
+        PV::UInt(u) => Some(*u),
         _ => None,
     }
 }
 
 fn as_i64(v: &PV) -> Option<i64> {
     match v {
-        PV::Int(i) => i64::try_from(*i).ok(),
+        PV::Int(i) => Some(*i),
         _ => None,
     }
 }
@@ -371,13 +374,15 @@ impl<'p> Walker<'p> {
         let max_split_size = match max_split {
             None | Some(PV::None) => None,
             // PyTorch writes SIZE_MAX (no limit) as int64 -1.
-            Some(PV::Int(n)) if *n < 0 || *n >= i128::from(u64::MAX) => None,
+            Some(PV::Int(n)) if *n < 0 => None,
+            Some(PV::UInt(u64::MAX) | PV::HugeInt { .. }) => None,
             Some(v) => Some(as_u64(v).ok_or_else(|| self.wrong(Loc::Key(&at, "max_split_size"), INTEGER, v, d))?),
         };
         let garbage_collection_threshold = match gc {
             None | Some(PV::None) => 0.0,
             Some(PV::Float(x)) => *x,
             Some(PV::Int(i)) => *i as f64,
+            Some(PV::UInt(u)) => *u as f64,
             Some(other) => return Err(self.wrong(Loc::Key(&at, "garbage_collection_threshold"), "a float", other, d)),
         };
         let expandable_segments = self.bool_opt(expandable, Loc::Key(&at, "expandable_segments"), d)?;

@@ -19,22 +19,54 @@ use std::fmt;
 use std::rc::Rc;
 
 /// A decoded value. Containers are indices into [`Pickle::containers`].
+///
+/// Sixteen bytes (checked below): a list of 10^7 items costs 16 bytes an item, not the 32 an
+/// `i128` payload or a fat `Rc<str>` would make it. Integers are the 64-bit ones every address,
+/// size and id is (`Int` holds i64's range, `UInt` the values from 2^63 to 2^64 - 1); wider ones
+/// keep only their size.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum PV {
     None,
     Bool(bool),
-    /// Any integer that fits in 128 bits (every address, size and id does).
-    Int(i128),
-    /// An integer too large for 128 bits; only its size is kept.
+    /// An integer in i64's range.
+    Int(i64),
+    /// An integer from 2^63 to 2^64 - 1 (an unsigned address or size above i64's range).
+    UInt(u64),
+    /// An integer beyond 64 bits; only its size is kept.
     HugeInt {
         bytes: usize,
     },
     Float(f64),
-    Str(Rc<str>),
+    Str(Text),
     Bytes(usize),
     Container(u32),
     /// A module global not (yet) applied by REDUCE.
-    Global(Rc<str>),
+    Global(Text),
+}
+
+/// A decoded string: a thin pointer, shared by memo gets.
+pub(crate) type Text = Rc<String>;
+
+const _: () = assert!(std::mem::size_of::<PV>() == 16);
+
+impl PV {
+    /// An integer value: `Int`, `UInt`, or past 64 bits `HugeInt`.
+    pub fn from_int(n: i128) -> PV {
+        if let Ok(i) = i64::try_from(n) {
+            PV::Int(i)
+        } else if let Ok(u) = u64::try_from(n) {
+            PV::UInt(u)
+        } else {
+            // Its size in two's complement, as LONG1 would write it.
+            let magnitude = if n < 0 { !n } else { n };
+            PV::HugeInt { bytes: (129 - magnitude.leading_zeros() as usize).div_ceil(8) }
+        }
+    }
+}
+
+/// A [`Text`] of `s`.
+fn text(s: &str) -> Text {
+    Rc::new(s.to_owned())
 }
 
 /// What kind of container an arena slot holds.
@@ -293,7 +325,7 @@ impl<'a> Vm<'a> {
 
     fn utf8(&self, b: &[u8]) -> R<PV> {
         match std::str::from_utf8(b) {
-            Ok(s) => Ok(PV::Str(Rc::from(s))),
+            Ok(s) => Ok(PV::Str(text(s))),
             Err(e) => self.fail(format!("string is not valid UTF-8 ({e})")),
         }
     }
@@ -323,11 +355,16 @@ impl<'a> Vm<'a> {
     fn pop_mark(&mut self) -> R<Vec<PV>> {
         match self.marks.pop() {
             Some(h) if h <= self.stack.len() => {
-                let items = self.stack.split_off(h);
-                // A long run of items leaves the stack's capacity behind: give it back, so that a
-                // list of 10^7 items does not cost its size three times over.
-                if self.stack.capacity() > 4 * self.stack.len() + 4096 {
-                    self.stack.shrink_to(2 * self.stack.len() + 1024);
+                if 2 * h >= self.stack.len() {
+                    return Ok(self.stack.split_off(h));
+                }
+                // A long run of items (a list of 10^7 of them): they become the container's items
+                // where they lie, the few values under the mark move to a new stack, so that the
+                // run is never held twice; the run's spare capacity is given back.
+                let mut items = std::mem::take(&mut self.stack);
+                self.stack = items.drain(..h).collect();
+                if items.capacity() > items.len() + items.len() / 8 + 1024 {
+                    items.shrink_to_fit();
                 }
                 Ok(items)
             }
@@ -355,7 +392,11 @@ impl<'a> Vm<'a> {
                 if c.kind == Kind::Dict && items.len() & 1 == 1 {
                     return self.fail("odd number of items for a dict");
                 }
-                c.items.extend(items);
+                if c.items.is_empty() {
+                    c.items = items;
+                } else {
+                    c.items.extend(items);
+                }
                 Ok(())
             }
             _ => fail(self),
@@ -373,7 +414,7 @@ impl<'a> Vm<'a> {
         }
         let digits = text.strip_suffix('L').unwrap_or(text);
         match digits.parse::<i128>() {
-            Ok(n) => Ok(PV::Int(n)),
+            Ok(n) => Ok(PV::from_int(n)),
             Err(_)
                 if !digits.is_empty() && digits.trim_start_matches(['-', '+']).bytes().all(|b| b.is_ascii_digit()) =>
             {
@@ -394,7 +435,7 @@ impl<'a> Vm<'a> {
         let negative = b[b.len() - 1] & 0x80 != 0;
         let mut buf = if negative { [0xffu8; 16] } else { [0u8; 16] };
         buf[..b.len()].copy_from_slice(b);
-        PV::Int(i128::from_le_bytes(buf))
+        PV::from_int(i128::from_le_bytes(buf))
     }
 
     fn run(mut self) -> R<Pickle> {
@@ -496,15 +537,15 @@ impl<'a> Vm<'a> {
                 }
                 op::BININT => {
                     let n = self.le_i32()?;
-                    self.stack.push(PV::Int(i128::from(n)));
+                    self.stack.push(PV::Int(i64::from(n)));
                 }
                 op::BININT1 => {
                     let n = self.byte()?;
-                    self.stack.push(PV::Int(i128::from(n)));
+                    self.stack.push(PV::Int(i64::from(n)));
                 }
                 op::BININT2 => {
                     let b = self.take(2)?;
-                    self.stack.push(PV::Int(i128::from(u16::from_le_bytes([b[0], b[1]]))));
+                    self.stack.push(PV::Int(i64::from(u16::from_le_bytes([b[0], b[1]]))));
                 }
                 op::LONG1 => {
                     let n = u64::from(self.byte()?);
@@ -536,7 +577,7 @@ impl<'a> Vm<'a> {
                     };
                     let b = self.counted(n)?;
                     // Python 2 str: Python 3 decodes it as ASCII by default; be lenient.
-                    self.stack.push(PV::Str(Rc::from(String::from_utf8_lossy(b).as_ref())));
+                    self.stack.push(PV::Str(text(&String::from_utf8_lossy(b))));
                 }
                 op::UNICODE => {
                     let line = self.line()?;
@@ -625,13 +666,13 @@ impl<'a> Vm<'a> {
                 op::GLOBAL => {
                     let module = String::from_utf8_lossy(self.line()?).into_owned();
                     let name = String::from_utf8_lossy(self.line()?).into_owned();
-                    self.stack.push(PV::Global(Rc::from(format!("{module}.{name}"))));
+                    self.stack.push(PV::Global(Rc::new(format!("{module}.{name}"))));
                 }
                 op::STACK_GLOBAL => {
                     let name = self.pop()?;
                     let module = self.pop()?;
                     match (module, name) {
-                        (PV::Str(m), PV::Str(n)) => self.stack.push(PV::Global(Rc::from(format!("{m}.{n}")))),
+                        (PV::Str(m), PV::Str(n)) => self.stack.push(PV::Global(Rc::new(format!("{m}.{n}")))),
                         _ => return self.fail("STACK_GLOBAL needs two strings"),
                     }
                 }
@@ -672,7 +713,7 @@ impl<'a> Vm<'a> {
         let Some(first) = first else {
             return self.fail("REDUCE arguments are not a tuple");
         };
-        match &*name {
+        match name.as_str() {
             "builtins.set" | "__builtin__.set" | "builtins.frozenset" | "__builtin__.frozenset" => {
                 let kind = if name.ends_with("frozenset") { Kind::FrozenSet } else { Kind::Set };
                 let items = match first.as_ref().and_then(|f| match f {
@@ -740,7 +781,7 @@ impl<'a> Vm<'a> {
                 other => out.push(other),
             }
         }
-        Ok(PV::Str(Rc::from(String::from_utf8_lossy(&out).as_ref())))
+        Ok(PV::Str(text(&String::from_utf8_lossy(&out))))
     }
 
     /// Protocol 0 `UNICODE`: raw-unicode-escape (`\uXXXX`, `\UXXXXXXXX`, other bytes latin-1).
@@ -764,7 +805,7 @@ impl<'a> Vm<'a> {
                 i += 1;
             }
         }
-        Ok(PV::Str(Rc::from(out)))
+        Ok(PV::Str(Rc::new(out)))
     }
 }
 
@@ -788,7 +829,7 @@ mod tests {
         assert_eq!(list.items.len(), 2);
         assert_eq!(list.items[0], list.items[1], "both elements are the same dict");
         let f = pk.container(&list.items[0]).expect("dict");
-        assert_eq!(f.items, vec![PV::Str(Rc::from("name")), PV::Str(Rc::from("x"))]);
+        assert_eq!(f.items, vec![PV::Str(text("name")), PV::Str(text("x"))]);
     }
 
     #[test]
@@ -799,12 +840,12 @@ mod tests {
         let top = pk.container(&pk.root).expect("dict");
         let list = pk.container(&top.items[1]).expect("list");
         assert_eq!(list.items[0], PV::Int(1));
-        assert_eq!(list.items[1], PV::Int(1 << 70));
+        assert_eq!(list.items[1], PV::HugeInt { bytes: 9 });
         assert_eq!(list.items[2], PV::Int(-3));
         assert_eq!(list.items[3], PV::Float(1.5));
         assert_eq!(list.items[4], PV::Bool(true));
         assert_eq!(list.items[5], PV::None);
-        assert_eq!(list.items[6], PV::Str(Rc::from("é")));
+        assert_eq!(list.items[6], PV::Str(text("é")));
     }
 
     #[test]
@@ -827,7 +868,9 @@ mod tests {
     fn binary_longs_are_twos_complement() {
         assert_eq!(Vm::int_binary(&[0xff]), PV::Int(-1));
         assert_eq!(Vm::int_binary(&[0x00, 0x80]), PV::Int(-32768));
-        assert_eq!(Vm::int_binary(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00]), PV::Int(u64::MAX as i128));
+        assert_eq!(Vm::int_binary(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x00]), PV::UInt(u64::MAX));
+        assert_eq!(Vm::int_binary(&[0, 0, 0, 0, 0, 0, 0, 0x80]), PV::Int(i64::MIN));
+        assert_eq!(Vm::int_binary(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0xff]), PV::HugeInt { bytes: 9 });
         assert_eq!(Vm::int_binary(&[1; 17]), PV::HugeInt { bytes: 17 });
     }
 
@@ -844,6 +887,42 @@ mod tests {
         assert!(e.message.contains("memo id 5"), "{}", e.message);
         let e = dec(b"").expect_err("empty");
         assert!(e.truncated);
+    }
+
+    #[test]
+    fn a_list_of_ten_million_items_is_held_once_at_sixteen_bytes_an_item() {
+        // `](` N×10^7 `e.`: the items of one APPENDS run become the list's items where they lie
+        // (before: 32 bytes a value, held on the stack, in the run and in the list, 64 a value at
+        // the peak).
+        let n = 10_000_000;
+        let mut p = vec![0x80, 4, b']', b'('];
+        p.extend(std::iter::repeat_n(b'N', n));
+        p.extend_from_slice(b"e.");
+        let pk = dec(&p).expect("decode");
+        let list = pk.container(&pk.root).expect("list");
+        assert_eq!(list.items.len(), n);
+        let bytes = list.items.capacity() * std::mem::size_of::<PV>();
+        assert!(bytes <= n * 16 + n * 2 + 1024 * 16, "{n} items held in {bytes} bytes ({:.1} a value)", bytes as f64 / n as f64);
+        // Ints are the same size (no i128 payload), and a run after other values keeps them.
+        let mut p = vec![0x80, 4, b'N', b']', b'('];
+        for i in 0..1000u32 {
+            p.push(b'J');
+            p.extend_from_slice(&i.to_le_bytes());
+        }
+        p.extend_from_slice(b"e.");
+        let pk = dec(&p).expect("decode");
+        let list = pk.container(&pk.root).expect("list");
+        assert_eq!(list.items.len(), 1000);
+        assert_eq!(list.items[999], PV::Int(999));
+    }
+
+    #[test]
+    fn integers_keep_their_64_bit_values() {
+        assert_eq!(PV::from_int(-1), PV::Int(-1));
+        assert_eq!(PV::from_int(i128::from(u64::MAX)), PV::UInt(u64::MAX));
+        assert_eq!(PV::from_int(1 << 63), PV::UInt(1 << 63));
+        assert_eq!(PV::from_int(1 << 70), PV::HugeInt { bytes: 9 });
+        assert_eq!(PV::from_int(i128::from(i64::MIN) - 1), PV::HugeInt { bytes: 9 });
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //! between the blocks of a framework segment, found by sorting that segment's blocks; live bytes,
 //! page occupancy, mapped bytes and every figure are recomputed from scratch when asked for. The
 //! only state is what the events said: segments, blocks, reservations, physical handles, pools.
+//! What each event kind does to the model is its own table ([`MEANINGS`]), read from the wire
+//! format's documentation of the kind, not copied from `State::apply`'s dispatch.
 //!
 //! It lives under `tests/` and is pulled in with `#[path]` by the test and the bench, so it is
 //! compiled only there: it never becomes part of the library's public API, needs no feature flag,
@@ -422,10 +424,101 @@ impl NaiveSpace {
         Ok(size)
     }
 
+    /// A caching allocator claims the segment holding `addr`: all its free space is cache.
+    pub fn adopt_at(&mut self, addr: u64) -> Result<(), Anomaly> {
+        let i = self.segment_index_at(addr).ok_or(Anomaly::BlockOutsideSegment(addr))?;
+        self.segments[i].framework = true;
+        self.framework_seen = true;
+        Ok(())
+    }
+
     pub fn block_free(&mut self, addr: u64) -> Result<Block, Anomaly> {
         let i = self.blocks.iter().position(|b| b.addr == addr).ok_or(Anomaly::FreeUnknown(addr))?;
         Ok(self.blocks.swap_remove(i))
     }
+}
+
+/// What an event of one kind does to the model. Each kind's meaning is taken from its doc
+/// comment in `wire/src/event.rs` (quoted beside it in [`MEANINGS`]), never from
+/// `gpufrag::ingest::State::apply`: the model test compares the two, so a kind wired to the wrong
+/// map operation in the state shows as a difference instead of being copied into the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Meaning {
+    /// A new segment of this kind at `addr` of `size` bytes; `F_FRAMEWORK_OWNED` says a caching
+    /// allocator made it.
+    Segment(SegmentKind),
+    /// The segment at `addr` is given back to the driver.
+    SegmentFree,
+    /// A virtual range at `addr` of `size` bytes, no memory behind it.
+    Reserve,
+    /// The virtual range at `addr` goes.
+    ReserveFree,
+    /// Physical memory `handle` of `size` bytes, not mapped anywhere yet.
+    PhysCreate,
+    /// Physical memory `handle` goes.
+    PhysRelease,
+    /// `size` bytes mapped at `addr`: a mapped segment; `F_FRAMEWORK_OWNED` says whose.
+    Map,
+    /// `[addr, addr + size)` unmapped.
+    Unmap,
+    /// A pool allocation at `addr` of `size` bytes from pool `handle`.
+    PoolAlloc,
+    /// The pool allocation at `addr` freed: its bytes stay in the pool, cached, until trimmed.
+    PoolFree,
+    /// Pool `handle` trimmed to `size` bytes.
+    PoolTrim,
+    /// Pool `handle` holds `size` bytes as the driver counts them.
+    PoolReserved,
+    /// A caching allocator's block at `addr` for `requested` bytes (`size` its extent with
+    /// `F_BLOCK_SIZE_KNOWN`).
+    BlockAlloc,
+    /// The block at `addr` back in the cache (its segment stays).
+    BlockFree,
+    /// A caching allocator claims the segment holding `addr`; with `addr` 0 it manages the
+    /// process's memory (no segment changes).
+    Adopt,
+    /// An allocation failed: the figures at that moment are what the OOM is judged by.
+    Failure,
+    /// A measurement or bookkeeping that places nothing in the map.
+    Nothing,
+}
+
+/// Every kind, the doc comment `wire/src/event.rs` gives it (checked to be word for word that
+/// file's, so the table is rewritten when the wire format changes), and what it means to the
+/// model. Beside these, the `rc` field's doc ("0 on success") makes a call that returned non-zero
+/// change nothing, except the failure record itself.
+pub const MEANINGS: [(EventKind, &str, Meaning); 22] = [
+    (EventKind::MemAlloc, "`cuMemAlloc` / `cudaMalloc`: a driver segment at `addr` of `size` bytes.", Meaning::Segment(SegmentKind::Driver)),
+    (EventKind::MemAllocPitch, "`cuMemAllocPitch` / `cudaMallocPitch` / `cudaMalloc3D`: `size` = pitch × height (× depth).", Meaning::Segment(SegmentKind::Pitch)),
+    (EventKind::MemAllocManaged, "`cuMemAllocManaged` / `cudaMallocManaged`.", Meaning::Segment(SegmentKind::Managed)),
+    (EventKind::MemFree, "`cuMemFree` / `cudaFree` of `addr`.", Meaning::SegmentFree),
+    (EventKind::AddressReserve, "`cuMemAddressReserve`: a virtual range, no memory behind it yet.", Meaning::Reserve),
+    (EventKind::AddressFree, "`cuMemAddressFree` of the range at `addr`.", Meaning::ReserveFree),
+    (EventKind::PhysCreate, "`cuMemCreate`: physical memory `handle` of `size` bytes.", Meaning::PhysCreate),
+    (EventKind::PhysRelease, "`cuMemRelease` of `handle`.", Meaning::PhysRelease),
+    (EventKind::Map, "`cuMemMap`: `size` bytes of `handle` (from offset `requested`) at `addr`.", Meaning::Map),
+    (EventKind::Unmap, "`cuMemUnmap` of `[addr, addr + size)`.", Meaning::Unmap),
+    (EventKind::PoolAlloc, "`cuMemAllocAsync` / `cuMemAllocFromPoolAsync`: `addr`, `size`, pool in `handle`.", Meaning::PoolAlloc),
+    (EventKind::PoolFree, "`cuMemFreeAsync` of `addr`: the bytes stay in the pool until trimmed.", Meaning::PoolFree),
+    (EventKind::PoolTrim, "`cuMemPoolTrimTo(handle, size)`.", Meaning::PoolTrim),
+    (EventKind::BlockAlloc, "A framework (caching allocator) block at `addr`; `requested` = the size asked for.", Meaning::BlockAlloc),
+    (EventKind::BlockFree, "A framework block at `addr` freed (returned to the cache, not to the driver).", Meaning::BlockFree),
+    (EventKind::AllocFailed, "An allocation that failed: `requested`, `rc`, `op` (the kind that failed), device free if known.", Meaning::Failure),
+    (EventKind::DeviceInfo, "Device totals: `size` = total bytes, `device_free` = free bytes.", Meaning::Nothing),
+    (EventKind::ProcessExec, "A traced process started or exec'd.", Meaning::Nothing),
+    (EventKind::ProcessExit, "A traced process ended.", Meaning::Nothing),
+    (EventKind::Dropped, "The source lost `size` events before this one.", Meaning::Nothing),
+    (EventKind::PoolReserved, "A stream-ordered pool's reserved bytes as the driver reports them (`handle` = pool).", Meaning::PoolReserved),
+    (
+        EventKind::Adopt,
+        "A caching allocator claims the segment or mapped range holding `addr`: its free space is cache from now on, stranded or releasable. With `addr` 0: a caching allocator manages the process's memory on `device` (its failed driver calls are retries, not final OOMs).",
+        Meaning::Adopt,
+    ),
+];
+
+/// The meaning of `kind` in [`MEANINGS`].
+pub fn meaning(kind: EventKind) -> Meaning {
+    MEANINGS.iter().find(|(k, _, _)| *k == kind).map_or(Meaning::Nothing, |m| m.2)
 }
 
 /// The model of [`gpufrag::ingest::State`]'s map side: one [`NaiveSpace`] per (pid, device), found by
@@ -456,49 +549,54 @@ impl NaiveState {
         &mut self.spaces[i].1
     }
 
-    /// Applies one event the way the wire format defines it.
+    /// Applies one event the way the wire format defines it: its kind's [`Meaning`].
     pub fn apply(&mut self, ev: &Event) {
         self.events += 1;
         let Some(kind) = ev.kind() else { return };
-        if kind == EventKind::AllocFailed {
+        let meaning = meaning(kind);
+        if meaning == Meaning::Failure {
             let f = self.space(ev.pid, ev.device).figures();
             self.ooms.push(f);
             return;
         }
-        if ev.rc != 0 || matches!(kind, EventKind::DeviceInfo | EventKind::Dropped | EventKind::ProcessExec | EventKind::ProcessExit) {
+        if ev.rc != 0 || meaning == Meaning::Nothing {
             return;
         }
         let framework = ev.flags & F_FRAMEWORK_OWNED != 0;
         let m = self.space(ev.pid, ev.device);
-        let r = match kind {
-            EventKind::MemAlloc => m.driver_alloc(ev.addr, ev.size, SegmentKind::Driver, framework, ev.stream),
-            EventKind::MemAllocPitch => m.driver_alloc(ev.addr, ev.size, SegmentKind::Pitch, framework, ev.stream),
-            EventKind::MemAllocManaged => m.driver_alloc(ev.addr, ev.size, SegmentKind::Managed, framework, ev.stream),
-            EventKind::MemFree | EventKind::PoolFree => m.driver_free(ev.addr),
-            EventKind::AddressReserve => m.reserve(ev.addr, ev.size),
-            EventKind::AddressFree => m.reserve_free(ev.addr),
-            EventKind::PhysCreate => {
+        let r = match meaning {
+            Meaning::Segment(kind) => m.driver_alloc(ev.addr, ev.size, kind, framework, ev.stream),
+            Meaning::SegmentFree => m.driver_free(ev.addr),
+            Meaning::Reserve => m.reserve(ev.addr, ev.size),
+            Meaning::ReserveFree => m.reserve_free(ev.addr),
+            Meaning::PhysCreate => {
                 m.phys_create(ev.handle, ev.size);
                 Ok(())
             }
-            EventKind::PhysRelease => m.phys_release(ev.handle),
-            EventKind::Map => m.map(ev.addr, ev.size, framework),
-            EventKind::Unmap => m.unmap(ev.addr, ev.size),
-            EventKind::PoolAlloc => m.pool_alloc(ev.addr, ev.size, ev.handle, ev.stream),
-            EventKind::PoolTrim => {
+            Meaning::PhysRelease => m.phys_release(ev.handle),
+            Meaning::Map => m.map(ev.addr, ev.size, framework),
+            Meaning::Unmap => m.unmap(ev.addr, ev.size),
+            Meaning::PoolAlloc => m.pool_alloc(ev.addr, ev.size, ev.handle, ev.stream),
+            Meaning::PoolFree => m.pool_free(ev.addr),
+            Meaning::PoolTrim => {
                 m.pool_trim(ev.handle, ev.size);
                 Ok(())
             }
-            EventKind::PoolReserved => {
+            Meaning::PoolReserved => {
                 m.pool_reserved(ev.handle, ev.size);
                 Ok(())
             }
-            EventKind::BlockAlloc => {
+            Meaning::BlockAlloc => {
                 let known = (ev.flags & F_BLOCK_SIZE_KNOWN != 0).then_some(ev.size);
                 m.block_alloc(ev.addr, ev.requested, known).map(|_| ())
             }
-            EventKind::BlockFree => m.block_free(ev.addr).map(|_| ()),
-            _ => Ok(()),
+            Meaning::BlockFree => m.block_free(ev.addr).map(|_| ()),
+            Meaning::Adopt if ev.addr == 0 => {
+                m.framework_seen = true;
+                Ok(())
+            }
+            Meaning::Adopt => m.adopt_at(ev.addr),
+            Meaning::Failure | Meaning::Nothing => Ok(()),
         };
         if r.is_err() {
             self.anomalies += 1;

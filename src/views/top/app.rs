@@ -1,19 +1,36 @@
-//! What `top` shows, without the terminal: the latest frame, the rows (one per device and per
-//! process) sorted and filtered, the selection, per-row history for the sparklines, and the keys.
-//! Kept apart from drawing so that it can be tested with plain values.
+//! What `top` shows, without the terminal: the latest frame, the rows (one per device, one for
+//! all devices when there are several, one per process) sorted and filtered, the selection,
+//! per-row history for the sparklines, exited processes and when they go, who each live process
+//! is, the help screen, and the keys. Kept apart from drawing so that it can be tested with plain
+//! values.
+//!
+//! Keys follow nvitop's where they do not clash with ours: `h`/`?` help (any key closes it),
+//! `q` quit, `Esc` clears the selection and the filter, `,`/`.` the previous/next sort column,
+//! Home/End. nvitop's `/` inverts the sort, but here `/` filters (as in htop and less), so the
+//! order is inverted with htop's `I` (or `r`). Our own: `s` next sort column, `p`/Space pause,
+//! `x` drops exited processes now.
 
+use super::procinfo::Owner;
+use super::replay::Control;
 use crate::analysis::summary::{DeviceSummary, Summary};
 use crate::views::feed::{Frame, Update};
 use crate::views::strip::ProcessStrip;
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Samples of history kept per row.
 pub const HISTORY: usize = 240;
 
+/// How long an exited process stays on screen (dimmed) before its row goes.
+pub const EXITED_SHOWN: Duration = Duration::from_secs(30);
+
 /// What a row is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RowKey {
+    /// All devices together (shown when there are several).
+    Total,
     /// A device, summed over processes.
     Device(i16),
     /// A process on a device.
@@ -25,49 +42,64 @@ pub enum RowKey {
 pub struct RowView {
     /// What it is about.
     pub key: RowKey,
-    /// `gpu 0`, `pid 1234 gpu 0`.
+    /// `gpu 0`, `pid 1234 gpu 0`, `all gpus`.
     pub label: String,
     /// The figures.
     pub figures: DeviceSummary,
+    /// The process ended (its figures are its last).
+    pub exited: bool,
+    /// Its command line (or executable name), when known.
+    pub command: String,
+    /// Its user, when known.
+    pub user: String,
     /// A process row's caching allocator (`pytorch`, `xla`, `cupy`), when one was seen.
     pub framework: Option<crate::framework::Framework>,
 }
 
-/// The sort orders `s` cycles through.
+/// The columns `s`, `,` and `.` sort by, in their order on screen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sort {
-    /// Most reserved first.
-    Reserved,
-    /// Most stranded first.
-    Stranded,
-    /// Most fragmented first.
-    Fragmentation,
-    /// Largest free block first.
-    LargestFree,
     /// By device and pid.
     Id,
+    /// Most reserved first.
+    Reserved,
+    /// Most allocated first.
+    Allocated,
+    /// Most stranded first.
+    Stranded,
+    /// Largest free block first.
+    LargestFree,
+    /// Most fragmented first.
+    Fragmentation,
 }
 
 impl Sort {
-    /// The next order.
+    const ALL: [Sort; 6] = [Sort::Id, Sort::Reserved, Sort::Allocated, Sort::Stranded, Sort::LargestFree, Sort::Fragmentation];
+
+    /// The next column.
     pub fn next(self) -> Sort {
-        match self {
-            Sort::Reserved => Sort::Stranded,
-            Sort::Stranded => Sort::Fragmentation,
-            Sort::Fragmentation => Sort::LargestFree,
-            Sort::LargestFree => Sort::Id,
-            Sort::Id => Sort::Reserved,
-        }
+        let i = Sort::ALL.iter().position(|s| *s == self).unwrap_or(0);
+        Sort::ALL[(i + 1) % Sort::ALL.len()]
+    }
+    /// The previous column.
+    pub fn previous(self) -> Sort {
+        let i = Sort::ALL.iter().position(|s| *s == self).unwrap_or(0);
+        Sort::ALL[(i + Sort::ALL.len() - 1) % Sort::ALL.len()]
     }
     /// Its name.
     pub fn name(self) -> &'static str {
         match self {
             Sort::Reserved => "reserved",
+            Sort::Allocated => "allocated",
             Sort::Stranded => "stranded",
             Sort::Fragmentation => "fragmentation",
             Sort::LargestFree => "largest free",
             Sort::Id => "id",
         }
+    }
+    /// Whether its natural order is ascending (ids), not largest first.
+    pub fn ascending(self) -> bool {
+        self == Sort::Id
     }
 }
 
@@ -82,31 +114,54 @@ pub struct Sample {
     pub stranded: u64,
 }
 
+/// Where the frames come from.
+#[derive(Clone, Debug)]
+pub enum Mode {
+    /// A running command's live feed.
+    Live,
+    /// A file played back; its pause switch and position.
+    Replay(Arc<Control>),
+}
+
 /// The state of the UI.
 #[derive(Debug)]
 pub struct App {
     /// Where the frames come from, for the title.
     pub source: String,
+    /// Live or replay.
+    pub mode: Mode,
     /// The frame shown.
     pub frame: Option<Box<Frame>>,
     /// A newer frame received while paused.
     pub pending: Option<Box<Frame>>,
     /// Why the feed ended, once it did.
     pub ended: Option<String>,
-    /// Display frozen.
+    /// Display frozen (and, for a replay, the replay itself).
     pub paused: bool,
-    /// Row order.
+    /// Sort column.
     pub sort: Sort,
+    /// The sort column's natural order inverted.
+    pub reversed: bool,
     /// Rows shown contain this (case-insensitive).
     pub filter: String,
     /// The filter being typed, while `/` is active.
     pub editing: Option<String>,
-    /// Selected row (index into the visible rows).
-    pub selected: usize,
+    /// Selected row (index into the visible rows); none after `Esc`.
+    pub selected: Option<usize>,
+    /// The help screen is shown.
+    pub help: bool,
     /// Per row, oldest first.
     pub history: HashMap<RowKey, VecDeque<Sample>>,
     /// Frames received.
     pub frames: u64,
+    /// The time of the last [`App::tick`].
+    pub now: Instant,
+    /// Processes seen exited, and when `top` first saw it.
+    pub exited_since: HashMap<u32, Instant>,
+    /// Exited processes whose rows are dropped (after [`EXITED_SHOWN`], or by `x`).
+    pub dropped: std::collections::HashSet<u32>,
+    /// Who each live process is, read once (`None`: could not be read).
+    pub owners: HashMap<u32, Option<Owner>>,
 }
 
 fn device_label(d: i16) -> String {
@@ -115,8 +170,27 @@ fn device_label(d: i16) -> String {
 
 impl App {
     /// An empty UI for frames from `source`.
-    pub fn new(source: &str) -> App {
-        App { source: source.to_string(), frame: None, pending: None, ended: None, paused: false, sort: Sort::Reserved, filter: String::new(), editing: None, selected: 0, history: HashMap::new(), frames: 0 }
+    pub fn new(source: &str, mode: Mode) -> App {
+        App {
+            source: source.to_string(),
+            mode,
+            frame: None,
+            pending: None,
+            ended: None,
+            paused: false,
+            sort: Sort::Reserved,
+            reversed: false,
+            filter: String::new(),
+            editing: None,
+            selected: Some(0),
+            help: false,
+            history: HashMap::new(),
+            frames: 0,
+            now: Instant::now(),
+            exited_since: HashMap::new(),
+            dropped: Default::default(),
+            owners: HashMap::new(),
+        }
     }
 
     fn show(&mut self, f: Box<Frame>) {
@@ -126,6 +200,9 @@ impl App {
             while h.len() > HISTORY {
                 h.pop_front();
             }
+        }
+        for p in f.summary.processes.iter().filter(|p| p.exited) {
+            self.exited_since.entry(p.pid).or_insert(self.now);
         }
         self.frame = Some(f);
     }
@@ -145,93 +222,194 @@ impl App {
         }
     }
 
-    /// The rows shown, sorted and filtered: devices first, then processes.
+    /// Moves the UI's clock to `now`: exited processes shown for [`EXITED_SHOWN`] are dropped.
+    pub fn tick(&mut self, now: Instant) {
+        self.now = now;
+        for (pid, since) in &self.exited_since {
+            if now.saturating_duration_since(*since) >= EXITED_SHOWN {
+                self.dropped.insert(*pid);
+            }
+        }
+    }
+
+    /// Reads who each process of the frame is that is running and not read yet, with `read`
+    /// ([`super::procinfo::read`] for a live feed).
+    pub fn learn_owners(&mut self, read: impl Fn(u32, Option<&str>) -> Option<Owner>) {
+        let Some(f) = &self.frame else { return };
+        for p in f.summary.processes.iter().filter(|p| !p.exited && p.pid != 0) {
+            self.owners.entry(p.pid).or_insert_with(|| read(p.pid, p.exe.as_deref()));
+        }
+    }
+
+    /// The rows shown, sorted and filtered: all devices, then devices, then processes.
     pub fn rows(&self) -> Vec<RowView> {
         let Some(f) = &self.frame else { return Vec::new() };
         let mut rows = rows_of(&f.summary);
+        rows.retain(|r| !matches!(r.key, RowKey::Process(pid, _) if self.dropped.contains(&pid)));
+        for r in rows.iter_mut() {
+            if let RowKey::Process(pid, _) = r.key {
+                if let Some(Some(o)) = self.owners.get(&pid) {
+                    r.command = o.command.clone();
+                    r.user = o.user.clone();
+                }
+            }
+        }
         let needle = self.editing.as_deref().unwrap_or(&self.filter).to_lowercase();
         if !needle.is_empty() {
-            rows.retain(|r| r.label.to_lowercase().contains(&needle));
+            rows.retain(|r| r.label.to_lowercase().contains(&needle) || r.command.to_lowercase().contains(&needle) || r.user.to_lowercase().contains(&needle));
         }
-        let key = |r: &RowView| -> (u8, std::cmp::Reverse<u64>, RowKey) {
-            let group = u8::from(matches!(r.key, RowKey::Process(..)));
-            let v = match self.sort {
+        let value = |r: &RowView| -> u64 {
+            match self.sort {
                 Sort::Reserved => r.figures.reserved,
+                Sort::Allocated => r.figures.allocated,
                 Sort::Stranded => r.figures.stranded,
                 Sort::Fragmentation => (r.figures.fragmentation * 1e6) as u64,
                 Sort::LargestFree => r.figures.largest_free_block,
                 Sort::Id => 0,
-            };
-            (group, std::cmp::Reverse(v), r.key)
+            }
         };
-        rows.sort_by_key(key);
+        let group = |r: &RowView| match r.key {
+            RowKey::Total => 0u8,
+            RowKey::Device(_) => 1,
+            RowKey::Process(..) => 2,
+        };
+        let descending = !self.sort.ascending() ^ self.reversed;
+        rows.sort_by(|a, b| {
+            let within = value(a).cmp(&value(b)).then(a.key.cmp(&b.key));
+            group(a).cmp(&group(b)).then(if descending { within.reverse() } else { within })
+        });
         rows
     }
 
-    /// The selected row, if any.
+    /// The selected row; the first row when none is selected (what the history and the strip
+    /// map show).
     pub fn selected_row(&self) -> Option<RowView> {
         let rows = self.rows();
-        rows.get(self.selected.min(rows.len().saturating_sub(1))).cloned()
+        rows.get(self.selected.unwrap_or(0).min(rows.len().saturating_sub(1))).cloned()
     }
 
-    /// The strip map for the selected row: its process, or the largest process on its device.
+    /// The strip map for the selected row: its process, or the largest process on its device
+    /// (on all devices for the total row).
     pub fn selected_strip(&self) -> Option<&ProcessStrip> {
         let f = self.frame.as_ref()?;
+        let largest = |s: &&ProcessStrip| s.segments.iter().map(|g| g.size).sum::<u64>();
         match self.selected_row()?.key {
             RowKey::Process(pid, d) => f.strips.iter().find(|s| s.pid == pid && s.device == d),
-            RowKey::Device(d) => f.strips.iter().filter(|s| s.device == d).max_by_key(|s| s.segments.iter().map(|g| g.size).sum::<u64>()),
+            RowKey::Device(d) => f.strips.iter().filter(|s| s.device == d).max_by_key(largest),
+            RowKey::Total => f.strips.iter().max_by_key(largest),
+        }
+    }
+
+    fn set_paused(&mut self, paused: bool) {
+        self.paused = paused;
+        if let Mode::Replay(c) = &self.mode {
+            c.set_paused(paused);
+        }
+        if !paused {
+            if let Some(f) = self.pending.take() {
+                self.show(f);
+            }
         }
     }
 
     /// Handles a key; true when `top` should quit.
     pub fn key(&mut self, k: KeyEvent) -> bool {
+        let ctrl_c = k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL);
+        if ctrl_c {
+            return true;
+        }
+        if self.help {
+            self.help = false; // any key closes it
+            return false;
+        }
         if let Some(text) = self.editing.as_mut() {
             match k.code {
                 KeyCode::Enter => {
                     self.filter = self.editing.take().unwrap_or_default();
-                    self.selected = 0;
+                    self.selected = Some(0);
                 }
                 KeyCode::Esc => self.editing = None,
                 KeyCode::Backspace => {
                     text.pop();
                 }
-                KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => return true,
                 KeyCode::Char(c) => text.push(c),
                 _ => {}
             }
             return false;
         }
         let n = self.rows().len();
+        let last = n.saturating_sub(1);
         match k.code {
-            KeyCode::Char('q') | KeyCode::Esc => return true,
-            KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => return true,
-            KeyCode::Char('s') => self.sort = self.sort.next(),
-            KeyCode::Char('/') => self.editing = Some(self.filter.clone()),
-            KeyCode::Char('p') | KeyCode::Char(' ') => {
-                self.paused = !self.paused;
-                if !self.paused {
-                    if let Some(f) = self.pending.take() {
-                        self.show(f);
-                    }
-                }
+            KeyCode::Char('q') => return true,
+            KeyCode::Esc => {
+                self.selected = None;
+                self.filter.clear();
             }
-            KeyCode::Up | KeyCode::Char('k') => self.selected = self.selected.saturating_sub(1),
-            KeyCode::Down | KeyCode::Char('j') => self.selected = (self.selected + 1).min(n.saturating_sub(1)),
-            KeyCode::Home => self.selected = 0,
-            KeyCode::End => self.selected = n.saturating_sub(1),
+            KeyCode::Char('h') | KeyCode::Char('?') => self.help = true,
+            KeyCode::Char('s') | KeyCode::Char('.') => self.sort = self.sort.next(),
+            KeyCode::Char(',') => self.sort = self.sort.previous(),
+            KeyCode::Char('I') | KeyCode::Char('r') => self.reversed = !self.reversed,
+            KeyCode::Char('/') => self.editing = Some(self.filter.clone()),
+            KeyCode::Char('x') => self.dropped.extend(self.exited_since.keys().copied()),
+            KeyCode::Char('p') | KeyCode::Char(' ') => self.set_paused(!self.paused),
+            KeyCode::Up | KeyCode::Char('k') => self.selected = Some(self.selected.map_or(0, |s| s.min(last).saturating_sub(1))),
+            KeyCode::Down | KeyCode::Char('j') => self.selected = Some(self.selected.map_or(0, |s| (s + 1).min(last))),
+            KeyCode::Home => self.selected = Some(0),
+            KeyCode::End => self.selected = Some(last),
             _ => {}
         }
         false
     }
 }
 
-/// One row per device and per process of a summary, unsorted.
+/// One row per device and per process of a summary (and one for all devices when there are
+/// several), unsorted.
 pub fn rows_of(s: &Summary) -> Vec<RowView> {
-    let mut rows: Vec<RowView> = s.devices.iter().map(|d| RowView { key: RowKey::Device(d.device), label: device_label(d.device), figures: d.clone(), framework: None }).collect();
+    let row = |key, label, figures: &DeviceSummary| RowView { key, label, figures: figures.clone(), exited: false, command: String::new(), user: String::new(), framework: None };
+    let mut rows: Vec<RowView> = s.devices.iter().map(|d| row(RowKey::Device(d.device), device_label(d.device), d)).collect();
+    if let Some(total) = total_of(&s.devices).filter(|_| s.devices.len() > 1) {
+        rows.push(row(RowKey::Total, "all gpus".into(), &total));
+    }
     for p in &s.processes {
-        rows.push(RowView { key: RowKey::Process(p.pid, p.figures.device), label: format!("{} {}", crate::analysis::summary::Summary::process_label(p), device_label(p.figures.device)), figures: p.figures.clone(), framework: p.framework });
+        let mut r = row(RowKey::Process(p.pid, p.figures.device), format!("{} {}", Summary::process_label(p), device_label(p.figures.device)), &p.figures);
+        r.exited = p.exited;
+        r.command = p.exe.clone().unwrap_or_default();
+        r.framework = p.framework;
+        rows.push(r);
     }
     rows
+}
+
+/// The devices' byte figures summed (device free and total summed over the devices that
+/// measured them). Largest free block and fragmentation are per device and stay 0 here: no
+/// request spans two devices.
+/// `None` without devices.
+pub fn total_of(devices: &[DeviceSummary]) -> Option<DeviceSummary> {
+    let mut t = DeviceSummary { device: -1, ..devices.first()?.clone() };
+    let sum = |get: fn(&DeviceSummary) -> u64| devices.iter().map(get).fold(0u64, u64::saturating_add);
+    let sum_known = |get: fn(&DeviceSummary) -> Option<u64>| -> Option<u64> { devices.iter().map(get).collect::<Option<Vec<u64>>>().map(|v| v.into_iter().fold(0u64, u64::saturating_add)) };
+    t.hw_id = None;
+    t.reserved = sum(|d| d.reserved);
+    t.allocated = sum(|d| d.allocated);
+    t.framework_reserved = sum(|d| d.framework_reserved);
+    t.non_framework = sum(|d| d.non_framework);
+    t.framework_segments = sum(|d| d.framework_segments);
+    t.stranded = sum(|d| d.stranded);
+    t.releasable = sum(|d| d.releasable);
+    t.segments = sum(|d| d.segments);
+    t.blocks = sum(|d| d.blocks);
+    t.page_stranded = sum(|d| d.page_stranded);
+    t.pool_cached = sum(|d| d.pool_cached);
+    t.device_free = sum_known(|d| d.device_free);
+    t.device_total = sum_known(|d| d.device_total);
+    t.largest_free_block = 0;
+    t.largest_allocatable = 0;
+    t.fragmentation = 0.0;
+    t.stranded_ratio = 0.0;
+    t.top_stranded_segments = Vec::new();
+    t.alloc_sizes = Default::default();
+    t.free_runs = Default::default();
+    Some(t)
 }
 
 #[cfg(test)]
@@ -256,12 +434,20 @@ mod tests {
         st
     }
 
+    fn app_of(st: &State) -> App {
+        let mut app = App::new("t", Mode::Live);
+        app.update(Update::Frame(Box::new(crate::views::feed::frame(st, "t", 1, false))));
+        app
+    }
+
+    fn labels(app: &App) -> Vec<String> {
+        app.rows().into_iter().map(|r| r.label).collect()
+    }
+
     #[test]
     fn rows_sort_filter_select_and_pause() {
-        let mut app = App::new("t");
-        app.update(Update::Frame(Box::new(crate::views::feed::frame(&state(), "t", 1, false))));
-        let labels: Vec<String> = app.rows().into_iter().map(|r| r.label).collect();
-        assert_eq!(labels, vec!["gpu 0", "pid 20 gpu 0", "pid 10 gpu 0"]);
+        let mut app = app_of(&state());
+        assert_eq!(labels(&app), vec!["gpu 0", "pid 20 gpu 0", "pid 10 gpu 0"]);
         app.key(key(KeyCode::Down));
         assert_eq!(app.selected_strip().map(|s| s.pid), Some(20));
         app.key(key(KeyCode::Char('/')));
@@ -277,5 +463,126 @@ mod tests {
         app.key(key(KeyCode::Char('p')));
         assert_eq!(app.frame.as_ref().map(|f| f.seq), Some(2));
         assert!(app.key(key(KeyCode::Char('q'))));
+    }
+
+    /// Issue 17: `top` had no help screen (nvitop: `h`, `?`; any key returns).
+    #[test]
+    fn help_opens_with_h_or_question_mark_and_any_key_closes_it() {
+        let mut app = app_of(&state());
+        for open in ['h', '?'] {
+            assert!(!app.key(key(KeyCode::Char(open))));
+            assert!(app.help, "{open} opens the help");
+            // Even q only closes the help: it does not quit, nor sort, nor move.
+            let sort = app.sort;
+            assert!(!app.key(key(KeyCode::Char('q'))));
+            assert!(!app.help);
+            assert_eq!(app.sort, sort);
+        }
+        app.key(key(KeyCode::Char('?')));
+        assert!(!app.key(key(KeyCode::Esc)));
+        assert!(!app.help, "Esc closes it too");
+    }
+
+    /// Issue 17: `Esc` quit `top` (nvitop: it clears the selection).
+    #[test]
+    fn regression_esc_clears_the_selection_and_filter_instead_of_quitting() {
+        let mut app = app_of(&state());
+        app.key(key(KeyCode::Down));
+        app.filter = "pid".into();
+        assert!(!app.key(key(KeyCode::Esc)), "Esc does not quit");
+        assert_eq!((app.selected, app.filter.as_str()), (None, ""));
+        assert_eq!(labels(&app).len(), 3, "the filter is gone");
+        // With nothing selected the first row is the one the history and strip show.
+        assert_eq!(app.selected_row().map(|r| r.key), Some(RowKey::Device(0)));
+        app.key(key(KeyCode::Down));
+        assert_eq!(app.selected, Some(0), "an arrow selects again, from the top");
+    }
+
+    /// Issue 17: no sort marker and no reverse sort. `,` `.` move the column (nvitop), `I`
+    /// inverts (htop; nvitop's `/` is our filter).
+    #[test]
+    fn sort_columns_move_with_comma_and_period_and_reverse_with_capital_i() {
+        let mut app = app_of(&state());
+        assert_eq!((app.sort, app.reversed), (Sort::Reserved, false));
+        app.key(key(KeyCode::Char(',')));
+        assert_eq!(app.sort, Sort::Id);
+        assert_eq!(labels(&app), vec!["gpu 0", "pid 10 gpu 0", "pid 20 gpu 0"], "ids ascending");
+        app.key(key(KeyCode::Char('I')));
+        assert_eq!(labels(&app), vec!["gpu 0", "pid 20 gpu 0", "pid 10 gpu 0"], "ids descending");
+        app.key(key(KeyCode::Char('.')));
+        assert_eq!(app.sort, Sort::Reserved);
+        assert_eq!(labels(&app), vec!["gpu 0", "pid 10 gpu 0", "pid 20 gpu 0"], "reversed: least reserved first");
+        app.key(key(KeyCode::Char('r')));
+        assert_eq!(labels(&app), vec!["gpu 0", "pid 20 gpu 0", "pid 10 gpu 0"]);
+        for _ in 0..Sort::ALL.len() {
+            app.key(key(KeyCode::Char('s')));
+        }
+        assert_eq!(app.sort, Sort::Reserved, "s cycles through every column");
+    }
+
+    /// Issue 17: exited processes stayed as live-looking rows.
+    #[test]
+    fn regression_exited_processes_are_marked_then_dropped_after_a_while_or_with_x() {
+        let mut st = state();
+        st.apply(&Event::new(EventKind::ProcessExit, 10, -1));
+        let t0 = Instant::now();
+        let mut app = App::new("t", Mode::Live);
+        app.tick(t0);
+        app.update(Update::Frame(Box::new(crate::views::feed::frame(&st, "t", 1, false))));
+        let exited: Vec<(String, bool)> = app.rows().into_iter().map(|r| (r.label, r.exited)).collect();
+        assert_eq!(exited, vec![("gpu 0".into(), false), ("pid 20 gpu 0".into(), false), ("pid 10 gpu 0".into(), true)]);
+        app.tick(t0 + EXITED_SHOWN - Duration::from_millis(1));
+        assert_eq!(labels(&app).len(), 3, "shown, dimmed, for a while");
+        app.tick(t0 + EXITED_SHOWN);
+        assert_eq!(labels(&app), vec!["gpu 0", "pid 20 gpu 0"], "then dropped");
+
+        let mut app = App::new("t", Mode::Live);
+        app.update(Update::Frame(Box::new(crate::views::feed::frame(&st, "t", 1, false))));
+        app.key(key(KeyCode::Char('x')));
+        assert_eq!(labels(&app), vec!["gpu 0", "pid 20 gpu 0"], "x drops them at once");
+    }
+
+    /// Issue 17: no device free or total. Device rows carry the device's own figures; with two
+    /// devices an `all gpus` row sums them.
+    #[test]
+    fn devices_show_free_and_total_and_several_get_an_all_gpus_row() {
+        let mut st = state();
+        for (d, total, free) in [(0i16, 80u64 << 30, 70u64 << 30), (1, 80 << 30, 60 << 30)] {
+            st.apply(&Event { size: total, device_free: free, flags: crate::event::F_DEVICE_FREE_KNOWN, ..Event::new(EventKind::DeviceInfo, 0, d) });
+        }
+        let mut e = Event::new(EventKind::MemAlloc, 30, 1);
+        e.addr = 1 << 44;
+        e.size = 2 << 30;
+        st.apply(&e);
+        let app = app_of(&st);
+        let rows = app.rows();
+        let view: Vec<(&str, u64, Option<u64>, Option<u64>)> = rows.iter().map(|r| (r.label.as_str(), r.figures.reserved, r.figures.device_free, r.figures.device_total)).collect();
+        assert_eq!(
+            view[..3],
+            [("all gpus", 6 << 30, Some(130 << 30), Some(160 << 30)), ("gpu 0", 4 << 30, Some(70 << 30), Some(80 << 30)), ("gpu 1", 2 << 30, Some(60 << 30), Some(80 << 30))],
+            "{view:?}"
+        );
+        assert_eq!(rows.len(), 6, "and the three processes");
+    }
+
+    /// Issue 17: rows showed no command or user. A live process's are read once, an exited
+    /// one's never; the filter matches them too.
+    #[test]
+    fn command_and_user_are_read_once_for_running_processes_and_filter_rows() {
+        let mut st = state();
+        st.apply(&Event::new(EventKind::ProcessExit, 10, -1));
+        let mut app = app_of(&st);
+        let calls = std::cell::RefCell::new(Vec::new());
+        let read = |pid: u32, _: Option<&str>| {
+            calls.borrow_mut().push(pid);
+            Some(Owner { command: format!("python train.py --rank {pid}"), user: "alice".into() })
+        };
+        app.learn_owners(read);
+        app.learn_owners(read);
+        assert_eq!(*calls.borrow(), vec![20], "once, and not for the exited pid 10");
+        let r = app.rows().into_iter().find(|r| r.key == RowKey::Process(20, 0)).expect("row");
+        assert_eq!((r.command.as_str(), r.user.as_str()), ("python train.py --rank 20", "alice"));
+        app.filter = "rank 20".into();
+        assert_eq!(labels(&app), vec!["pid 20 gpu 0"]);
     }
 }

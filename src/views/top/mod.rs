@@ -1,17 +1,19 @@
 //! `gpufrag top`: a live terminal view of where GPU memory is, per device and per process, fed by
 //! a running `gpufrag run` (its live feed, see [`crate::views::feed`]) or by a recorded file
 //! played back. `app.rs` holds what is shown, `ui.rs` draws it, `term.rs` owns the terminal and
-//! restores it on every exit path (normal, error, panic, SIGTERM/SIGINT/SIGHUP), `replay.rs` plays
-//! files back.
+//! restores it on every exit path (normal, error, panic, SIGTERM/SIGINT/SIGHUP, the terminal
+//! going away), `replay.rs` plays files back on a clock that `p` stops, `procinfo.rs` reads the
+//! command and user of live processes from `/proc`.
 
 pub mod app;
+pub mod procinfo;
 pub mod replay;
 pub mod term;
 pub mod ui;
 
 use crate::views::feed::{self, Update};
 use ratatui::crossterm::event::{self, Event, KeyEventKind};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
@@ -29,13 +31,34 @@ pub enum Source {
     },
 }
 
-/// Runs the UI until `q`, a signal, or an error; the terminal is restored in every case.
-pub fn run(source: &Source) -> anyhow::Result<()> {
-    let (rx, label): (Receiver<Update>, String) = match source {
-        Source::Connect(p) => (feed::connect(p).map_err(|e| anyhow::anyhow!("connecting to the live feed {}: {e}", p.display()))?, format!("live {}", p.display())),
-        Source::Replay { path, speed } => (replay::spawn(path, *speed)?, format!("replay {} ×{speed}", path.display())),
-    };
-    let mut app = app::App::new(&label);
+/// Runs `f` on the input `file` so that a panic inside becomes an error naming the file: the
+/// command line's panic guard, handed down (a view does not import the command line's policy).
+pub type Contain = fn(file: &Path, f: &mut dyn FnMut() -> anyhow::Result<()>) -> anyhow::Result<()>;
+
+/// Runs the UI until `q`, a signal, the terminal going away, or an error; the terminal is
+/// restored in every case. The replay thread runs under `contain`: a panic there ends `top` with
+/// the error it gives (the caller runs the UI loop of a replay under the same guard).
+pub fn run(source: &Source, contain: Contain) -> anyhow::Result<()> {
+    match source {
+        Source::Connect(p) => {
+            let rx = feed::connect(p).map_err(|e| anyhow::anyhow!("connecting to the live feed {}: {e}", p.display()))?;
+            let mut app = app::App::new(&format!("{}", p.display()), app::Mode::Live);
+            ui_loop(&mut app, &rx, None)
+        }
+        Source::Replay { path, speed } => {
+            let replay = replay::spawn(path, *speed, contain)?;
+            let mut app = app::App::new(&format!("{} ×{speed}", path.display()), app::Mode::Replay(replay.control.clone()));
+            ui_loop(&mut app, &replay.updates, Some(&replay.control))?;
+            match replay.control.failure() {
+                Some(e) => Err(crate::input::UnusableInput(e).into()),
+                None => Ok(()),
+            }
+        }
+    }
+}
+
+/// Draws and takes keys until the user quits, a signal arrives or the terminal goes away.
+fn ui_loop(app: &mut app::App, rx: &Receiver<Update>, replay: Option<&std::sync::Arc<replay::Control>>) -> anyhow::Result<()> {
     let mut guard = term::TerminalGuard::enter()?;
     let panic_after = std::env::var("GPUFRAG_TOP_TEST_PANIC_AFTER_MS").ok().and_then(|v| v.parse::<u64>().ok()).map(Duration::from_millis);
     let started = Instant::now();
@@ -43,9 +66,9 @@ pub fn run(source: &Source) -> anyhow::Result<()> {
     let parent = unsafe { libc::getppid() };
     loop {
         // A hung-up terminal whose SIGHUP went to the parent shell leaves us orphaned, reading a
-        // dead tty that polls ready forever: a changed parent means the session is gone.
+        // dead tty: a changed parent means the session is gone.
         // SAFETY: as above.
-        if term::signalled().is_some() || unsafe { libc::getppid() } != parent {
+        if term::signalled().is_some() || term::terminal_gone() || unsafe { libc::getppid() } != parent {
             break;
         }
         loop {
@@ -54,22 +77,37 @@ pub fn run(source: &Source) -> anyhow::Result<()> {
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
                     if app.ended.is_none() {
-                        app.ended = Some("the feed closed".into());
+                        app.ended = Some(replay.and_then(|c| c.failure()).unwrap_or_else(|| "the feed closed".into()));
                     }
                     break;
                 }
             }
         }
-        guard.terminal.draw(|f| ui::draw(f, &app))?;
+        if matches!(app.mode, app::Mode::Live) {
+            app.learn_owners(procinfo::read);
+        }
+        app.tick(Instant::now());
+        guard.terminal.draw(|f| ui::draw(f, app))?;
         if let Some(after) = panic_after {
             if started.elapsed() >= after {
                 panic!("GPUFRAG_TOP_TEST_PANIC_AFTER_MS: a panic on purpose, to test that the terminal is restored");
             }
         }
-        if event::poll(Duration::from_millis(100))? {
-            if let Event::Key(k) = event::read()? {
-                if k.kind == KeyEventKind::Press && app.key(k) {
-                    break;
+        if replay.is_some_and(|c| c.failure().is_some()) {
+            break;
+        }
+        match term::wait_for_input(Duration::from_millis(100)) {
+            term::Input::Gone => break,
+            term::Input::Idle => {}
+            term::Input::Ready => {
+                // Everything crossterm has parsed, without waiting.
+                while event::poll(Duration::ZERO)? {
+                    if let Event::Key(k) = event::read()? {
+                        if k.kind == KeyEventKind::Press && app.key(k) {
+                            drop(guard);
+                            return Ok(());
+                        }
+                    }
                 }
             }
         }

@@ -1,14 +1,16 @@
-//! Drawing `top`: a title line, the table (one row per device and per process), the selected
-//! row's history as sparklines, the strip map of its segments, and the key help. Reads [`App`]
-//! only.
+//! Drawing `top`: a title line (live or replay, with the replay's position), the table (one row
+//! per device, one for all devices when there are several, one per process with its user and
+//! command; the sort column marked ▼ or ▲; exited processes dimmed), the selected row's history
+//! as sparklines, the strip map of its segments, the key line, and the help screen over all of
+//! it while it is open. Reads [`App`] only.
 
-use super::app::{App, RowKey};
+use super::app::{App, Mode, RowKey, Sort};
 use crate::units::human_bytes;
 use crate::views::strip::{ProcessStrip, SegmentStrip};
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Sparkline, Table, TableState};
+use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Sparkline, Table, TableState};
 use ratatui::Frame as TermFrame;
 
 const LIVE: Color = Color::Blue;
@@ -32,23 +34,45 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
     ])
     .areas(area);
 
-    // Title.
-    let state = match (&app.ended, app.paused) {
-        (_, true) => Span::styled(" PAUSED ", Style::default().fg(Color::Black).bg(Color::Yellow)),
-        (Some(why), _) => Span::styled(format!(" ended: {why} "), Style::default().fg(Color::Black).bg(Color::Gray)),
-        (None, _) if app.frame.is_none() => Span::styled(" waiting for the first frame ", Style::default().fg(Color::Black).bg(Color::Gray)),
-        (None, _) => Span::styled(" live ", Style::default().fg(Color::Black).bg(Color::Green)),
-    };
+    // Title: what feeds the screen, then its state.
+    let tag = |text: String, bg: Color| Span::styled(text, Style::default().fg(Color::Black).bg(bg));
+    let mut title_spans = vec![Span::styled("gpufrag top ", Style::default().add_modifier(Modifier::BOLD))];
+    let mut position = String::new();
+    match &app.mode {
+        Mode::Live => title_spans.push(tag(" live ".into(), Color::Green)),
+        Mode::Replay(c) => {
+            title_spans.push(tag(" replay ".into(), Color::Cyan));
+            let p = c.position();
+            position = format!(" event {}/{} · {} of {} ·", p.done, p.total, seconds(p.at_ns), seconds(p.span_ns));
+        }
+    }
+    if app.paused {
+        title_spans.push(Span::raw(" "));
+        title_spans.push(tag(" PAUSED ".into(), Color::Yellow));
+    }
+    match (&app.ended, &app.frame) {
+        (Some(why), _) => {
+            title_spans.push(Span::raw(" "));
+            title_spans.push(tag(format!(" ended: {why} "), Color::Gray));
+        }
+        (None, None) => {
+            title_spans.push(Span::raw(" "));
+            title_spans.push(tag(" waiting for the first frame ".into(), Color::Gray));
+        }
+        (None, Some(_)) => {}
+    }
     let (events, dropped, exact) = app.frame.as_ref().map_or((0, 0, true), |fr| (fr.summary.events, fr.summary.dropped, fr.summary.exact));
-    f.render_widget(
-        Paragraph::new(Line::from(vec![
-            Span::styled("gpufrag top ", Style::default().add_modifier(Modifier::BOLD)),
-            state,
-            // The source (a path, any length) goes last: a narrow terminal cuts it, not the figures.
-            Span::raw(format!(" sort: {} · {} events · dropped {} · {} · {}", app.sort.name(), events, dropped, if exact { "exact" } else { "NOT exact" }, app.source)),
-        ])),
-        title,
-    );
+    let order = if app.sort.ascending() ^ app.reversed { "▲" } else { "▼" };
+    // The source (a path, any length) goes last: a narrow terminal cuts it, not the figures.
+    title_spans.push(Span::raw(format!(
+        "{position} sort: {}{order} · {} events · dropped {} · {} · {}",
+        app.sort.name(),
+        events,
+        dropped,
+        if exact { "exact" } else { "NOT exact" },
+        app.source
+    )));
+    f.render_widget(Paragraph::new(Line::from(title_spans)), title);
     // The last OOM, in words.
     if let Some(o) = app.frame.as_ref().and_then(|fr| fr.summary.ooms.last()) {
         f.render_widget(
@@ -70,39 +94,78 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
     }
 
     // Table.
-    let header = Row::new(["", "allocator", "reserved", "allocated", "stranded", "largest free", "frag", "dropped", "coverage"]).style(Style::default().add_modifier(Modifier::BOLD));
+    let marked = |name: &str, col: Sort| if app.sort == col { format!("{name}{order}") } else { name.to_string() };
+    let header = Row::new(vec![
+        marked("gpu / pid", Sort::Id),
+        "user".to_string(),
+        "allocator".to_string(),
+        marked("reserved", Sort::Reserved),
+        marked("allocated", Sort::Allocated),
+        marked("stranded", Sort::Stranded),
+        marked("largest free", Sort::LargestFree),
+        marked("frag", Sort::Fragmentation),
+        "dev free".to_string(),
+        "dev total".to_string(),
+        "state".to_string(),
+        "coverage".to_string(),
+        "command".to_string(),
+    ])
+    .style(Style::default().add_modifier(Modifier::BOLD));
+    let known = |v: Option<u64>| v.map_or_else(|| "-".to_string(), human_bytes);
     let body: Vec<Row> = rows
         .iter()
         .map(|r| {
             let d = &r.figures;
             let cov = format!("{} {}", if exact { "exact" } else { "approx" }, d.level);
-            Row::new(vec![
+            let process = matches!(r.key, RowKey::Process(..));
+            let total = r.key == RowKey::Total;
+            let row = Row::new(vec![
                 Cell::from(r.label.clone()),
+                Cell::from(r.user.clone()),
                 Cell::from(r.framework.map_or("", |f| f.name())),
                 Cell::from(human_bytes(d.reserved)),
                 Cell::from(human_bytes(d.allocated)),
-                Cell::from(human_bytes(d.stranded)).style(if d.stranded > 0 { Style::default().fg(STRANDED) } else { Style::default() }),
-                Cell::from(human_bytes(d.largest_free_block)),
-                Cell::from(format!("{:.2}", d.fragmentation)),
-                Cell::from(dropped.to_string()),
-                Cell::from(cov),
-            ])
+                Cell::from(human_bytes(d.stranded)).style(if d.stranded > 0 && !r.exited { Style::default().fg(STRANDED) } else { Style::default() }),
+                Cell::from(if total { String::new() } else { human_bytes(d.largest_free_block) }),
+                Cell::from(if total { String::new() } else { format!("{:.2}", d.fragmentation) }),
+                // Free and total are the device's: shown on device rows only.
+                Cell::from(if process { String::new() } else { known(d.device_free) }),
+                Cell::from(if process { String::new() } else { known(d.device_total) }),
+                Cell::from(match (process, r.exited) {
+                    (true, true) => "exited",
+                    (true, false) => "running",
+                    _ => "",
+                }),
+                Cell::from(if total { String::new() } else { cov }),
+                Cell::from(r.command.clone()),
+            ]);
+            if r.exited {
+                row.style(Style::default().fg(Color::DarkGray).add_modifier(Modifier::DIM))
+            } else if total {
+                row.style(Style::default().add_modifier(Modifier::BOLD))
+            } else {
+                row
+            }
         })
         .collect();
     let widths = [
         Constraint::Length(18),
-        Constraint::Length(9),
-        Constraint::Length(12),
-        Constraint::Length(12),
-        Constraint::Length(12),
-        Constraint::Length(13),
-        Constraint::Length(6),
         Constraint::Length(8),
-        Constraint::Min(10),
+        Constraint::Length(9),
+        Constraint::Length(11),
+        Constraint::Length(11),
+        Constraint::Length(11),
+        Constraint::Length(13),
+        Constraint::Length(5),
+        Constraint::Length(11),
+        Constraint::Length(11),
+        Constraint::Length(7),
+        Constraint::Length(13),
+        Constraint::Min(8),
     ];
     let mut ts = TableState::default();
     if !rows.is_empty() {
-        ts.select(Some(app.selected.min(rows.len() - 1)));
+        ts.select(app.selected.map(|s| s.min(rows.len() - 1)));
     }
     f.render_stateful_widget(
         Table::new(body, widths)
@@ -152,6 +215,7 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
             human_bytes(s.largest_free_run)
         ),
         (None, Some(RowKey::Device(d))) => format!(" gpu {d}: no segments "),
+        (None, Some(RowKey::Total)) => " all gpus: no segments ".to_string(),
         _ => " segments ".to_string(),
     };
     let block = Block::default().borders(Borders::ALL).title(strip_title);
@@ -184,11 +248,54 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
     let help_line = match &app.editing {
         Some(t) => Line::from(vec![Span::styled("filter: ", Style::default().add_modifier(Modifier::BOLD)), Span::raw(t.clone()), Span::raw("▏  (Enter apply, Esc cancel)")]),
         None => Line::from(format!(
-            "q quit · s sort · / filter{} · ↑↓ select · p pause",
-            if app.filter.is_empty() { String::new() } else { format!(" [{}]", app.filter) }
+            "h help · q quit · s , . sort · I reverse · / filter{} · Esc clear · ↑↓ select · p pause{} · x drop exited",
+            if app.filter.is_empty() { String::new() } else { format!(" [{}]", app.filter) },
+            if matches!(app.mode, Mode::Replay(_)) { " replay" } else { " screen" }
         )),
     };
     f.render_widget(Paragraph::new(help_line).style(Style::default().fg(Color::Gray)), help);
+
+    if app.help {
+        draw_help(f, area);
+    }
+}
+
+/// The help screen's text: every key, and what the columns are.
+pub const HELP: &str = "gpufrag top: where GPU memory is, per device and per process
+
+  h ?        this help (any key closes it)      q Ctrl-C   quit
+  ↑ ↓ j k    select a row                       Esc        clear the selection and the filter
+  Home End   first / last row                   /          filter rows (Enter apply, Esc cancel)
+  s .  ,     next / previous sort column        I r        reverse the sort order
+  p Space    pause (a replay itself stops)      x          drop exited processes now
+
+Columns: reserved (the allocator's and the driver's segments gpufrag traced), allocated
+(live blocks), stranded (free inside segments that hold live blocks: not releasable),
+largest free (the largest free block), frag (1 − largest allocatable / free), dev free and
+dev total (the device's own figures, on device rows), state (running / exited: an exited
+process is dimmed and dropped 30 s later), coverage (exact or approximate, and the level
+seen: segment, block), command and user (from /proc while it runs; a replay knows only
+what its file carries). The sorted column is marked ▼ (largest first) or ▲.
+
+Press any key to return.";
+
+fn draw_help(f: &mut TermFrame<'_>, area: Rect) {
+    let lines: Vec<Line> = HELP.lines().map(|l| Line::from(l.to_string())).collect();
+    let w = (HELP.lines().map(|l| l.chars().count()).max().unwrap_or(0) as u16 + 4).min(area.width);
+    let h = (lines.len() as u16 + 2).min(area.height);
+    let r = Rect { x: area.x + (area.width - w) / 2, y: area.y + (area.height - h) / 2, width: w, height: h };
+    f.render_widget(Clear, r);
+    f.render_widget(Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title(" help ")), r);
+}
+
+/// Trace time for the replay's position: `12.3 s`, `4 min 05 s`.
+fn seconds(ns: u64) -> String {
+    let s = ns as f64 / 1e9;
+    if s < 60.0 {
+        format!("{s:.1} s")
+    } else {
+        format!("{} min {:02} s", (s / 60.0) as u64, (s % 60.0) as u64)
+    }
 }
 
 /// The cells of one segment, `w` wide.
