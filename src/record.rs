@@ -191,7 +191,8 @@ impl Rotating {
         if let Some(max) = self.max_bytes {
             if HEADER_LEN as u64 + (self.w.written() + 1) * EVENT_SIZE as u64 > max {
                 self.w.flush()?;
-                std::fs::rename(&self.path, Self::previous_part(&self.path))?;
+                let previous = Self::previous_part(&self.path);
+                std::fs::rename(&self.path, &previous).map_err(|e| io::Error::new(e.kind(), format!("rotating {} to {}: {e}", self.path.display(), previous.display())))?;
                 self.w = Writer::create(&self.path)?;
                 self.rotations += 1;
             }

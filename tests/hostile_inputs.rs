@@ -233,7 +233,7 @@ fn hostile_ten_million_item_list_is_held_at_sixteen_bytes_an_item() {
     p.extend(std::iter::repeat_n(b'N', n));
     p.extend_from_slice(b"e.");
     let (result, peak) = peak_heap_of(|| gpufrag::snapshot::from_bytes(&p, Path::new("long_list.pickle")));
-    let err = result.err().expect("a list is not a snapshot").to_string();
+    let err = result.expect_err("a list is not a snapshot").to_string();
     assert!(err.contains("long_list.pickle") && err.contains("a list of 10000000 items"), "{err}");
     // 16 bytes a value, in a vector that grew by doubling: up to 32 bytes an item allocated at the
     // peak, of which the untouched half is never resident (the process's peak RSS is about 17
@@ -281,6 +281,40 @@ fn hostile_record_file_of_many_processes_ends_within_the_caps() {
     let (code, took) = run_capped(&["analyze"], &path);
     assert_eq!(code, 0);
     eprintln!("300,000 processes: {took:?}");
+}
+
+/// A snapshot whose one trace maps a segment of no bytes and then unmaps 2 MiB over it: the
+/// pickle form (173 bytes when Python's pickler wrote it) of the record file that hung
+/// `AddressSpace::unmap`.
+fn zero_size_map_then_unmap_snapshot() -> Vec<u8> {
+    let mut p = PROTO4.to_vec();
+    p.extend_from_slice(b"}("); // root dict, MARK
+    short_str(&mut p, "segments");
+    p.push(b']');
+    short_str(&mut p, "device_traces");
+    p.extend_from_slice(b"]]("); // the traces, device 0's trace, MARK
+    for (action, size) in [("segment_map", 0u32), ("segment_unmap", 2 << 20)] {
+        p.extend_from_slice(b"}(");
+        short_str(&mut p, "action");
+        short_str(&mut p, action);
+        short_str(&mut p, "addr");
+        binint(&mut p, 0x4000_0000);
+        short_str(&mut p, "size");
+        binint(&mut p, size);
+        p.push(b'u');
+    }
+    p.extend_from_slice(b"ea"); // APPENDS the entries, APPEND the trace
+    p.extend_from_slice(b"u."); // SETITEMS
+    p
+}
+
+#[test]
+fn hostile_pickle_zero_size_segment_map_then_unmap_ends_within_the_caps() {
+    let path = scratch("zero_size_map.pickle");
+    std::fs::write(&path, zero_size_map_then_unmap_snapshot()).expect("write");
+    let snap = gpufrag::snapshot::from_bytes(&std::fs::read(&path).expect("read"), &path).expect("a valid snapshot");
+    assert_eq!(snap.traces.iter().map(|t| t.entries.len()).sum::<usize>(), 2, "both entries decoded");
+    assert_eq!(every_reader(&path), 0);
 }
 
 /// The events of the 176-byte record file that hung `unmap` for ever (a zero-size map, then an

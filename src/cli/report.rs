@@ -67,7 +67,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         let Some(state) = &data.state else {
             return Err(crate::input::UnusableInput(format!("{}: a summary JSON holds no blocks or events to export; use a record file or a snapshot", args.input.display())).into());
         };
-        for f in memviz::export_all(state, data.log.as_ref(), p).with_context(|| format!("writing {}", p.display()))? {
+        for f in memviz::export_all(state, data.log.as_ref(), p).context("writing the memory_viz snapshot")? {
             writeln!(out, "memory_viz snapshot: {}", f.display())?;
         }
     }

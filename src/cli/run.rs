@@ -200,10 +200,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     if !args.no_python_hook {
         let dir = consumer.dir().join("python");
-        std::fs::create_dir_all(&dir)?;
-        std::fs::write(dir.join("sitecustomize.py"), PYTHON_HOOK)?;
+        let hook = dir.join("sitecustomize.py");
+        std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&hook, PYTHON_HOOK)).with_context(|| format!("writing the Python hook {}", hook.display()))?;
         for (name, text) in TORCH_TRACKER {
-            std::fs::write(dir.join(name), text)?;
+            let file = dir.join(name);
+            std::fs::write(&file, text).with_context(|| format!("writing the Python hook {}", file.display()))?;
         }
         cmd.env("GPUFRAG_TORCH_TRACKER", args.torch_tracker.env());
         cmd.env("PYTHONPATH", prepend_path("PYTHONPATH", &dir));

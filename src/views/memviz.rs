@@ -387,7 +387,7 @@ pub fn snapshot_pickle(state: &State, log: Option<&TraceLog>, pid: Option<u32>) 
 }
 
 /// Writes one pickle per process: `path` itself for a single process, else `path` with `-PID`
-/// before its extension for each. Returns the files written.
+/// before its extension for each. Returns the files written; an error names the file it is about.
 pub fn export_all(state: &State, log: Option<&TraceLog>, path: &Path) -> std::io::Result<Vec<PathBuf>> {
     let pids = match log {
         Some(l) => l.pids(state),
@@ -399,16 +399,20 @@ pub fn export_all(state: &State, log: Option<&TraceLog>, path: &Path) -> std::io
     };
     let mut written = Vec::new();
     if pids.len() <= 1 {
-        std::fs::write(path, snapshot_pickle(state, log, pids.first().copied()))?;
+        std::fs::write(path, snapshot_pickle(state, log, pids.first().copied())).map_err(|e| named(path, e))?;
         written.push(path.to_path_buf());
         return Ok(written);
     }
     for pid in pids {
         let p = with_pid(path, pid);
-        std::fs::write(&p, snapshot_pickle(state, log, Some(pid)))?;
+        std::fs::write(&p, snapshot_pickle(state, log, Some(pid))).map_err(|e| named(&p, e))?;
         written.push(p);
     }
     Ok(written)
+}
+
+fn named(path: &Path, e: std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
 
 /// `dir/name.pickle` → `dir/name-PID.pickle`.
@@ -429,6 +433,27 @@ mod tests {
     fn several_processes_get_one_file_each() {
         assert_eq!(with_pid(Path::new("/x/mem.pickle"), 7), PathBuf::from("/x/mem-7.pickle"));
         assert_eq!(with_pid(Path::new("mem"), 7), PathBuf::from("mem-7"));
+    }
+
+    #[test]
+    fn a_write_error_names_the_file_it_was_writing() {
+        let mut state = State::default();
+        for pid in [5, 6] {
+            let mut e = Event::new(EventKind::MemAlloc, pid, 0);
+            e.addr = 1 << 40;
+            e.size = 2 << 20;
+            state.apply(&e);
+        }
+        let base = std::env::temp_dir().join(format!("gpufrag-memviz-missing-{}", std::process::id())).join("mem.pickle");
+        let err = export_all(&state, None, &base).expect_err("the directory does not exist").to_string();
+        assert!(err.contains(&with_pid(&base, 5).display().to_string()), "{err}");
+        let mut one = State::default();
+        let mut e = Event::new(EventKind::MemAlloc, 5, 0);
+        e.addr = 1 << 40;
+        e.size = 2 << 20;
+        one.apply(&e);
+        let err = export_all(&one, None, &base).expect_err("the directory does not exist").to_string();
+        assert!(err.starts_with(&base.display().to_string()), "{err}");
     }
 
     #[test]

@@ -133,7 +133,7 @@ impl Observer for MemvizWriter {
                     eprintln!("[gpufrag] memory_viz trace kept the last {} entries ({} older ones dropped; raise --memviz-entries)", self.log.entries().count(), self.log.dropped);
                 }
             }
-            Err(e) => eprintln!("[gpufrag] could not write {}: {e}", self.path.display()),
+            Err(e) => eprintln!("[gpufrag] could not write the memory_viz snapshot {e}"),
         }
     }
 }
