@@ -467,11 +467,15 @@ def _gpufrag_hook():
         name = type(exc).__name__
         if "RESOURCE_EXHAUSTED" in text or ("Out of memory while trying to allocate" in text and "jax" in sys.modules):
             fw["oom_sent"].add(id(exc))
-            req = requested_of(text, r"Out of memory while trying to allocate ([\d.,]+)\s*(B|KiB|MiB|GiB|TiB)?")
+            pat = r"Out of memory while trying to allocate ([\d.,]+)\s*(B|KiB|MiB|GiB|TiB)?"
+            req = requested_of(text, pat)
+            size = re.search(pat, text)
+            # XLA writes the size rounded ("11.85GiB", HumanReadableNumBytes): exact only in bytes
+            rounded = size.group(0).rsplit(" ", 1)[-1] if size and (size.group(2) or "B") != "B" else None
             dev = re.search(r"GPU_(\d+)_bfc", text)
             jax_stats("oom")
             send_json(6, {"framework": "xla", "source": "XLA RESOURCE_EXHAUSTED", "device": int(dev.group(1)) if dev else 0,
-                          "requested": req, "message": text[:400]})
+                          "requested": req, "requested_text": rounded, "message": text[:400]})
         elif name == "OutOfMemoryError" and "cupy" in sys.modules:
             fw["oom_sent"].add(id(exc))
             req = requested_of(text, r"Out of memory allocating ([\d,]+) bytes()")

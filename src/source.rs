@@ -92,6 +92,9 @@ pub enum Msg {
         requested: u64,
         /// Device free bytes, when the hook measured them.
         device_free: Option<u64>,
+        /// The size as the message writes it, when it is rounded there (XLA writes `11.85GiB`:
+        /// two decimals of the largest unit), so `requested` is only as exact as that text.
+        requested_text: Option<String>,
     },
     /// A Python hook's message could not be used, or a source has something to say.
     Warning(String),

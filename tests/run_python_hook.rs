@@ -148,6 +148,8 @@ fn jax_memory_stats_and_the_resource_exhausted_oom_reach_the_summary_in_xlas_ter
         assert!(fix.contains(k), "{fix}");
     }
     assert!(s["notes"].to_string().contains("memory_stats() read right after the failure"), "{s:#}");
+    // XLA writes the size rounded ("20.00MiB"): the figure says so.
+    assert!(s["notes"].to_string().contains("parsed from the error message's \\\"20.00MiB\\\", which is rounded"), "{:#}", s["notes"]);
 }
 
 #[test]

@@ -329,6 +329,8 @@ struct FrameworkOomFrame {
     requested: u64,
     #[serde(default)]
     device_free: Option<u64>,
+    #[serde(default)]
+    requested_text: Option<String>,
 }
 
 /// Reads a Python hook's frames until it closes, handing each to `emit`. Generic over the
@@ -408,6 +410,7 @@ pub fn python_reader(hello: Hello, mut stream: impl Read, mut emit: impl FnMut(c
                     device: f.device,
                     requested: f.requested,
                     device_free: f.device_free,
+                    requested_text: f.requested_text.map(|t| t.chars().take(40).collect()),
                 }),
                 Err(e) => emit(crate::source::Msg::Warning(format!("{name}: unusable out-of-memory frame: {e}"))),
             },

@@ -102,6 +102,7 @@ pub fn process_attrs(p: &ProcessPoint) -> Vec<(&'static str, AttrValue)> {
         ("process.pid", AttrValue::Int(i64::from(p.pid))),
         ("process.executable.name", AttrValue::Str(p.exe.clone())),
         ("hw.id", AttrValue::Str(p.hw_id.clone())),
+        ("gpufrag.framework", AttrValue::Str(Arc::from(p.framework.map_or("none", |f| f.name())))),
     ];
     if let Some(id) = &p.identity {
         a.extend(id.attributes().into_iter().map(|(k, v)| (k, AttrValue::Str(Arc::from(v)))));

@@ -44,6 +44,9 @@ pub struct ProcessPoint {
     pub frees: u64,
     /// OOMs by verdict, in the order of [`Verdict::ALL`].
     pub ooms: [u64; Verdict::ALL.len()],
+    /// The caching allocator whose blocks it uses, when one was seen (the `gpufrag.framework`
+    /// attribute: one of [`crate::framework::Framework::ALL`]'s names, or `none`).
+    pub framework: Option<crate::framework::Framework>,
     /// Whether the process exited.
     pub exited: bool,
     /// Its container and pod, when known (`container.id`, `k8s.*`).
@@ -397,6 +400,7 @@ impl Builder {
                 allocs: s.allocs,
                 frees: s.frees,
                 ooms: ooms.get(&key).copied().unwrap_or_default(),
+                framework: s.framework,
                 exited,
                 identity,
             };
@@ -515,8 +519,9 @@ mod tests {
         let r = Reader::new(store.clone());
         let attrs = super::super::catalog::process_attrs(&r.view().processes[0]);
         let keys: Vec<&str> = attrs.iter().map(|(k, _)| *k).collect();
-        assert_eq!(keys, ["process.pid", "process.executable.name", "hw.id", "container.id", "k8s.pod.uid", "k8s.pod.name", "k8s.namespace.name"]);
+        assert_eq!(keys, ["process.pid", "process.executable.name", "hw.id", "gpufrag.framework", "container.id", "k8s.pod.uid", "k8s.pod.name", "k8s.namespace.name"]);
         assert_eq!(attrs[1].1.to_label(), "train");
+        assert_eq!(attrs[3].1.to_label(), "none", "no caching allocator seen: a bounded value, not an absent attribute");
         r.collected(true);
         // It exits and the state forgets it (the agent): exported once more, with its pod, then gone.
         st.apply(&Event::new(EventKind::ProcessExit, 10, -1));

@@ -151,9 +151,13 @@ pub struct OomRecord {
     pub device_free: Option<u64>,
     /// Where `device_free` came from.
     pub device_free_source: DeviceFreeSource,
-    /// Failure time minus reading time, ns: positive for a reading before the failure,
-    /// negative after; `None` when not measured.
+    /// Failure time minus reading time, ns, for a reading before the failure; 0 for the
+    /// failure's own figure and for a reading after it (see `device_free_after_ns`); never
+    /// negative; `None` when not measured.
     pub device_free_age_ns: Option<i64>,
+    /// For a reading taken after the failure (NVML read when the failure woke the tracer, the
+    /// process's own read while building its error message): how long after, ns.
+    pub device_free_after_ns: Option<u64>,
     /// The process's figures on that device at that moment.
     pub figures: Figures,
     /// The caching allocator whose request failed (a block allocation), or the one managing the
@@ -174,6 +178,22 @@ pub struct OomRecord {
     /// The device's total bytes as last measured before the failure (`cuMemGetInfo` or NVML).
     pub device_total: Option<u64>,
 }
+
+/// One instance of XLA's BFC allocator, as its chunks showed it (`State::bfc_instances`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BfcInstance {
+    /// Its first chunk lay in a traced device segment: its chunks are the device pool's blocks.
+    pub device_pool: bool,
+    /// Chunk allocations seen.
+    pub chunks: u64,
+    /// Lowest chunk address seen.
+    pub lo: u64,
+    /// Highest chunk address seen.
+    pub hi: u64,
+}
+
+/// Most BFC instances filed per trace; chunks of further instances are filed by address alone.
+const MAX_BFC_INSTANCES: usize = 256;
 
 impl OomRecord {
     fn traced(&self) -> u64 {
@@ -264,9 +284,14 @@ pub struct State {
     pub unknown_kinds: u64,
     /// Processes that exited.
     pub exited: BTreeMap<u32, u64>,
-    /// XLA BFC block events outside every device segment of their process: XLA's pinned host
-    /// memory allocator is a BFC allocator too (the probes see both); not device memory, skipped.
+    /// XLA BFC block events of instances that are not a device pool (see `bfc_instances`):
+    /// skipped.
     pub host_bfc_blocks: u64,
+    /// XLA's BFC allocator instances seen, by (pid, instance address): XLA runs one per memory
+    /// space (the device pool, pinned host memory, ...) and the probes see them all. An instance
+    /// is filed by its first chunk: a device pool when that chunk lies in one of the process's
+    /// traced segments, another memory space otherwise; only device pools' chunks are counted.
+    pub bfc_instances: BTreeMap<(u32, u64), BfcInstance>,
     /// Who each process is (name, container, pod), as the live front end read it from `/proc`
     /// when the process was first seen ([`crate::attribution`]). Not carried by events: a
     /// replayed record has none.
@@ -321,6 +346,7 @@ impl State {
     pub fn forget(&mut self, pid: u32) {
         self.spaces.retain(|&(p, _), _| p != pid);
         self.identities.remove(&pid);
+        self.bfc_instances.retain(|&(p, _), _| p != pid);
         self.readings.retain(|&(p, _), _| p != pid);
         self.driver_failures.retain(|&(p, _), _| p != pid);
         self.pending_allowed.retain(|&(p, _), _| p != pid);
@@ -346,7 +372,8 @@ impl State {
             if take {
                 o.device_free = Some(free);
                 o.device_free_source = if nvml { DeviceFreeSource::NvmlAtFailure } else { DeviceFreeSource::ProcessReading };
-                o.device_free_age_ns = Some(-((ts_ns - o.ts_ns) as i64));
+                o.device_free_age_ns = Some(0);
+                o.device_free_after_ns = Some(ts_ns - o.ts_ns);
             }
         }
     }
@@ -479,6 +506,7 @@ impl State {
                     device_free,
                     device_free_source,
                     device_free_age_ns,
+                    device_free_after_ns: None,
                     figures,
                 });
                 Ok(())
@@ -486,9 +514,7 @@ impl State {
             _ if ev.rc != 0 => Ok(()), // a failed call changes nothing; sources send AllocFailed for OOMs
             // free(NULL) is a no-op for the driver and for caching allocators alike.
             EventKind::MemFree | EventKind::PoolFree | EventKind::BlockFree if ev.addr == 0 => Ok(()),
-            EventKind::BlockAlloc | EventKind::BlockFree
-                if ev.flags & F_ALLOC_XLA_BFC != 0 && !self.spaces.get(&(pid, device)).is_some_and(|s| s.map.holds(ev.addr)) =>
-            {
+            EventKind::BlockAlloc | EventKind::BlockFree if ev.flags & F_ALLOC_XLA_BFC != 0 && !self.bfc_device_chunk(pid, device, ev, kind) => {
                 self.host_bfc_blocks += 1;
                 Ok(())
             }
@@ -558,6 +584,23 @@ impl State {
         if let Err(a) = result {
             self.note_anomaly(pid, device, a);
         }
+    }
+
+    /// Whether an XLA BFC chunk event belongs to a device pool (and is applied to the map): its
+    /// instance's filing, made at the instance's first chunk (in a traced segment of the process
+    /// or not). An event without an instance address (0) is filed by its own address.
+    fn bfc_device_chunk(&mut self, pid: u32, device: i16, ev: &Event, kind: EventKind) -> bool {
+        let inside = self.spaces.get(&(pid, device)).is_some_and(|s| s.map.holds(ev.addr));
+        if ev.handle == 0 || (self.bfc_instances.len() >= MAX_BFC_INSTANCES && !self.bfc_instances.contains_key(&(pid, ev.handle))) {
+            return inside;
+        }
+        let i = self.bfc_instances.entry((pid, ev.handle)).or_insert(BfcInstance { device_pool: inside, chunks: 0, lo: ev.addr, hi: ev.addr });
+        if kind == EventKind::BlockAlloc {
+            i.chunks += 1;
+            i.lo = i.lo.min(ev.addr);
+            i.hi = i.hi.max(ev.addr);
+        }
+        i.device_pool
     }
 
     /// The device of a free-like event whose source did not know it (the shim sends -1 for frees):
@@ -722,7 +765,10 @@ mod device_free_tests {
         let mut s = State::default();
         s.apply_all(events);
         let o = &s.ooms[0];
-        (o.device_free, o.device_free_source, o.device_free_age_ns)
+        assert!(o.device_free_age_ns.is_none_or(|a| a >= 0), "age never negative: {o:?}");
+        assert!(o.device_free_after_ns.is_none() || o.device_free_age_ns == Some(0), "a reading after the failure has age 0: {o:?}");
+        // The third value: the age of a reading before, minus the delay of one after.
+        (o.device_free, o.device_free_source, o.device_free_age_ns.map(|a| o.device_free_after_ns.map_or(a, |after| -(after as i64))))
     }
 
     #[test]

@@ -278,7 +278,16 @@ fn device_row(out: &mut String, label: &str, d: &DeviceSummary, id_attr: &str) {
 
 fn tables(out: &mut String, s: &Summary) {
     let head = "<tr><th></th><th>reserved</th><th>allocated</th><th>stranded</th><th>releasable</th><th>largest free block</th><th>device free</th><th>largest allocatable</th><th>frag.</th><th>segments</th><th>blocks</th><th>level</th></tr>\n";
-    out.push_str("<section id=\"tables\">\n<h2>Figures</h2>\n<table id=\"devices-table\">\n");
+    out.push_str("<section id=\"tables\">\n<h2>Figures</h2>\n");
+    let allocators: Vec<String> = s
+        .processes
+        .iter()
+        .map(|p| format!("pid {}: {}", p.pid, p.framework.map_or("none seen (driver segments only)", |f| f.allocator())))
+        .collect();
+    if !allocators.is_empty() {
+        put(out, format_args!("<p id=\"allocators\">Caching allocator: {}</p>\n", esc(&allocators.join("; "))));
+    }
+    out.push_str("<table id=\"devices-table\">\n");
     out.push_str(head);
     for d in &s.devices {
         device_row(out, &format!("device {}", d.device), d, "");

@@ -21,7 +21,8 @@
  *                    driver call (a memory fraction's cap refused it), MODE driver after a failed
  *                    cuMemAlloc_v2 of the same request; a CPU-side report too, which is no GPU OOM
  *   xla LIB          chunks from the fake XLA BFC allocator at LIB (xla_cuda_plugin.so) inside one
- *                    64 MiB preallocated pool, ending with a fragmentation OOM inside the pool
+ *                    64 MiB preallocated pool (one VMM mapping, as JAX's), ending with a
+ *                    fragmentation OOM inside the pool; a second BFC instance over host memory
  *   bench N          N alloc+free pairs of 4 KiB; prints ns per pair
  *   fork             parent allocates 2 MiB, its child allocates 4 MiB, both exit
  */
@@ -344,9 +345,28 @@ static void xla(const char *lib)
 	void *(*alloc_plain)(unsigned long) = sym(h, "fake_bfc_alloc_plain");
 	void (*bfree)(void *) = sym(h, "fake_bfc_free");
 	void (*stats)(unsigned long *, unsigned long *, unsigned long *) = sym(h, "fake_bfc_stats");
+	void (*host_init)(unsigned long, unsigned long) = sym(h, "fake_host_bfc_init");
+	void *(*host_alloc)(unsigned long) = sym(h, "fake_host_bfc_alloc");
+	void (*host_free)(void *) = sym(h, "fake_host_bfc_free");
+	/* JAX's preallocated pool: one VMM mapping (reserve, create, map), as on the H200 */
 	CUdeviceptr pool;
-	check(cuMemAlloc_v2(&pool, 64 * MIB), "cuMemAlloc_v2");
+	CUmemGenericAllocationHandle ph;
+	CUmemAllocationProp prop;
+	memset(&prop, 0, sizeof(prop));
+	prop.type = 1;          /* CU_MEM_ALLOCATION_TYPE_PINNED */
+	prop.location.type = 1; /* CU_MEM_LOCATION_TYPE_DEVICE */
+	check(cuMemAddressReserve(&pool, 64 * MIB, 0, 0, 0), "cuMemAddressReserve");
+	check(cuMemCreate(&ph, 64 * MIB, &prop, 0), "cuMemCreate");
+	check(cuMemMap(pool, 64 * MIB, 0, ph, 0), "cuMemMap");
+	CUmemAccessDesc acc = { { 1, 0 }, 3 };
+	check(cuMemSetAccess(pool, 64 * MIB, &acc, 1), "cuMemSetAccess");
 	init(pool, 64 * MIB);
+	/* the second instance, over host memory no driver call traced: its chunks are not counted */
+	static char host_region[1 << 20] __attribute__((aligned(4096)));
+	host_init((unsigned long)host_region, sizeof(host_region));
+	void *h1 = host_alloc(4);
+	void *h2 = host_alloc(100000);
+	host_free(h1);
 	void *a = alloc(8 * MIB);
 	void *b = alloc(3 * MIB + 1);      /* rounded to 3 MiB + 256 */
 	void *c = alloc(1000);             /* 1024 */
@@ -359,10 +379,12 @@ static void xla(const char *lib)
 	void *x = alloc(20 * MIB);         /* 25 MiB free, at most 17 MiB in one chunk: fails */
 	if (x)
 		fprintf(stderr, "cuda_prog: the fragmented pool served 20 MiB\n");
-	(void)c; (void)d; (void)g; (void)e; (void)f;
+	(void)c; (void)d; (void)g; (void)e; (void)f; (void)h2;
 	unsigned long in_use, largest, bytes;
 	stats(&in_use, &largest, &bytes);
-	printf("FIGURES device=0 reserved=%lu bfc_bytes_in_use=%lu bfc_largest_free_block=%lu bfc_pool_bytes=%lu\n", bytes, in_use, largest, bytes);
+	/* The pool holds live chunks and never goes back to the driver: its free bytes are stranded. */
+	printf("FIGURES device=0 reserved=%lu bfc_bytes_in_use=%lu bfc_largest_free_block=%lu bfc_pool_bytes=%lu bfc_stranded=%lu host_chunks=2 host_base=%lu\n",
+	       bytes, in_use, largest, bytes, bytes - in_use, (unsigned long)host_region);
 }
 
 static double now_s(void)

@@ -101,6 +101,7 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
     let header = Row::new(vec![
         marked("gpu / pid", Sort::Id),
         "user".to_string(),
+        "allocator".to_string(),
         marked("reserved", Sort::Reserved),
         marked("allocated", Sort::Allocated),
         marked("stranded", Sort::Stranded),
@@ -124,6 +125,7 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
             let row = Row::new(vec![
                 Cell::from(r.label.clone()),
                 Cell::from(r.user.clone()),
+                Cell::from(r.framework.map_or("", |f| f.name())),
                 Cell::from(human_bytes(d.reserved)),
                 Cell::from(human_bytes(d.allocated)),
                 Cell::from(human_bytes(d.stranded)).style(if d.stranded > 0 && !r.exited { Style::default().fg(STRANDED) } else { Style::default() }),
@@ -152,6 +154,7 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
     let widths = [
         Constraint::Length(18),
         Constraint::Length(8),
+        Constraint::Length(9),
         Constraint::Length(11),
         Constraint::Length(11),
         Constraint::Length(11),
