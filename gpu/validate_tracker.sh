@@ -46,7 +46,8 @@ one() { # round, workload, mode
   echo "RESULT round=$r workload=$wl mode=$mode ms_per_step=${ms:-none} rc=$rc" | tee -a $R
   [ $mode = bare ] || echo "RESULT round=$r workload=$wl mode=$mode summary: $(note $W/${wl}_${mode}_$r.json)" | tee -a $R
 }
-for r in $(seq 1 $ROUNDS); do
+# FIRST_ROUND numbers the rounds of a further call; ONLY_COST=1 skips the exactness part (3.).
+for r in $(seq ${FIRST_ROUND:-1} $(( ${FIRST_ROUND:-1} + ROUNDS - 1 ))); do
   for wl in scale gpt2; do
     for mode in bare tracker snapshots; do
       [ $(left) -gt 120 ] || { echo "RESULT skipped round=$r workload=$wl mode=$mode (time)" | tee -a $R; continue; }
@@ -56,7 +57,7 @@ for r in $(seq 1 $ROUNDS); do
 done
 # 3. exactness with the tracker
 cd $W; export OUT=$W
-if [ $(left) -gt 60 ]; then
+if [ -z "${ONLY_COST:-}" ] && [ $(left) -gt 60 ]; then
   timeout 120 $B/gpufrag run --no-report --no-feed --summary-json $W/frag.summary.json --record $W/frag.rec -- python3 $S/frag_oom.py frag >> $L 2>&1
   echo "RESULT frag_oom summary: $(note $W/frag.summary.json)" | tee -a $R
   grep -A3 "OOM in pid" $L | tail -4 | tee -a $R
@@ -74,7 +75,7 @@ for o in s["ooms"]:
     print("frag_oom verdict", o["verdict"], "requested", o["requested"], "device_free", o["device_free"], "stranded", o["stranded"], "largest_free_block", o["largest_free_block"], "op", o.get("op"))
 PY
 fi
-if [ $(left) -gt 40 ]; then
+if [ -z "${ONLY_COST:-}" ] && [ $(left) -gt 40 ]; then
   timeout 120 $B/gpufrag run -q --no-report --no-feed --summary-json $W/gpt.summary.json --record $W/gpt.rec -- python3 $G/torch_workload.py gpt 6 >> $L 2>&1
   echo "RESULT torch_workload summary: $(note $W/gpt.summary.json)" | tee -a $R
   python3 $G/compare.py $W/gpt.summary.json $W/gpt.torch.json gpt_tracker | tee -a $R
