@@ -272,13 +272,14 @@ pub const HELP: &str = "gpufrag top: where GPU memory is, per device and per pro
   s .  ,     next / previous sort column        I r        reverse the sort order
   p Space    pause (a replay itself stops)      x          drop exited processes now
 
-Columns: reserved (the allocator's and the driver's segments gpufrag traced), allocated
-(live blocks), stranded (free inside segments that hold live blocks: not releasable),
-largest free (the largest free block), frag (1 − largest allocatable / free), dev free and
-dev total (the device's own figures, on device rows), state (running / exited: an exited
-process is dimmed and dropped 30 s later), coverage (exact or approximate, and the level
-seen: segment, block), command and user (from /proc while it runs; a replay knows only
-what its file carries). The sorted column is marked ▼ (largest first) or ▲.
+Columns: allocator (pytorch, xla, cupy), reserved (the allocator's and the driver's
+segments gpufrag traced), allocated (live blocks), stranded (free inside segments that
+hold live blocks: not releasable), largest free (the largest free block), frag
+(1 − largest allocatable / free), dev free and dev total (the device's own figures, on
+device rows), state (running / exited: an exited process is dimmed and dropped 30 s
+later), coverage (exact or approximate, and the level seen: segment, block), command
+and user (from /proc while it runs; a replay knows only what its file carries). The
+sorted column is marked ▼ (largest first) or ▲.
 
 Press any key to return.";
 
