@@ -7,8 +7,9 @@ the program itself has imported torch and initialised CUDA: an import hook wraps
 is up the hook connects to the consumer's socket (GPUFRAG_SOCK), says that a caching allocator
 manages this process's memory, and attaches PyTorch's out-of-memory observer. It then sends
 `torch.cuda.memory._snapshot()` (the caching allocator's segments and blocks) every
-GPUFRAG_PY_INTERVAL seconds (default 1), when the out-of-memory observer fires (with the request
-and the device free PyTorch measured), and at exit. With `backend:cudaMallocAsync` there are no
+GPUFRAG_PY_INTERVAL seconds (default 1), when the out-of-memory observer fires (with the request,
+the device free PyTorch measured and, when set_per_process_memory_fraction caps the allocator, its
+allowed bytes), and at exit. With `backend:cudaMallocAsync` there are no
 blocks to send (the driver's pools hold them) and the hook stays quiet. It never turns on history
 recording, never imports torch itself, and swallows its own errors: the traced program comes first.
 Set GPUFRAG_PYTHON_HOOK=0 to switch it off. A sitecustomize the program had is imported after it.
@@ -92,12 +93,37 @@ def _gpufrag_hook():
         except Exception:
             pass
 
-    def on_oom(device, alloc, device_allocated, device_free):
+    def allowed_bytes(device, limit):
+        """The allowed bytes of set_per_process_memory_fraction, or 0 when no fraction caps the
+        allocator: PyTorch passes its observers the allowed bytes when a fraction is set and the
+        device total otherwise."""
+        torch = sys.modules["torch"]
+        get = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        if get is not None:
+            return int(limit) if float(get(int(device))) < 1.0 else 0
+        total = int(torch.cuda.mem_get_info(int(device))[1])
+        return int(limit) if int(limit) < total else 0
+
+    def on_oom(device, alloc, limit, device_free):
+        # PyTorch 2.11 calls observers with (device, alloc_size, set_fraction ?
+        # allowed_memory_maximum : device_total, device_free), after releasing its lock.
         if st["tracker"]:
-            return  # the tracker's OOM entry is in the ring, ordered with the blocks
+            # The tracker's OOM entry is in the ring, ordered with the blocks; what it cannot
+            # carry is the cap: the allowed bytes go as an amendment of that OOM (frame 8).
+            try:
+                allowed = allowed_bytes(device, limit)
+                if allowed:
+                    send(8, struct.pack("<qQQ", int(device), int(alloc), allowed))
+            except Exception:
+                pass
+            return
         snapshot()
         try:
-            send(2, struct.pack("<qQQQ", int(device), int(alloc), int(device_allocated), int(device_free)))
+            allowed = allowed_bytes(device, limit)
+        except Exception:
+            allowed = 0
+        try:
+            send(2, struct.pack("<qQQQQ", int(device), int(alloc), int(limit), int(device_free), allowed))
         except Exception:
             pass
 
@@ -164,14 +190,31 @@ def _gpufrag_hook():
                 return path
         return None
 
-    def build_plan(torch):
-        """(library path, compile command, source dir, sources), or a string saying why not."""
+    def cached_library(torch):
+        """(library path, source dir, sources) of this torch's tracker (it may not be built yet),
+        or a string saying why there is none. Cheap: no compiler, no cpp_extension import."""
         import hashlib
 
         try:
             srcs = tracker_sources()
         except OSError as e:
             return f"its source is missing ({e})"
+        if not isinstance(getattr(torch, "__version__", None), str):
+            return "this torch has no version string to key the library by"
+        abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+        h = hashlib.sha256()
+        for k in sorted(srcs):
+            h.update(k.encode() + b"\0" + srcs[k] + b"\0")
+        h.update(f"{torch.__version__}|{getattr(torch.version, 'cuda', None)}|{abi}".encode())
+        key = h.hexdigest()[:16]
+        safe = "".join(c if c.isalnum() or c in ".+-" else "_" for c in str(torch.__version__))
+        d = cache_dir()
+        return os.path.join(d, f"torch-tracker-{safe}-{key}.so"), os.path.join(d, f"src-{key}"), srcs
+
+    def build_command(torch, src_dir):
+        """The compile command (output path to append), or a string saying why it cannot be built."""
+        import glob
+
         cxx = compiler()
         if cxx is None:
             return "no C++ compiler (c++, g++ or clang++; or set CXX)"
@@ -191,30 +234,23 @@ def _gpufrag_hook():
                 return f"torch's include paths are unknown ({type(e).__name__}: {e})"
         if not any(os.path.exists(os.path.join(i, "c10", "cuda", "CUDACachingAllocator.h")) for i in incs):
             return "torch's headers (c10/cuda/CUDACachingAllocator.h) are not installed"
+        # cuda_runtime_api.h: CUDA_HOME's, else the one the CUDA wheels install beside torch
         cuda_home = getattr(cpp_extension, "CUDA_HOME", None)
-        for extra in ([os.path.join(cuda_home, "include")] if cuda_home else []) + [
-            os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "cuda_runtime", "include")
-        ]:
-            if os.path.isdir(extra) and extra not in incs:
-                incs.append(extra)
+        site = os.path.dirname(os.path.dirname(torch.__file__))
+        extra = [os.path.join(cuda_home, "include")] if cuda_home else []
+        extra += sorted(os.path.dirname(h) for h in glob.glob(os.path.join(site, "nvidia", "*", "include", "cuda_runtime_api.h")))
+        for e in extra:
+            if os.path.isdir(e) and e not in incs:
+                incs.append(e)
         abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
         try:
             lib = list(cpp_extension.library_paths())[0]
         except Exception:
             lib = os.path.join(os.path.dirname(torch.__file__), "lib")
-        h = hashlib.sha256()
-        for k in sorted(srcs):
-            h.update(k.encode() + b"\0" + srcs[k] + b"\0")
-        h.update(f"{torch.__version__}|{getattr(torch.version, 'cuda', None)}|{abi}|{cxx}".encode())
-        key = h.hexdigest()[:16]
-        safe = "".join(c if c.isalnum() or c in ".+-" else "_" for c in str(torch.__version__))
-        d = cache_dir()
-        out = os.path.join(d, f"torch-tracker-{safe}-{key}.so")
-        src_dir = os.path.join(d, f"src-{key}")
         cmd = [cxx, "-O2", "-shared", "-fPIC", "-std=c++20", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-I", src_dir]
         cmd += [f"-I{i}" for i in incs]
         cmd += [os.path.join(src_dir, "torch_tracker.cpp"), f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10_cuda", "-lc10", "-o"]
-        return out, cmd, src_dir, srcs
+        return cmd
 
     def write_sources(src_dir, srcs):
         os.makedirs(src_dir, exist_ok=True)
@@ -294,13 +330,17 @@ def _gpufrag_hook():
         if not early:
             send_json(7, {"blocks": "snapshots", "note": f"{snap}: CUDA was initialised before the hook could wrap it, so the trace tracker would miss the blocks handed out before it"})
             return
-        plan = build_plan(torch)
+        plan = cached_library(torch)
         if isinstance(plan, str):
             send_json(7, {"blocks": "snapshots", "note": f"{snap}: the trace tracker is unavailable: {plan}"})
             return
-        out, cmd, src_dir, srcs = plan
+        out, src_dir, srcs = plan
         built = ""
         if not os.path.exists(out):
+            cmd = build_command(torch, src_dir)
+            if isinstance(cmd, str):
+                send_json(7, {"blocks": "snapshots", "note": f"{snap}: the trace tracker is unavailable: {cmd}"})
+                return
             if tracker_mode == "build":
                 secs, err = build_now(out, cmd, src_dir, srcs)
                 if err:
@@ -427,11 +467,15 @@ def _gpufrag_hook():
         name = type(exc).__name__
         if "RESOURCE_EXHAUSTED" in text or ("Out of memory while trying to allocate" in text and "jax" in sys.modules):
             fw["oom_sent"].add(id(exc))
-            req = requested_of(text, r"Out of memory while trying to allocate ([\d.,]+)\s*(B|KiB|MiB|GiB|TiB)?")
+            pat = r"Out of memory while trying to allocate ([\d.,]+)\s*(B|KiB|MiB|GiB|TiB)?"
+            req = requested_of(text, pat)
+            size = re.search(pat, text)
+            # XLA writes the size rounded ("11.85GiB", HumanReadableNumBytes): exact only in bytes
+            rounded = size.group(0).rsplit(" ", 1)[-1] if size and (size.group(2) or "B") != "B" else None
             dev = re.search(r"GPU_(\d+)_bfc", text)
             jax_stats("oom")
             send_json(6, {"framework": "xla", "source": "XLA RESOURCE_EXHAUSTED", "device": int(dev.group(1)) if dev else 0,
-                          "requested": req, "message": text[:400]})
+                          "requested": req, "requested_text": rounded, "message": text[:400]})
         elif name == "OutOfMemoryError" and "cupy" in sys.modules:
             fw["oom_sent"].add(id(exc))
             req = requested_of(text, r"Out of memory allocating ([\d,]+) bytes()")
@@ -562,7 +606,13 @@ def _gpufrag_hook():
 
     def at_exit():
         arm()
-        if not st["dead"] and not st["tracker"]:
+        if st["tracker"]:
+            # the state at exit, as a final snapshot would give it: not the teardown's frees
+            try:
+                st["tracker_lib"].gpufrag_torch_tracker_stop()
+            except Exception:
+                pass
+        elif not st["dead"]:
             snapshot()
         framework_oom(getattr(sys, "last_value", None))
         jax_stats("exit")

@@ -27,6 +27,7 @@ static_assert(static_cast<int>(A::TraceEntry::OOM) == GPUFRAG_TE_OOM, "TraceEntr
 
 static gpufrag_shim_calls calls;
 static std::atomic<uint64_t> entries{0};
+static std::atomic<bool> stopped{false};
 
 // 1: attached; 0: attached before; -1: the shim's annotation functions are not loaded (not under
 // `gpufrag run`); -2: PyTorch refused the tracker (an exception, e.g. another allocator backend).
@@ -43,6 +44,9 @@ extern "C" int gpufrag_torch_tracker_attach(void) {
   }
   try {
     A::attachAllocatorTraceTracker([](const A::TraceEntry& te) {
+      if (stopped.load(std::memory_order_relaxed)) {
+        return;
+      }
       entries.fetch_add(1, std::memory_order_relaxed);
       gpufrag_trace_entry(&calls, static_cast<int>(te.action_), static_cast<uint64_t>(te.addr_), static_cast<uint64_t>(te.size_),
                           static_cast<uint64_t>(reinterpret_cast<uintptr_t>(te.stream_)), static_cast<int>(te.device_));
@@ -57,4 +61,11 @@ extern "C" int gpufrag_torch_tracker_attach(void) {
 // Trace entries seen so far (for the hook's own checks and the GPU validation).
 extern "C" uint64_t gpufrag_torch_tracker_entries(void) {
   return entries.load(std::memory_order_relaxed);
+}
+
+// Stops forwarding entries (the hook calls it from its exit handler, the last one to run): the
+// frees of the interpreter's teardown are left out, so the figures are the ones at exit, which
+// memory_stats() and a final snapshot report.
+extern "C" void gpufrag_torch_tracker_stop(void) {
+  stopped.store(true);
 }

@@ -233,7 +233,7 @@ fn hostile_ten_million_item_list_is_held_at_sixteen_bytes_an_item() {
     p.extend(std::iter::repeat_n(b'N', n));
     p.extend_from_slice(b"e.");
     let (result, peak) = peak_heap_of(|| gpufrag::snapshot::from_bytes(&p, Path::new("long_list.pickle")));
-    let err = result.err().expect("a list is not a snapshot").to_string();
+    let err = result.expect_err("a list is not a snapshot").to_string();
     assert!(err.contains("long_list.pickle") && err.contains("a list of 10000000 items"), "{err}");
     // 16 bytes a value, in a vector that grew by doubling: up to 32 bytes an item allocated at the
     // peak, of which the untouched half is never resident (the process's peak RSS is about 17

@@ -96,18 +96,18 @@ fn ui_loop(app: &mut app::App, rx: &Receiver<Update>, replay: Option<&std::sync:
         if replay.is_some_and(|c| c.failure().is_some()) {
             break;
         }
-        match term::wait_for_input(Duration::from_millis(100)) {
+        let ready = match term::wait_for_input(Duration::from_millis(100)) {
             term::Input::Gone => break,
-            term::Input::Idle => {}
-            term::Input::Ready => {
-                // Everything crossterm has parsed, without waiting.
-                while event::poll(Duration::ZERO)? {
-                    if let Event::Key(k) = event::read()? {
-                        if k.kind == KeyEventKind::Press && app.key(k) {
-                            drop(guard);
-                            return Ok(());
-                        }
-                    }
+            term::Input::Idle => false,
+            term::Input::Ready => true,
+            term::Input::Unwatched => event::poll(Duration::from_millis(100))?,
+        };
+        // Everything crossterm has parsed, without waiting.
+        while ready && event::poll(Duration::ZERO)? {
+            if let Event::Key(k) = event::read()? {
+                if k.kind == KeyEventKind::Press && app.key(k) {
+                    drop(guard);
+                    return Ok(());
                 }
             }
         }

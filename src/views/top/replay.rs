@@ -11,7 +11,7 @@
 
 use crate::ingest::State;
 use crate::views::feed::{frame, Update};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::{Arc, Mutex};
@@ -126,7 +126,7 @@ fn panic_after() -> Option<u64> {
 }
 
 /// Plays `events` into `state`, handing frames to `send` (false: the viewer is gone).
-fn play(file: &PathBuf, mut state: State, events: &[crate::event::Event], speed: f64, c: &Control, send: &mut dyn FnMut(Update) -> bool) {
+fn play(file: &Path, mut state: State, events: &[crate::event::Event], speed: f64, c: &Control, send: &mut dyn FnMut(Update) -> bool) {
     let source = format!("replay of {}", file.display());
     let t0 = events.iter().map(|e| e.ts_ns).find(|t| *t > 0).unwrap_or(0);
     let rel = |ts: u64| if t0 > 0 && ts >= t0 { ts - t0 } else { 0 };
@@ -200,7 +200,7 @@ mod tests {
         control.set_paused(true);
         let c = control.clone();
         let (tx, rx) = sync_channel(64);
-        let t = std::thread::spawn(move || play(&PathBuf::from("t.rec"), State::default(), &events, 1.0, &c, &mut |u| tx.send(u).is_ok()));
+        let t = std::thread::spawn(move || play(Path::new("t.rec"), State::default(), &events, 1.0, &c, &mut |u| tx.send(u).is_ok()));
         std::thread::sleep(Duration::from_millis(700));
         let held = control.position();
         assert_eq!((held.done, held.total), (0, 4), "paused from the start: nothing applied in 700 ms ({held:?})");

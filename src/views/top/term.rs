@@ -41,6 +41,9 @@ pub enum Input {
     Ready,
     /// The terminal hung up or reads end-of-file: it is gone.
     Gone,
+    /// Stdin is not the terminal (crossterm reads keys from `/dev/tty` then): not watched here,
+    /// the caller waits in crossterm's own poll.
+    Unwatched,
 }
 
 /// The file descriptor of the terminal keys come from (crossterm's choice: stdin when it is a
@@ -53,8 +56,7 @@ fn tty_fd() -> Option<libc::c_int> {
 /// Waits up to `timeout` for input on the terminal, without reading it.
 pub fn wait_for_input(timeout: Duration) -> Input {
     let Some(fd) = tty_fd() else {
-        std::thread::sleep(timeout);
-        return Input::Idle;
+        return Input::Unwatched;
     };
     let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     // SAFETY: one pollfd we own, for the length we pass.
