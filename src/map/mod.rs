@@ -1016,6 +1016,11 @@ mod tests {
             largest_free_block: f.largest_free_block,
             framework: true,
             allocator: Some(Framework::Xla),
+            page_stranded: 0,
+            allowed: None,
+            allocator_refused: false,
+            reserved: f.framework_reserved,
+            device_total: None,
         };
         assert_eq!(oom.verdict(), Verdict::Fragmentation, "{}", oom.explanation());
         for &a in bufs.iter().skip(1).step_by(2) {
