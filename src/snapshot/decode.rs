@@ -137,7 +137,7 @@ fn pick<'v, const N: usize>(d: &'v Container, keys: [&str; N]) -> [Option<&'v PV
     let mut out = [None; N];
     for kv in d.items.chunks_exact(2) {
         if let PV::Str(s) = &kv[0] {
-            if let Some(i) = keys.iter().position(|key| **key == **s) {
+            if let Some(i) = keys.iter().position(|key| *key == s.as_str()) {
                 out[i] = Some(&kv[1]);
             }
         }
