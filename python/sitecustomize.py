@@ -5,10 +5,13 @@ PYTHONPATH, so every Python process it traces imports it at start-up. The hook d
 the program itself has imported torch and initialised CUDA: an import hook wraps
 `torch.cuda._lazy_init` (which PyTorch's C++ side calls on the first CUDA use), so the moment CUDA
 is up the hook connects to the consumer's socket (GPUFRAG_SOCK), says that a caching allocator
-manages this process's memory, and attaches PyTorch's out-of-memory observer. It then sends
-`torch.cuda.memory._snapshot()` (the caching allocator's segments and blocks) every
-GPUFRAG_PY_INTERVAL seconds (default 1), when the out-of-memory observer fires (with the request
-and the device free PyTorch measured), and at exit. With `backend:cudaMallocAsync` there are no
+manages this process's memory, and attaches PyTorch's allocator trace tracker
+(torch_tracker.cpp, built and cached per GPUFRAG_TORCH_TRACKER, see blocks_source): every
+allocation, free and OOM then reaches the shim's ring as one event, and no snapshot is taken.
+Without it (not built yet, no compiler, --torch-tracker=off) it attaches PyTorch's out-of-memory
+observer and sends `torch.cuda.memory._snapshot()` (the caching allocator's segments and blocks)
+every GPUFRAG_PY_INTERVAL seconds (default 1), when the out-of-memory observer fires (with the
+request and the device free PyTorch measured), and at exit. Either way it says which (frame 7). With `backend:cudaMallocAsync` there are no
 blocks to send (the driver's pools hold them) and the hook stays quiet. It never turns on history
 recording, never imports torch itself, and swallows its own errors: the traced program comes first.
 Set GPUFRAG_PYTHON_HOOK=0 to switch it off. A sitecustomize the program had is imported after it.
