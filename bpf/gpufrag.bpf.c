@@ -613,6 +613,32 @@ SEC("uprobe") int torch_free_entry(struct pt_regs *ctx)
 	return 0;
 }
 
+/* c10::reportOutOfMemoryToProfiler(long alloc_size, size_t total_allocated, size_t total_reserved,
+ * c10::Device device), in libc10.so: PyTorch's caching allocator calls it on every OOM it raises
+ * (DeviceCachingAllocator::malloc, after its last try and before its OOM observers and the
+ * throw), with the rounded request and its own allocated and reserved bytes. c10::Device is two
+ * int8 (type, index) in one register; only CUDA devices (type 1) are reported. */
+SEC("uprobe") int torch_oom_entry(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!is_traced(id >> 32))
+		return 0;
+	__u64 dev = PT_REGS_PARM4(ctx);
+	if ((dev & 0xff) != 1)
+		return 0;
+	note_traced(id >> 32);
+	__s8 index = (__s8)((dev >> 8) & 0xff);
+	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_ALLOC_FAILED, index, GPUFRAG_F_SRC_EBPF | GPUFRAG_F_FAILED | GPUFRAG_F_ALLOCATOR_OOM);
+	if (!e)
+		return 0;
+	e->requested = PT_REGS_PARM1(ctx);
+	e->handle = PT_REGS_PARM3(ctx);
+	e->rc = 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+	e->op = GPUFRAG_EV_BLOCK_ALLOC;
+	submit_now(e);
+	return 0;
+}
+
 /* tsl::BFCAllocator::AllocateRaw(this, alignment, num_bytes, const AllocationAttributes&). Not
  * saved when the thread is inside the 2-argument overload, whose return reports the call. */
 SEC("uprobe") int bfc_alloc_entry(struct pt_regs *ctx)

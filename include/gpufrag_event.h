@@ -60,6 +60,9 @@ enum gpufrag_event_kind {
 #define GPUFRAG_F_ALLOC_CUPY        (1u << 9) /* block/adopt: CuPy's memory pool */
 #define GPUFRAG_F_SRC_NVML          (1u << 10) /* DEVICE_INFO read from NVML (pid != 0: for that process's failed allocation) */
 #define GPUFRAG_F_COMM              (1u << 11) /* PROCESS_EXIT from eBPF: addr and size hold the process's comm (16 bytes, NUL-padded) */
+#define GPUFRAG_F_ALLOCATOR_OOM     (1u << 12) /* ALLOC_FAILED from PyTorch's own OOM path (reportOutOfMemoryToProfiler); handle = its reserved bytes */
+#define GPUFRAG_F_ALLOWED_KNOWN     (1u << 13) /* ALLOC_FAILED: size = the allocator's allowed bytes (memory fraction) */
+#define GPUFRAG_F_OOM_AMEND         (1u << 14) /* ALLOC_FAILED that only gives its allowed bytes to its process's latest allocator OOM */
 
 struct gpufrag_event {
 	__u64 ts_ns;       /* CLOCK_MONOTONIC (live) or the trace's own clock (import) */

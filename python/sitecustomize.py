@@ -5,13 +5,16 @@ PYTHONPATH, so every Python process it traces imports it at start-up. The hook d
 the program itself has imported torch and initialised CUDA: an import hook wraps
 `torch.cuda._lazy_init` (which PyTorch's C++ side calls on the first CUDA use), so the moment CUDA
 is up the hook connects to the consumer's socket (GPUFRAG_SOCK), says that a caching allocator
-manages this process's memory, and attaches PyTorch's allocator trace tracker
-(torch_tracker.cpp, built and cached per GPUFRAG_TORCH_TRACKER, see blocks_source): every
-allocation, free and OOM then reaches the shim's ring as one event, and no snapshot is taken.
-Without it (not built yet, no compiler, --torch-tracker=off) it attaches PyTorch's out-of-memory
-observer and sends `torch.cuda.memory._snapshot()` (the caching allocator's segments and blocks)
-every GPUFRAG_PY_INTERVAL seconds (default 1), when the out-of-memory observer fires (with the
-request and the device free PyTorch measured), and at exit. Either way it says which (frame 7). With `backend:cudaMallocAsync` there are no
+manages this process's memory, attaches PyTorch's allocator trace tracker
+(torch_tracker.cpp, built and cached per GPUFRAG_TORCH_TRACKER, see blocks_source) and PyTorch's
+out-of-memory observer. With the tracker every allocation, free and OOM reaches the shim's ring as
+one event and no snapshot is taken (the observer only adds the OOM's allowed bytes when
+set_per_process_memory_fraction caps the allocator, frame 8). Without it (not built yet, no
+compiler, --torch-tracker=off) it sends `torch.cuda.memory._snapshot()` (the caching allocator's
+segments and blocks) every GPUFRAG_PY_INTERVAL seconds (default 1), when the out-of-memory
+observer fires (with the request, the device free PyTorch measured and, when
+set_per_process_memory_fraction caps the allocator, its allowed bytes), and at exit. Either way it
+says which (frame 7). With `backend:cudaMallocAsync` there are no
 blocks to send (the driver's pools hold them) and the hook stays quiet. It never turns on history
 recording, never imports torch itself, and swallows its own errors: the traced program comes first.
 Set GPUFRAG_PYTHON_HOOK=0 to switch it off. A sitecustomize the program had is imported after it.
@@ -95,12 +98,37 @@ def _gpufrag_hook():
         except Exception:
             pass
 
-    def on_oom(device, alloc, device_allocated, device_free):
+    def allowed_bytes(device, limit):
+        """The allowed bytes of set_per_process_memory_fraction, or 0 when no fraction caps the
+        allocator: PyTorch passes its observers the allowed bytes when a fraction is set and the
+        device total otherwise."""
+        torch = sys.modules["torch"]
+        get = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        if get is not None:
+            return int(limit) if float(get(int(device))) < 1.0 else 0
+        total = int(torch.cuda.mem_get_info(int(device))[1])
+        return int(limit) if int(limit) < total else 0
+
+    def on_oom(device, alloc, limit, device_free):
+        # PyTorch 2.11 calls observers with (device, alloc_size, set_fraction ?
+        # allowed_memory_maximum : device_total, device_free), after releasing its lock.
         if st["tracker"]:
-            return  # the tracker's OOM entry is in the ring, ordered with the blocks
+            # The tracker's OOM entry is in the ring, ordered with the blocks; what it cannot
+            # carry is the cap: the allowed bytes go as an amendment of that OOM (frame 8).
+            try:
+                allowed = allowed_bytes(device, limit)
+                if allowed:
+                    send(8, struct.pack("<qQQ", int(device), int(alloc), allowed))
+            except Exception:
+                pass
+            return
         snapshot()
         try:
-            send(2, struct.pack("<qQQQ", int(device), int(alloc), int(device_allocated), int(device_free)))
+            allowed = allowed_bytes(device, limit)
+        except Exception:
+            allowed = 0
+        try:
+            send(2, struct.pack("<qQQQQ", int(device), int(alloc), int(limit), int(device_free), allowed))
         except Exception:
             pass
 
@@ -131,11 +159,11 @@ def _gpufrag_hook():
         except Exception as e:
             send_json(7, {"blocks": "snapshots", "note": f"PyTorch blocks from snapshots every {interval:g} s: the trace tracker failed ({type(e).__name__}: {e})"})
         st["choosing"] = False
-        if not st["tracker"]:
-            try:
-                torch._C._cuda_attach_out_of_memory_observer(on_oom)
-            except Exception:
-                pass
+        # with the tracker too: on_oom then sends only the cap's allowed bytes (frame 8)
+        try:
+            torch._C._cuda_attach_out_of_memory_observer(on_oom)
+        except Exception:
+            pass
 
     # PyTorch's allocator trace tracker (python/torch_tracker.cpp): event-level blocks, O(1) per
     # allocation, instead of a snapshot a second. A plain shared library built once with the
@@ -444,11 +472,15 @@ def _gpufrag_hook():
         name = type(exc).__name__
         if "RESOURCE_EXHAUSTED" in text or ("Out of memory while trying to allocate" in text and "jax" in sys.modules):
             fw["oom_sent"].add(id(exc))
-            req = requested_of(text, r"Out of memory while trying to allocate ([\d.,]+)\s*(B|KiB|MiB|GiB|TiB)?")
+            pat = r"Out of memory while trying to allocate ([\d.,]+)\s*(B|KiB|MiB|GiB|TiB)?"
+            req = requested_of(text, pat)
+            size = re.search(pat, text)
+            # XLA writes the size rounded ("11.85GiB", HumanReadableNumBytes): exact only in bytes
+            rounded = size.group(0).rsplit(" ", 1)[-1] if size and (size.group(2) or "B") != "B" else None
             dev = re.search(r"GPU_(\d+)_bfc", text)
             jax_stats("oom")
             send_json(6, {"framework": "xla", "source": "XLA RESOURCE_EXHAUSTED", "device": int(dev.group(1)) if dev else 0,
-                          "requested": req, "message": text[:400]})
+                          "requested": req, "requested_text": rounded, "message": text[:400]})
         elif name == "OutOfMemoryError" and "cupy" in sys.modules:
             fw["oom_sent"].add(id(exc))
             req = requested_of(text, r"Out of memory allocating ([\d,]+) bytes()")

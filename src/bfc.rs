@@ -26,6 +26,17 @@
 //!   and its fragmentation, `(pool_bytes − bytes_in_use − largest free chunk) / (pool_bytes −
 //!   bytes_in_use)` (`GetFragmentation`).
 //!
+//! - what a pool's free bytes are worth (`region_free`): BFC gives a region back to the driver
+//!   only when it holds no chunk in use, and only from `DeallocateFreeRegions`, which runs when an
+//!   allocation fails with `allow_growth` (JAX's `XLA_PYTHON_CLIENT_PREALLOCATE=false`); the
+//!   preallocated pool (JAX's default) stays mapped until the process ends. So the free bytes of a
+//!   region that holds a live chunk are stranded (PyTorch's rule: free space in a segment pinned
+//!   by a live block; no BFC call frees it), and only a wholly free region is releasable. The
+//!   whole pool is framework memory (`framework_reserved` = `pool_bytes`). This is the rule live
+//!   capture, replay and the OOM verdict all use (the address map calls it for every segment
+//!   that holds a BFC chunk), not the mapped-segment one (VMM pages unmapped one by one), which
+//!   XLA never does.
+//!
 //! Not modelled: alignments above 256 bytes (JAX asks for 256 at most; a larger one would split
 //! off an aligned prefix), spatial partitioning (off by default), freed-at timestamps (off in
 //! JAX), garbage collection of free regions (TensorFlow's `TF_ENABLE_GPU_GARBAGE_COLLECTION`).
@@ -97,6 +108,26 @@ impl BfcRules {
             return None;
         }
         Some(if self.should_split(chunk, rounded) { rounded } else { chunk })
+    }
+}
+
+/// A BFC region's free bytes, split by what a release could return ([`region_free`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionFree {
+    /// Free bytes held by the region's live chunks: BFC never returns them to the driver.
+    pub stranded: u64,
+    /// Free bytes of a region with no live chunk: `DeallocateFreeRegions` can return them.
+    pub releasable: u64,
+}
+
+/// BFC's rule for the `free` bytes of a region holding `live_chunks` chunks in use: all stranded
+/// while one chunk is live (the region stays mapped), all releasable when none is (a wholly free
+/// region is the one thing BFC gives back). A preallocated pool is one region.
+pub fn region_free(free: u64, live_chunks: u64) -> RegionFree {
+    if live_chunks > 0 {
+        RegionFree { stranded: free, releasable: 0 }
+    } else {
+        RegionFree { stranded: 0, releasable: free }
     }
 }
 
@@ -259,6 +290,25 @@ impl BfcAllocator {
             return 0.0;
         }
         (available - self.largest_free_chunk()) as f64 / available as f64
+    }
+
+    /// The pool's free bytes by [`region_free`], summed over regions: what the address map must
+    /// report as stranded and releasable for the same chunks.
+    pub fn free_split(&self) -> RegionFree {
+        let mut total = RegionFree { stranded: 0, releasable: 0 };
+        for (&start, &size) in &self.regions {
+            let (mut used, mut live) = (0, 0);
+            for (_, e) in self.chunks.range(start..start + size) {
+                if e.requested.is_some() {
+                    used += e.size;
+                    live += 1;
+                }
+            }
+            let r = region_free(size - used, live);
+            total.stranded += r.stranded;
+            total.releasable += r.releasable;
+        }
+        total
     }
 
     /// Regions as (start, size), in address order.

@@ -38,9 +38,10 @@ pub struct Live {
     pub observers: Vec<Box<dyn crate::observe::Observer>>,
     /// Driver failures held back: (index in `state.ooms`, when seen).
     pending_ooms: Vec<(usize, Instant)>,
-    /// The frameworks' own statistics from Python hooks: the latest per (pid, device, framework),
-    /// and the last one read at an out-of-memory error.
-    pub framework_reports: BTreeMap<(u32, i16, crate::framework::Framework, bool), crate::framework::FrameworkReport>,
+    /// The frameworks' own statistics from Python hooks: the latest per (pid, device, framework)
+    /// and kind of read (`periodic`, `oom`, `exit`; any other `when` is kept as `other`), so the
+    /// last periodic read survives the one at exit (JAX has freed everything by then).
+    pub framework_reports: BTreeMap<(u32, i16, crate::framework::Framework, &'static str), crate::framework::FrameworkReport>,
     /// Final OOMs whose device free may still come from a reading that follows the failure
     /// (see `crate::ingest`): printed once [`READING_HOLD`] has passed.
     held_ooms: Vec<(usize, Instant)>,
@@ -195,23 +196,52 @@ impl Live {
                 self.python_pids.insert(pid);
                 self.apply(&Event { ts_ns: now_ns(), ..Event::new(EventKind::Adopt, pid, device) });
             }
-            Msg::PyOom { pid, device, requested, device_free } => {
+            Msg::PyOom { pid, device, requested, device_free, allowed } => {
                 self.python_pids.insert(pid);
+                // The allowed bytes, when the hook found a memory fraction set, say exactly whether
+                // the allocator's cap refused the request (the verdict compares them with reserved).
                 let e = Event {
                     ts_ns: now_ns(),
                     requested,
                     device_free,
+                    size: allowed.unwrap_or(0),
                     rc: 2,
                     op: EventKind::BlockAlloc as u16,
-                    flags: F_DEVICE_FREE_KNOWN | F_FAILED,
+                    flags: F_DEVICE_FREE_KNOWN | F_FAILED | if allowed.is_some() { crate::event::F_ALLOWED_KNOWN } else { 0 },
+                    ..Event::new(EventKind::AllocFailed, pid, device)
+                };
+                self.apply(&e);
+            }
+            Msg::PyOomAllowed { pid, device, requested, allowed } => {
+                // An amendment, recorded like any event: it gives the tracker's OOM entry (before
+                // or after it in time) its allowed bytes.
+                let e = Event {
+                    ts_ns: now_ns(),
+                    requested,
+                    size: allowed,
+                    rc: 2,
+                    op: EventKind::BlockAlloc as u16,
+                    flags: F_FAILED | crate::event::F_ALLOWED_KNOWN | crate::event::F_OOM_AMEND,
                     ..Event::new(EventKind::AllocFailed, pid, device)
                 };
                 self.apply(&e);
             }
             Msg::FrameworkStats(r) => {
-                self.framework_reports.insert((r.pid, r.device, r.framework, r.when == "oom"), r);
+                let when = match r.when.as_str() {
+                    "periodic" => "periodic",
+                    "oom" => "oom",
+                    "exit" => "exit",
+                    _ => "other",
+                };
+                self.framework_reports.insert((r.pid, r.device, r.framework, when), r);
             }
-            Msg::FrameworkOom { pid, framework, device, requested, device_free } => {
+            Msg::FrameworkOom { pid, framework, device, requested, device_free, requested_text } => {
+                if let Some(t) = requested_text {
+                    self.warnings.push(format!(
+                        "pid {pid}: the {} OOM's requested size {requested} B is parsed from the error message's \"{t}\", which is rounded (two decimals of its unit): the program's own request may differ by up to half the last digit",
+                        framework.allocator()
+                    ));
+                }
                 let e = Event {
                     ts_ns: now_ns(),
                     requested,
@@ -224,7 +254,7 @@ impl Live {
                 self.apply(&e);
                 // Under `run` XLA's pool is one mapping with nothing visible inside: the OOM's
                 // figures are the ones BFC itself reported right after the failure.
-                if let (crate::framework::Framework::Xla, Some(r)) = (framework, self.framework_reports.get(&(pid, device, framework, true))) {
+                if let (crate::framework::Framework::Xla, Some(r)) = (framework, self.framework_reports.get(&(pid, device, framework, "oom"))) {
                     let st = |k: &str| r.stats.get(k).copied().unwrap_or(0);
                     if let Some(o) = self.state.ooms.last_mut().filter(|o| o.pid == pid) {
                         let (pool, used) = (st("pool_bytes"), st("bytes_in_use"));
@@ -405,7 +435,7 @@ impl Live {
             s.notes.push(format!("reported by the framework itself: {}", r.line()));
         }
         if s.ooms.iter().any(|o| o.framework == Some(crate::framework::Framework::Xla))
-            && self.framework_reports.keys().any(|k| k.2 == crate::framework::Framework::Xla && k.3)
+            && self.framework_reports.keys().any(|k| k.2 == crate::framework::Framework::Xla && k.3 == "oom")
         {
             s.notes.push("an XLA OOM's figures (pool, in use, free, largest free chunk) are jax.Device.memory_stats() read right after the failure; a replay of the record file has only what the shim saw".into());
         }

@@ -63,6 +63,19 @@ pub enum Msg {
         requested: u64,
         /// Device free bytes PyTorch measured.
         device_free: u64,
+        /// The allocator's allowed bytes (`set_per_process_memory_fraction`), when a fraction caps it.
+        allowed: Option<u64>,
+    },
+    /// PyTorch's OOM observer gave the allowed bytes of an OOM the trace tracker reported.
+    PyOomAllowed {
+        /// The process.
+        pid: u32,
+        /// Device.
+        device: i16,
+        /// PyTorch's allocation size.
+        requested: u64,
+        /// The allowed bytes of `set_per_process_memory_fraction`.
+        allowed: u64,
     },
     /// A framework's own statistics from a Python hook (JAX's `memory_stats()`, CuPy's pool).
     FrameworkStats(crate::framework::FrameworkReport),
@@ -79,6 +92,9 @@ pub enum Msg {
         requested: u64,
         /// Device free bytes, when the hook measured them.
         device_free: Option<u64>,
+        /// The size as the message writes it, when it is rounded there (XLA writes `11.85GiB`:
+        /// two decimals of the largest unit), so `requested` is only as exact as that text.
+        requested_text: Option<String>,
     },
     /// A Python hook's message could not be used, or a source has something to say.
     Warning(String),

@@ -8,7 +8,9 @@
 //! returned address, every chunk, every statistic `memory_stats()` reports and the map's figures
 //! must agree. Options vary: preallocated or growing, regions coalescing (VMM) or not, touching or
 //! apart, a device that runs out (BFC backs off by 10 %), a small `fragmentation_fraction` so that
-//! the padding cap matters.
+//! the padding cap matters. The map's stranded and releasable bytes must follow BFC's rule (a
+//! region with a live chunk strands its free bytes; only a wholly free region is releasable), as
+//! the naive model counts them region by region.
 
 use gpufrag::bfc::{BfcAllocator, BfcOptions, BfcStats, BumpDevice, Chunk};
 use gpufrag::framework::Framework;
@@ -169,6 +171,22 @@ impl NaiveBfc {
         true
     }
 
+    /// Free bytes by region: (stranded, releasable). A region with a chunk in use never goes
+    /// back to the driver, so all its free bytes are stranded; a wholly free region is releasable.
+    fn free_split(&self) -> (u64, u64) {
+        let (mut stranded, mut releasable) = (0, 0);
+        for (r, &(_, size)) in self.regions.iter().enumerate() {
+            let used: Vec<u64> = self.chunks.iter().filter(|c| c.region == r && c.used.is_some()).map(|c| c.size).collect();
+            let free = size - used.iter().sum::<u64>();
+            if used.is_empty() {
+                releasable += free;
+            } else {
+                stranded += free;
+            }
+        }
+        (stranded, releasable)
+    }
+
     fn chunks(&self) -> Vec<Chunk> {
         self.chunks.iter().map(|c| Chunk { addr: c.addr, size: c.size, requested: c.used }).collect()
     }
@@ -269,6 +287,10 @@ proptest! {
                 prop_assert_eq!(f.allocated, s.bytes_in_use, "step {} allocated vs bytes_in_use", step);
                 prop_assert_eq!(f.largest_free_block, s.largest_free_block_bytes, "step {} largest free", step);
                 prop_assert_eq!(f.stranded + f.releasable, s.pool_bytes - s.bytes_in_use, "step {} free", step);
+                let split = bfc.free_split();
+                prop_assert_eq!((split.stranded, split.releasable), naive.free_split(), "step {} model's stranded/releasable", step);
+                prop_assert_eq!((f.stranded, f.releasable), naive.free_split(), "step {} map's stranded/releasable vs BFC's rule", step);
+                prop_assert_eq!(f.framework_reserved, s.pool_bytes, "step {} framework_reserved vs pool_bytes", step);
             }
         }
         prop_assert!(bfc.deallocate(BASE + 1).is_err());

@@ -119,3 +119,31 @@ fn an_exited_process_is_dropped_and_a_live_one_kept() {
     // The exited one's maps are gone.
     assert!(process(&s, gone).is_none(), "the exited process still has maps in the agent's state: {s:#}");
 }
+
+/// Issue 13: an OOM that PyTorch's caching allocator raises without any failed driver call (a
+/// `set_per_process_memory_fraction` cap) was invisible to the agent. The uprobe on
+/// `c10::reportOutOfMemoryToProfiler` in the libc10.so beside libc10_cuda.so sees it: the verdict
+/// names the allocator's own limit.
+#[test]
+fn regression_an_oom_pytorch_raises_without_a_driver_call_is_an_allowed_limit_verdict() {
+    require_ebpf!();
+    let m = Machine::new(1);
+    let lib = fixtures().symbols_lib.display().to_string();
+    let agent = start_agent(&m, &["--keep-exited", "--lib", &lib]);
+    let (pid, out) = run_prog(&m, &["torchoom", &lib, "limit"]);
+    assert!(out.contains("OOM requested"), "{out}");
+    std::thread::sleep(Duration::from_millis(300));
+    let s = stop_agent(agent);
+    let ooms: Vec<&Value> = s["ooms"].as_array().expect("ooms").iter().filter(|o| o["pid"].as_u64() == Some(u64::from(pid))).collect();
+    assert_eq!(ooms.len(), 1, "one GPU OOM (the CPU-side report is not one): {s:#}");
+    let o = ooms[0];
+    assert_eq!(o["verdict"], "allowed_limit", "{o:#}");
+    assert_eq!(u(o, "requested"), 30 * MIB, "PyTorch's rounded request: {o:#}");
+    assert_eq!(u(o, "reserved"), 20 * MIB, "{o:#}");
+    assert_eq!(o["op"], "block_alloc", "{o:#}");
+    let why = o["explanation"].as_str().expect("explanation");
+    assert!(why.contains("without asking the driver") && why.contains("set_per_process_memory_fraction"), "{why}");
+    assert!(o["fix"].as_str().expect("fix").contains("at least 50.00 MiB"), "reserved 20 MiB + 30 MiB: {o:#}");
+    let notes = s["notes"].to_string();
+    assert!(notes.contains("PyTorch's OOMs: a uprobe on c10::reportOutOfMemoryToProfiler"), "{notes}");
+}

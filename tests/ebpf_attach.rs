@@ -101,6 +101,10 @@ fn pytorch_blocks_through_symtab_uprobes_without_usdt() {
     assert!(notes.contains("no USDT probes") && notes.contains(".symtab"), "{notes}");
 }
 
+/// The pool is one VMM mapping as JAX's is, and a second BFC instance (XLA's pinned-host
+/// allocator) hands out chunks outside every device segment: only the pool's chunks count, its
+/// free bytes are stranded (a preallocated BFC pool never goes back to the driver), the whole pool
+/// is framework memory, and the OOM inside it is a fragmentation one.
 #[test]
 fn xla_bfc_chunks_through_symtab_uprobes_match_the_allocators_own_stats() {
     require_ebpf!();
@@ -113,13 +117,21 @@ fn xla_bfc_chunks_through_symtab_uprobes_match_the_allocators_own_stats() {
     assert_eq!(u(d, "largest_free_block"), want["bfc_largest_free_block"], "largest_free_block_bytes\n{d:#}");
     assert_eq!(u(d, "reserved"), want["bfc_pool_bytes"], "pool_bytes\n{d:#}");
     assert_eq!(u(d, "blocks"), 5, "{d:#}");
+    assert_eq!(u(d, "framework_reserved"), want["bfc_pool_bytes"], "the pool is framework memory\n{d:#}");
+    assert_eq!((u(d, "stranded"), u(d, "releasable")), (want["bfc_stranded"], 0), "a preallocated pool's free chunks are stranded\n{d:#}");
+    let replay = analyze(&t.record);
+    let rd = device(&replay, 0);
+    assert_eq!((u(rd, "allocated"), u(rd, "stranded"), u(rd, "releasable")), (want["bfc_bytes_in_use"], want["bfc_stranded"], 0), "replayed record\n{rd:#}");
     let notes = t.summary["notes"].to_string();
+    let host = format!("handed out {} chunk(s) at {:#x}", want["host_chunks"], want["host_base"]);
+    assert!(notes.contains(&host) && notes.contains("not counted in the device figures"), "the host instance is named and left out: {host}\n{notes}");
     assert!(notes.contains("XLA BFC blocks: uprobes on tsl::BFCAllocator::AllocateRaw (both overloads) and DeallocateRaw from .symtab"), "{notes}");
     let p = &t.summary["processes"][0];
     assert_eq!(p["framework"], "xla", "{p:#}");
     let o = &t.summary["ooms"][0];
     assert_eq!(u(o, "requested"), 20 * MIB, "{o:#}");
     assert_eq!(o["verdict"], "fragmentation", "{o:#}");
+    assert_eq!((u(o, "stranded"), u(o, "releasable"), u(o, "largest_free_block")), (want["bfc_stranded"], 0, want["bfc_largest_free_block"]), "BFC's figures at the failure (the last call)\n{o:#}");
     assert_eq!(o["framework"], "xla", "{o:#}");
     assert!(o["fix"].to_string().contains("XLA_PYTHON_CLIENT_PREALLOCATE=false"), "{o:#}");
 }
@@ -138,7 +150,36 @@ fn a_failed_allocation_is_an_oom_with_its_request() {
     // program still held its 64 MiB (the simulated device: 16 GiB, 615 MiB reserve).
     assert_eq!(o["device_free_source"].as_str(), Some("nvml_at_failure"), "{o:#}");
     assert_eq!(u(o, "device_free"), (16u64 << 30) - 615 * MIB - 64 * MIB, "{o:#}");
-    assert!(o["device_free_age_ns"].as_i64().is_some_and(|a| a <= 0), "read after the failure: {o:#}");
+    assert_eq!(o["device_free_age_ns"].as_i64(), Some(0), "read after the failure: age 0, never negative: {o:#}");
+    assert!(o["device_free_after_ns"].as_u64().is_some(), "read after the failure: how long after: {o:#}");
+}
+
+/// Issue 13: PyTorch's OOM report (`c10::reportOutOfMemoryToProfiler`, in the libc10.so beside
+/// libc10_cuda.so) with no failed driver call before it is the allocator's own cap:
+/// `allowed_limit`; after a failed driver call of the same request it is the driver's OOM, the
+/// failed call folded into it.
+#[test]
+fn regression_pytorchs_oom_report_tells_the_allocators_cap_from_the_drivers_refusal() {
+    require_ebpf!();
+    for lib in [fixtures().usdt_lib.display().to_string(), fixtures().symbols_lib.display().to_string()] {
+        let t = attach_from_start(&["torchoom", &lib, "limit"], 1, &["--lib", &lib]);
+        let ooms = t.summary["ooms"].as_array().expect("ooms");
+        assert_eq!(ooms.len(), 1, "the CPU-side report is no GPU OOM: {:#}", t.summary);
+        let o = &ooms[0];
+        assert_eq!(o["verdict"], "allowed_limit", "{o:#}");
+        assert_eq!(u(o, "requested"), 30 * MIB, "{o:#}");
+        assert_eq!(u(o, "reserved"), 20 * MIB, "{o:#}");
+        assert_eq!(o["device_free_source"], "nvml_at_failure", "{o:#}");
+        assert!(t.stderr.contains("allowed_limit"), "the verdict is printed live:\n{}", t.stderr);
+
+        let t = attach_from_start(&["torchoom", &lib, "driver"], 1, &["--lib", &lib]);
+        let ooms = t.summary["ooms"].as_array().expect("ooms");
+        assert_eq!(ooms.len(), 1, "the failed driver call folds into PyTorch's OOM: {:#}", t.summary);
+        let o = &ooms[0];
+        assert_eq!(o["op"], "block_alloc", "{o:#}");
+        assert_eq!(u(o, "driver_failures_before"), 1, "{o:#}");
+        assert_eq!(o["verdict"], "true_oom", "2^50 bytes: {o:#}");
+    }
 }
 
 #[test]

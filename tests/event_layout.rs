@@ -17,7 +17,7 @@ const FIELDS: [&str; 15] = [
 ];
 
 /// Every flag bit: its C name (after `GPUFRAG_F_`) and the Rust constant.
-const FLAGS: [(&str, u32); 12] = [
+const FLAGS: [(&str, u32); 15] = [
     ("DEVICE_FREE_KNOWN", event::F_DEVICE_FREE_KNOWN),
     ("SRC_SHIM", event::F_SRC_SHIM),
     ("SRC_EBPF", event::F_SRC_EBPF),
@@ -30,6 +30,9 @@ const FLAGS: [(&str, u32); 12] = [
     ("ALLOC_CUPY", event::F_ALLOC_CUPY),
     ("SRC_NVML", event::F_SRC_NVML),
     ("COMM", event::F_COMM),
+    ("ALLOCATOR_OOM", event::F_ALLOCATOR_OOM),
+    ("ALLOWED_KNOWN", event::F_ALLOWED_KNOWN),
+    ("OOM_AMEND", event::F_OOM_AMEND),
 ];
 
 fn rust_offsets() -> Vec<usize> {
@@ -125,7 +128,7 @@ fn c_header_and_rust_struct_have_the_same_layout() {
 /// the consumer's definitions.
 #[test]
 fn python_hook_hello_and_frames_match_the_rust_definitions() {
-    use gpufrag::consumer::{PY_ARMED, PY_ARMED_BYTES, PY_BLOCKS_SOURCE, PY_EVENTS, PY_FRAMEWORK_OOM, PY_HEADER_BYTES, PY_MAGIC, PY_OOM, PY_OOM_BYTES, PY_SNAPSHOT, PY_STATS};
+    use gpufrag::consumer::{PY_ARMED, PY_ARMED_BYTES, PY_BLOCKS_SOURCE, PY_EVENTS, PY_FRAMEWORK_OOM, PY_HEADER_BYTES, PY_MAGIC, PY_OOM, PY_OOM_ALLOWED, PY_OOM_ALLOWED_BYTES, PY_OOM_BYTES, PY_SNAPSHOT, PY_STATS};
     use gpufrag::hello::{Hello, HELLO_BYTES, SOURCE_PYTHON};
     if std::process::Command::new("python3").arg("--version").output().is_err() {
         tool_support::missing("python3", "apt-get install python3");
@@ -192,14 +195,14 @@ fn python_hook_hello_and_frames_match_the_rust_definitions() {
             (k, None) => assert!([PY_SNAPSHOT, PY_EVENTS, PY_STATS, PY_FRAMEWORK_OOM, PY_BLOCKS_SOURCE].contains(&k), "frame {k}: only the snapshot, events and JSON frames have bodies that are not struct-packed"),
             (k, Some(f)) => {
                 let n = *sized.next().expect("a size per format");
-                let want = if k == PY_OOM { PY_OOM_BYTES } else if k == PY_ARMED { PY_ARMED_BYTES } else { panic!("frame type {k} ({f}) is not one the consumer reads") };
+                let want = if k == PY_OOM { PY_OOM_BYTES } else if k == PY_OOM_ALLOWED { PY_OOM_ALLOWED_BYTES } else if k == PY_ARMED { PY_ARMED_BYTES } else { panic!("frame type {k} ({f}) is not one the consumer reads") };
                 assert_eq!(n, want, "frame {k} packs {f:?}: {n} bytes, the consumer reads {want}");
             }
         }
     }
     seen.sort_unstable();
     seen.dedup();
-    assert_eq!(seen, [PY_SNAPSHOT, PY_OOM, PY_ARMED, PY_EVENTS, PY_STATS, PY_FRAMEWORK_OOM, PY_BLOCKS_SOURCE], "the frames the hook sends");
+    assert_eq!(seen, [PY_SNAPSHOT, PY_OOM, PY_ARMED, PY_EVENTS, PY_STATS, PY_FRAMEWORK_OOM, PY_BLOCKS_SOURCE, PY_OOM_ALLOWED], "the frames the hook sends");
     // An events frame carries whole wire events: the hook's EVENT struct is the 80-byte record.
     let event_fmt = hook.split("EVENT = struct.Struct(\"").nth(1).and_then(|r| r.split('"').next()).expect("the hook's EVENT format");
     let out = Command::new("python3").arg("-c").arg(format!("import struct; print(struct.calcsize({event_fmt:?}))")).output().expect("python3");

@@ -78,10 +78,14 @@ fn exact_values_arrive(protocol: Protocol) {
     assert_eq!(value_of(&got, "gpufrag.memory.unattributed", &dev), "0");
     assert_eq!(value_of(&got, "hw.gpu.memory.limit", &[("hw.id", "gpu-0"), ("hw.type", "gpu")]), DEVICE_TOTAL.to_string());
     assert_eq!(value_of(&got, "hw.gpu.memory.usage", &dev), (DEVICE_TOTAL - DEVICE_FREE).to_string());
+    // Each process point names its caching allocator from a bounded set (the trace's blocks are PyTorch's).
+    for r in got.iter().filter(|r| r.metric.starts_with("gpufrag.process.")) {
+        assert_eq!(r.attrs.get("gpufrag.framework").map(String::as_str), Some("pytorch"), "{}: {:?}", r.metric, r.attrs);
+    }
     // Device-level points carry no process attributes; no point carries more than the bounded set.
     for r in &got {
         for k in r.attrs.keys() {
-            assert!(["process.pid", "process.executable.name", "hw.id", "hw.type", "gpufrag.verdict", "gpufrag.level"].contains(&k.as_str()), "unexpected attribute {k} on {}", r.metric);
+            assert!(["process.pid", "process.executable.name", "hw.id", "hw.type", "gpufrag.verdict", "gpufrag.level", "gpufrag.framework"].contains(&k.as_str()), "unexpected attribute {k} on {}", r.metric);
         }
     }
     assert!(points(&got, "gpufrag.memory.reserved", &[]).iter().all(|r| !r.attrs.contains_key("process.pid")));

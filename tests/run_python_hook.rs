@@ -50,6 +50,47 @@ fn hook_brings_blocks_and_the_oom_verdict() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Issue 13: a program capped with `set_per_process_memory_fraction` got `inconclusive` under
+/// `run` with 132 GB free on the device. The OOM observer's third argument is the allowed bytes
+/// when a fraction is set: the verdict names the cap, the bytes over it and the fraction to set.
+#[test]
+fn regression_a_capped_program_gets_the_allowed_limit_verdict_with_the_allowed_bytes() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::temp_dir().join(format!("gpufrag-pyhook-capped-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let summary = dir.join("summary.json");
+    let allowed: u64 = 16 << 30;
+    let out = Command::new(env!("CARGO_BIN_EXE_gpufrag"))
+        .args(["run", "-q", "--no-report", "--no-feed", "--python-interval", "0.05", "--summary-json"])
+        .arg(&summary)
+        .arg("--")
+        .arg("python3")
+        .arg(root.join("tests/python_hook/capped.py"))
+        .env("PYTHONPATH", root.join("tests/python_hook"))
+        .env("FAKE_TORCH_SNAPSHOT", root.join("tests/fixtures/frag_oom.pickle"))
+        .env("FAKE_TORCH_FRACTION", "0.1144")
+        .env("FAKE_TORCH_ALLOWED", allowed.to_string())
+        .output()
+        .expect("run gpufrag");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "gpufrag run failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("CAPPED done 1"), "{stdout}");
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).expect("json");
+    let o = &s["ooms"][0];
+    assert_eq!(o["verdict"], "allowed_limit", "{o:#}");
+    assert_eq!(o["allowed"].as_u64(), Some(allowed), "{o:#}");
+    let reserved = o["reserved"].as_u64().expect("reserved");
+    assert_eq!(reserved, 10_485_760_000, "the frag_oom snapshot's segments: {o:#}");
+    let why = o["explanation"].as_str().expect("explanation");
+    assert!(why.contains("at most 16.00 GiB") && why.contains("over the allowed bytes"), "{why}");
+    let over = reserved + (20u64 << 30) - allowed;
+    assert!(why.contains(&gpufrag::units::human_bytes(over)), "{why} should name the {over} bytes over the cap");
+    assert!(o["fix"].as_str().expect("fix").contains("set_per_process_memory_fraction"), "{o:#}");
+    // Without a fraction (hook_brings_blocks_and_the_oom_verdict: the third argument is then the
+    // device total) the verdict is the figures' own.
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `gpufrag run` of a Python program with the stand-in driver (simcuda) on LD_LIBRARY_PATH and
 /// the stand-in modules of tests/python_hook on PYTHONPATH: (summary, stdout, exit status).
 fn run_python(script: &str, mem: &str, reserve: &str) -> (Value, String, std::process::ExitStatus) {
@@ -107,6 +148,8 @@ fn jax_memory_stats_and_the_resource_exhausted_oom_reach_the_summary_in_xlas_ter
         assert!(fix.contains(k), "{fix}");
     }
     assert!(s["notes"].to_string().contains("memory_stats() read right after the failure"), "{s:#}");
+    // XLA writes the size rounded ("20.00MiB"): the figure says so.
+    assert!(s["notes"].to_string().contains("parsed from the error message's \\\"20.00MiB\\\", which is rounded"), "{:#}", s["notes"]);
 }
 
 #[test]

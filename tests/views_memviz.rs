@@ -42,6 +42,17 @@ fn export(input: &Path, out: &Path) {
 }
 
 #[test]
+fn the_export_names_the_processs_caching_allocator() {
+    let dir = tmp("allocator");
+    let out = dir.join("frag_oom.memviz.pickle");
+    export(&fixture("frag_oom.pickle"), &out);
+    let bytes = std::fs::read(&out).expect("export written");
+    let has = |s: &str| bytes.windows(s.len()).any(|w| w == s.as_bytes());
+    assert!(has("gpufrag_allocator") && has("pytorch"), "the top-level gpufrag_allocator key names pytorch");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn analyze_of_the_export_equals_analyze_of_the_capture_for_every_fixture() {
     let dir = tmp("rt");
     for name in FIXTURES {

@@ -87,6 +87,7 @@ fn frag_oom_report_shows_the_map_the_timeline_and_the_verdict() {
     let text = std::fs::read_to_string(&html).expect("report written");
     assert!(!text.contains("http://") || text.matches("http://").all(|_| text.contains("xmlns=\"http://www.w3.org/2000/svg\"")), "no network at view time");
     assert!(!text.contains("https://") && !text.contains("src=\""), "the report is self-contained");
+    assert!(text.contains("Caching allocator: pid 0: PyTorch&#39;s caching allocator") || text.contains("Caching allocator: pid 0: PyTorch's caching allocator"), "the report names the process's allocator");
     let Some(dom) = browse(&html, &["--dump-dom"]) else { return };
 
     let body = attrs(&dom, "data-schema=");

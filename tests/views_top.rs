@@ -150,6 +150,8 @@ fn replay_shows_the_frag_oom_numbers_and_q_restores_the_terminal() {
         assert!(row.contains(want), "{want} in the device row {row:?}");
     }
     assert!(s.contains("OOM pid 0 gpu 0: 2.50 GiB requested: fragmentation"), "{s}");
+    let prow = s.lines().find(|l| l.contains("pid 0") && l.contains("gpu 0") && l.contains("9.77 GiB")).unwrap_or_else(|| panic!("a process row:\n{s}"));
+    assert!(prow.contains("pytorch"), "the process row names its allocator: {prow:?}");
     let title = s.lines().next().unwrap_or_default();
     assert!(title.contains(" replay ") && !title.contains(" live "), "a replay is labelled as one: {title:?}");
     assert!(title.contains("event 61/61"), "with its position: {title:?}");

@@ -43,11 +43,16 @@ pub enum Verdict {
     /// By the traced figures the request should have fit: the cause lies outside what was traced
     /// (another process, a driver limit, or lost events).
     Inconclusive,
+    /// A limit inside the allocator refused the request while the device may have had room:
+    /// PyTorch's `set_per_process_memory_fraction` caps what its caching allocator may reserve
+    /// (the allowed bytes), and the allocator refuses a segment that would pass the cap without
+    /// asking the driver.
+    AllowedLimit,
 }
 
 impl Verdict {
     /// Every verdict, in the order exported counts list them ([`Verdict::index`]).
-    pub const ALL: [Verdict; 3] = [Verdict::TrueOom, Verdict::Fragmentation, Verdict::Inconclusive];
+    pub const ALL: [Verdict; 4] = [Verdict::TrueOom, Verdict::Fragmentation, Verdict::Inconclusive, Verdict::AllowedLimit];
 
     /// This verdict's place in [`Verdict::ALL`].
     pub fn index(self) -> usize {
@@ -55,6 +60,7 @@ impl Verdict {
             Verdict::TrueOom => 0,
             Verdict::Fragmentation => 1,
             Verdict::Inconclusive => 2,
+            Verdict::AllowedLimit => 3,
         }
     }
 
@@ -64,6 +70,7 @@ impl Verdict {
             Verdict::TrueOom => "true_oom",
             Verdict::Fragmentation => "fragmentation",
             Verdict::Inconclusive => "inconclusive",
+            Verdict::AllowedLimit => "allowed_limit",
         }
     }
 }
@@ -91,6 +98,26 @@ pub struct OomInputs {
     /// (`XLA_PYTHON_CLIENT_MEM_FRACTION` of the card, all of it preallocated by default), so what
     /// lies outside it cannot serve the request.
     pub allocator: Option<Framework>,
+    /// Free bytes in 2 MiB driver pages held by live sub-2 MiB driver allocations: usable by
+    /// small requests only (the driver-level fragmentation of a process without a caching
+    /// allocator).
+    pub page_stranded: u64,
+    /// The allocator's allowed bytes (`set_per_process_memory_fraction`), when its OOM report
+    /// carried them.
+    pub allowed: Option<u64>,
+    /// The allocator refused without asking the driver: its own OOM path reported the failure in
+    /// a capture that traces the driver calls, and no driver call failed before it.
+    pub allocator_refused: bool,
+    /// The allocator's reserved bytes at the failure (its own figure when it reported one).
+    pub reserved: u64,
+    /// The device's total bytes (`cuMemGetInfo`), when known: what a memory fraction multiplies.
+    pub device_total: Option<u64>,
+}
+
+/// `n` rounded up to whole 2 MiB driver pages: what a driver allocation that no partly used page
+/// can hold takes from the device.
+fn driver_pages(n: u64) -> u64 {
+    n.div_ceil(crate::rules::DRIVER_PAGE).saturating_mul(crate::rules::DRIVER_PAGE)
 }
 
 impl OomInputs {
@@ -107,6 +134,38 @@ impl OomInputs {
             largest_free_block: o.figures.largest_free_block,
             framework: o.figures.framework_seen,
             allocator: o.framework,
+            page_stranded: o.figures.page_stranded,
+            allowed: o.allowed,
+            allocator_refused: o.allocator_oom && o.op == Some(crate::event::EventKind::BlockAlloc) && o.driver_failures_before == 0,
+            reserved: o.allocator_reserved.unwrap_or(o.figures.reserved),
+            device_total: o.device_total,
+        }
+    }
+
+    /// A process without a caching allocator: its failure is the driver's, in 2 MiB pages.
+    fn driver_level(&self) -> bool {
+        !self.framework && self.allocator.is_none()
+    }
+
+    /// What a request needs from the device in new pages: at the driver level, whole 2 MiB pages.
+    fn need(&self) -> u64 {
+        if self.driver_level() {
+            driver_pages(self.requested)
+        } else {
+            self.requested
+        }
+    }
+
+    /// The request passed the allocator's allowed bytes: `Some(allowed)` when they are known,
+    /// `Some(None)` when only the allocator's refusal without a driver call shows it.
+    fn allowed_limit(&self) -> Option<Option<u64>> {
+        if matches!(self.allocator, Some(Framework::Xla | Framework::Cupy)) {
+            return None;
+        }
+        match self.allowed {
+            Some(a) if self.reserved.saturating_add(self.requested) > a => Some(Some(a)),
+            Some(_) => None,
+            None => self.allocator_refused.then_some(None),
         }
     }
 
@@ -114,8 +173,23 @@ impl OomInputs {
     /// `fragmentation` when that sum covers it but no single run does; `inconclusive` when the
     /// traced figures say it should have fit, or device free was not measured.
     pub fn verdict(&self) -> Verdict {
+        if self.allowed_limit().is_some() {
+            return Verdict::AllowedLimit;
+        }
         if !self.device_free_known {
             return Verdict::Inconclusive;
+        }
+        if self.driver_level() {
+            // The driver hands out 2 MiB pages: a request no partly used page can hold needs
+            // whole new pages, and the free bytes in partly used pages serve small requests only.
+            let one = largest_allocatable(0, self.device_free, self.releasable);
+            return if self.need() <= one {
+                Verdict::Inconclusive
+            } else if self.page_stranded > 0 && self.requested <= self.device_free + self.releasable + self.page_stranded {
+                Verdict::Fragmentation
+            } else {
+                Verdict::TrueOom
+            };
         }
         let total = self.device_free + self.stranded + self.releasable;
         if self.requested > total {
@@ -138,13 +212,20 @@ impl OomInputs {
                     "fragmentation OOM inside XLA's BFC pool: {} requested and {} free in the pool, but its largest free chunk is {}",
                     h(self.requested), h(total), h(self.largest_free_block)
                 ),
-                Verdict::Inconclusive => format!(
+                Verdict::Inconclusive | Verdict::AllowedLimit => format!(
                     "inconclusive: {} requested and by the traced figures XLA's pool has a free chunk of {}; the failure comes from outside what was traced",
                     h(self.requested), h(self.largest_free_block)
                 ),
             };
         }
+        if let Some(limit) = self.allowed_limit() {
+            return self.allowed_explanation(limit);
+        }
+        if self.driver_level() && self.verdict() != Verdict::Inconclusive {
+            return self.driver_explanation();
+        }
         match self.verdict() {
+            Verdict::AllowedLimit => unreachable_verdict(),
             Verdict::TrueOom => format!(
                 "true OOM: {} requested, but only {} is free in all (device free {} + stranded {} + releasable {})",
                 h(self.requested), h(total), h(self.device_free), h(self.stranded), h(self.releasable)
@@ -167,9 +248,73 @@ impl OomInputs {
         }
     }
 
+    /// The allowed-limit verdict in words: exact when the allowed bytes are known, else what the
+    /// allocator's refusal without a driver call shows.
+    fn allowed_explanation(&self, limit: Option<u64>) -> String {
+        let h = human_bytes;
+        let room = if self.device_free_known { format!(", while the device had {} free", h(self.device_free)) } else { String::new() };
+        match limit {
+            Some(a) => format!(
+                "allowed limit: PyTorch's caching allocator may reserve at most {} (set_per_process_memory_fraction{}); it held {} reserved and the {} it needed more would make {}, {} over the allowed bytes{}: the allocator refused without asking the driver",
+                h(a),
+                self.device_total.filter(|&t| t > 0).map_or(String::new(), |t| format!(": {:.4} of the device's {}", a as f64 / t as f64, h(t))),
+                h(self.reserved),
+                h(self.requested),
+                h(self.reserved + self.requested),
+                h(self.reserved + self.requested - a),
+                room
+            ),
+            None => format!(
+                "allowed limit: PyTorch's caching allocator refused {} without asking the driver (no driver call failed{}): a limit inside the allocator refused it, the allowed bytes of set_per_process_memory_fraction, which reserved {} + the {} requested exceed (PyTorch's message says \"N GiB allowed\")",
+                h(self.requested),
+                room,
+                h(self.reserved),
+                h(self.requested)
+            ),
+        }
+    }
+
+    /// A driver-level verdict (no caching allocator) in words, in 2 MiB pages.
+    fn driver_explanation(&self) -> String {
+        let h = human_bytes;
+        let one = largest_allocatable(0, self.device_free, self.releasable);
+        match self.verdict() {
+            Verdict::Fragmentation => format!(
+                "fragmentation OOM at the driver level: {} requested needs {} of new 2 MiB pages, but the device can hand out at most {} in new pages (device free {}, less the driver's {} slack); {} page-stranded bytes sit free in partly used 2 MiB pages (the driver packs sub-2 MiB allocations into shared 2 MiB pages), and no request of 2 MiB or more can use them",
+                h(self.requested), h(self.need()), h(one), h(self.device_free), h(DRIVER_SLACK), h(self.page_stranded)
+            ),
+            _ => format!(
+                "true OOM: {} requested needs {} of new 2 MiB pages, but only {} is free on the device (less the driver's {} slack: {} in one piece){}",
+                h(self.requested),
+                h(self.need()),
+                h(self.device_free),
+                h(DRIVER_SLACK),
+                h(one),
+                if self.page_stranded > 0 { format!("; {} page-stranded in partly used pages would not cover it either", h(self.page_stranded)) } else { String::new() }
+            ),
+        }
+    }
+
     /// What to do about it.
     pub fn fix(&self) -> String {
         let h = human_bytes;
+        if let Some(limit) = self.allowed_limit() {
+            let need = self.reserved + self.requested;
+            return match (limit, self.device_total.filter(|&t| t > 0)) {
+                (Some(a), Some(t)) => format!(
+                    "raise the cap: torch.cuda.set_per_process_memory_fraction({:.4}) or more allows the {} this request needs ({} now: {:.4}); or make the run fit under the allowed {} (gpufrag whatif FILE --memory-limit {a} simulates the allocator settings under this cap)",
+                    (need as f64 / t as f64).min(1.0) + 0.00005, h(need), h(a), a as f64 / t as f64, h(a)
+                ),
+                (Some(a), None) => format!(
+                    "raise the cap given to torch.cuda.set_per_process_memory_fraction so that it allows at least {} (now {}); or make the run fit under it (gpufrag whatif FILE --memory-limit {a})",
+                    h(need), h(a)
+                ),
+                (None, _) => format!(
+                    "raise torch.cuda.set_per_process_memory_fraction so that it allows at least {} (reserved + the request), or remove the cap; gpufrag run reads the allowed bytes exactly (PyTorch's OOM observer)",
+                    h(need)
+                ),
+            };
+        }
         match (self.verdict(), self.allocator) {
             (Verdict::Fragmentation, Some(Framework::Xla)) => format!(
                 "XLA's BFC pool has {} free but not in one piece (largest free chunk {}). For JAX: XLA_PYTHON_CLIENT_PREALLOCATE=false lets the pool grow region by region from 2 MiB instead of one preallocated block (free chunks still merge only inside a region, the first steps pay driver allocations, and other processes can take what JAX has not claimed yet); XLA_PYTHON_CLIENT_MEM_FRACTION above the default .75 gives the pool more room (less for cuDNN/cuBLAS workspaces, NCCL and other processes); XLA_PYTHON_CLIENT_ALLOCATOR=platform drops the pool (every buffer its own driver allocation, freed at once: no fragmentation inside a pool, but a cuMemAlloc/cuMemFree per buffer, much slower; for debugging); or allocate the large buffer first, before smaller ones pin the space around it",
@@ -204,8 +349,13 @@ impl OomInputs {
                 h(self.stranded), release
             ),
             (Verdict::Fragmentation, false) => format!(
-                "allocate the large buffer early, before small allocations pin the space around it, or pool small allocations (sub-2 MiB allocations share 2 MiB driver pages){}",
-                release
+                "pool the small allocations: a caching allocator (PyTorch's, CuPy's memory pool, or your own slab) carves sub-2 MiB requests out of segments it keeps, so freed pieces serve later requests instead of leaving {} stranded in half-used 2 MiB pages (with PyTorch, expandable_segments:True maps its segments in whole pages); or allocate the large buffers first, before small allocations pin pages around them{}",
+                h(self.page_stranded), release
+            ),
+            (Verdict::AllowedLimit, _) => unreachable_verdict(),
+            (Verdict::TrueOom, _) if self.driver_level() => format!(
+                "the request is larger than what the device has left in new 2 MiB pages (short by {}): free device memory (other processes, or this one's own allocations), or move work to another device",
+                h(self.need().saturating_sub(largest_allocatable(0, self.device_free, self.releasable)))
             ),
             (Verdict::TrueOom, _) => format!(
                 "the request is larger than all free memory: reduce the batch or sequence length, use activation checkpointing, or move work to another device (short by {}){}",
@@ -216,6 +366,11 @@ impl OomInputs {
             (Verdict::Inconclusive, _) => "check other processes on the device (nvidia-smi) and whether events were dropped".to_string(),
         }
     }
+}
+
+/// The allowed-limit verdict is explained and fixed before the other verdicts are matched.
+fn unreachable_verdict() -> String {
+    String::from("allowed limit")
 }
 
 #[cfg(test)]
@@ -232,13 +387,18 @@ mod tests {
             largest_free_block: 209_715_200,
             framework: true,
             allocator: Some(Framework::Pytorch),
+            page_stranded: 0,
+            allowed: None,
+            allocator_refused: false,
+            reserved: 10_485_760_000,
+            device_total: None,
         }
     }
 
     #[test]
     fn xla_fragmentation_names_jaxs_settings_and_ignores_device_free() {
         let mib = 1u64 << 20;
-        let o = OomInputs { requested: 20 * mib, device_free: 0, device_free_known: true, stranded: 25 * mib, releasable: 0, largest_free_block: 17 * mib, framework: true, allocator: Some(Framework::Xla) };
+        let o = OomInputs { requested: 20 * mib, device_free: 0, device_free_known: true, stranded: 25 * mib, releasable: 0, largest_free_block: 17 * mib, framework: true, allocator: Some(Framework::Xla), ..frag_oom() };
         assert_eq!(o.verdict(), Verdict::Fragmentation);
         let fix = o.fix();
         for want in ["XLA_PYTHON_CLIENT_PREALLOCATE=false", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR=platform"] {
@@ -278,6 +438,56 @@ mod tests {
         assert!(o.explanation().contains("not measured"), "{}", o.explanation());
         let o = OomInputs { requested: 50 << 30, device_free_known: false, ..frag_oom() };
         assert_eq!(o.verdict(), Verdict::Inconclusive, "not a true OOM by a free figure of 0 that nobody measured");
+    }
+
+    /// Issue 13: a capped program (PyTorch: "... 16.00 GiB allowed") got `inconclusive` with
+    /// 132 GB free. With the allowed bytes known, the verdict is the cap, and its numbers are
+    /// reserved + requested against them.
+    #[test]
+    fn regression_a_request_over_the_allowed_bytes_is_an_allowed_limit_verdict() {
+        let gib = 1u64 << 30;
+        let total = 150_109_880_320u64;
+        let allowed = (0.1144 * total as f64) as u64;
+        let o = OomInputs { requested: 20 * gib, device_free: 132_000_000_000, reserved: 2 * gib, allowed: Some(allowed), device_total: Some(total), stranded: 0, largest_free_block: 0, ..frag_oom() };
+        assert_eq!(o.verdict(), Verdict::AllowedLimit);
+        let why = o.explanation();
+        assert!(why.contains(&format!("at most {}", human_bytes(allowed))), "{why}");
+        assert!(why.contains(&format!("{} over the allowed bytes", human_bytes(22 * gib - allowed))), "{why}");
+        let fix = o.fix();
+        let f = (22 * gib) as f64 / total as f64;
+        assert!(fix.contains(&format!("set_per_process_memory_fraction({:.4})", f + 0.00005)), "{fix}");
+        // Under the allowed bytes the cap did not refuse it: the figures decide.
+        let under = OomInputs { requested: gib, ..o };
+        assert_ne!(under.verdict(), Verdict::AllowedLimit);
+        // The allocator's refusal without a driver call, the allowed bytes unseen (eBPF).
+        let seen = OomInputs { allowed: None, allocator_refused: true, ..o };
+        assert_eq!(seen.verdict(), Verdict::AllowedLimit);
+        assert!(seen.explanation().contains("without asking the driver"), "{}", seen.explanation());
+        // XLA's and CuPy's pools are not PyTorch's cap.
+        assert_ne!(OomInputs { allocator: Some(Framework::Xla), ..seen }.verdict(), Verdict::AllowedLimit);
+    }
+
+    /// Issue 13: at the driver level (no caching allocator), sub-2 MiB allocations strand 2 MiB
+    /// pages; a 2 MiB request the device cannot give in new pages, with enough free in partly
+    /// used ones, is a driver-level fragmentation verdict naming the page-stranded bytes.
+    #[test]
+    fn regression_small_pages_make_a_driver_level_fragmentation_verdict() {
+        let mib = 1u64 << 20;
+        let driver = OomInputs { framework: false, allocator: None, stranded: 0, releasable: 0, largest_free_block: 0, reserved: 714 * mib, ..frag_oom() };
+        let o = OomInputs { requested: 2 * mib, device_free: 5 * mib, page_stranded: 714 * mib, ..driver };
+        assert_eq!(o.verdict(), Verdict::Fragmentation);
+        assert!(o.explanation().contains("714.00 MiB page-stranded"), "{}", o.explanation());
+        assert!(o.fix().contains("pool the small allocations"), "{}", o.fix());
+        // The device full (5 MiB free, the driver's 4 MiB slack, no partly used page): a 1 MiB
+        // request needs a whole new page and gets none: a true OOM, not inconclusive.
+        let full = OomInputs { requested: mib, device_free: 5 * mib, page_stranded: 0, ..driver };
+        assert_eq!(full.verdict(), Verdict::TrueOom, "{}", full.explanation());
+        // New pages would hold it: the cause lies elsewhere.
+        let fits = OomInputs { requested: 2 * mib, device_free: 64 * mib, page_stranded: 714 * mib, ..driver };
+        assert_eq!(fits.verdict(), Verdict::Inconclusive);
+        // More than the device and the half pages together: a true OOM.
+        let big = OomInputs { requested: 1 << 30, device_free: 5 * mib, page_stranded: 714 * mib, ..driver };
+        assert_eq!(big.verdict(), Verdict::TrueOom);
     }
 
     #[test]

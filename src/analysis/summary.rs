@@ -247,10 +247,14 @@ pub struct OomSummary {
     /// (NVML read for this failure while the process was alive), `not_measured`.
     #[serde(default = "not_measured")]
     pub device_free_source: String,
-    /// Failure time minus the reading's time, ns (negative: read after the failure); absent
-    /// when not measured.
+    /// Failure time minus the reading's time, ns, for a reading before the failure; 0 for the
+    /// failure's own figure and for a reading after it; never negative; absent when not measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_free_age_ns: Option<i64>,
+    /// A reading taken after the failure (NVML woken by it, the process's own read while it
+    /// builds its error message): how long after, ns; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_free_after_ns: Option<u64>,
     /// Stranded bytes at the failure.
     pub stranded: u64,
     /// Releasable bytes at the failure.
@@ -265,7 +269,15 @@ pub struct OomSummary {
     pub rc: i32,
     /// The call that failed.
     pub op: String,
-    /// `fragmentation`, `true_oom` or `inconclusive`.
+    /// Free bytes in partly used 2 MiB driver pages at the failure (the process's sub-2 MiB
+    /// driver allocations): usable by small requests only.
+    #[serde(default)]
+    pub page_stranded: u64,
+    /// The allocator's allowed bytes (`set_per_process_memory_fraction`: fraction × device total)
+    /// when its OOM report carried them (PyTorch's OOM observer under `run`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed: Option<u64>,
+    /// `fragmentation`, `true_oom`, `allowed_limit` or `inconclusive`.
     pub verdict: Verdict,
     /// The verdict in plain words.
     pub explanation: String,
@@ -471,11 +483,14 @@ impl Summary {
                     device_free_known: o.device_free.is_some(),
                     device_free_source: o.device_free_source.name().to_string(),
                     device_free_age_ns: o.device_free_age_ns,
+                    device_free_after_ns: o.device_free_after_ns,
                     stranded: o.figures.stranded,
                     releasable: o.figures.releasable,
                     largest_free_block: o.figures.largest_free_block,
                     reserved: o.figures.reserved,
                     allocated: o.figures.allocated,
+                    page_stranded: o.figures.page_stranded,
+                    allowed: o.allowed,
                     rc: o.rc,
                     op: o.op.map_or("unknown", |k| k.name()).to_string(),
                     verdict: inputs.verdict(),
@@ -513,6 +528,12 @@ impl Summary {
         }
         if state.unknown_kinds > 0 {
             notes.push(format!("{} events had a kind this build does not know", state.unknown_kinds));
+        }
+        for (&(pid, instance), i) in state.bfc_instances.iter().filter(|(_, i)| !i.device_pool).take(8) {
+            notes.push(format!(
+                "pid {pid}: XLA BFC allocator instance {instance:#x} handed out {} chunk(s) at {:#x}..={:#x}, outside every traced device segment (XLA's pinned-host allocator or another memory space's): not counted in the device figures",
+                i.chunks, i.lo, i.hi
+            ));
         }
         Summary {
             schema: SCHEMA_VERSION,

@@ -273,10 +273,21 @@ pub fn handshake(stream: UnixStream) -> io::Result<Accepted> {
 pub const PY_MAGIC: u32 = u32::from_le_bytes(*b"GFPY");
 /// Frame: a pickled `torch.cuda.memory._snapshot()`.
 pub const PY_SNAPSHOT: u32 = 1;
-/// Frame: the out-of-memory observer fired (`<qQQQ`: device, requested, device allocated, device free).
+/// Frame: the out-of-memory observer fired (`<qQQQQ`: device, requested (PyTorch's allocation
+/// size), the observer's limit argument (the allowed bytes with a memory fraction set, else the
+/// device total), device free, and the allowed bytes or 0 when no fraction caps the allocator).
+/// The 32-byte body of earlier hooks (no allowed bytes) is accepted too.
 pub const PY_OOM: u32 = 2;
 /// Bytes of a [`PY_OOM`] frame's body.
-pub const PY_OOM_BYTES: usize = 32;
+pub const PY_OOM_BYTES: usize = 40;
+/// Bytes of a [`PY_OOM`] frame's body from a hook that sends no allowed bytes.
+pub const PY_OOM_BYTES_V1: usize = 32;
+/// Frame: the allowed bytes of the OOM the trace tracker reported (`<qQQ`: device, PyTorch's
+/// allocation size, the allowed bytes of `set_per_process_memory_fraction`), sent by the OOM
+/// observer when the tracker's OOM entry, which cannot carry them, is the OOM itself.
+pub const PY_OOM_ALLOWED: u32 = 8;
+/// Bytes of a [`PY_OOM_ALLOWED`] frame's body.
+pub const PY_OOM_ALLOWED_BYTES: usize = 24;
 /// Frame: CUDA is up and PyTorch's native caching allocator manages this process's memory
 /// (`<q`: the current device).
 pub const PY_ARMED: u32 = 3;
@@ -318,6 +329,8 @@ struct FrameworkOomFrame {
     requested: u64,
     #[serde(default)]
     device_free: Option<u64>,
+    #[serde(default)]
+    requested_text: Option<String>,
 }
 
 /// Reads a Python hook's frames until it closes, handing each to `emit`. Generic over the
@@ -347,13 +360,22 @@ pub fn python_reader(hello: Hello, mut stream: impl Read, mut emit: impl FnMut(c
                 Ok(s) => emit(crate::source::Msg::Blocks { pid: hello.pid, snapshot: Box::new(s) }),
                 Err(e) => emit(crate::source::Msg::Warning(e.to_string())),
             },
-            PY_OOM if body.len() == PY_OOM_BYTES => {
+            PY_OOM if body.len() == PY_OOM_BYTES || body.len() == PY_OOM_BYTES_V1 => {
                 let q = |o: usize| {
                     let mut w = [0u8; 8];
                     w.copy_from_slice(&body[o..o + 8]);
                     u64::from_le_bytes(w)
                 };
-                emit(crate::source::Msg::PyOom { pid: hello.pid, device: q(0) as i64 as i16, requested: q(8), device_free: q(24) });
+                let allowed = if body.len() == PY_OOM_BYTES { Some(q(32)).filter(|&a| a > 0) } else { None };
+                emit(crate::source::Msg::PyOom { pid: hello.pid, device: q(0) as i64 as i16, requested: q(8), device_free: q(24), allowed });
+            }
+            PY_OOM_ALLOWED if body.len() == PY_OOM_ALLOWED_BYTES => {
+                let q = |o: usize| {
+                    let mut w = [0u8; 8];
+                    w.copy_from_slice(&body[o..o + 8]);
+                    u64::from_le_bytes(w)
+                };
+                emit(crate::source::Msg::PyOomAllowed { pid: hello.pid, device: q(0) as i64 as i16, requested: q(8), allowed: q(16) });
             }
             PY_ARMED if body.len() == PY_ARMED_BYTES => {
                 let mut w = [0u8; 8];
@@ -388,6 +410,7 @@ pub fn python_reader(hello: Hello, mut stream: impl Read, mut emit: impl FnMut(c
                     device: f.device,
                     requested: f.requested,
                     device_free: f.device_free,
+                    requested_text: f.requested_text.map(|t| t.chars().take(40).collect()),
                 }),
                 Err(e) => emit(crate::source::Msg::Warning(format!("{name}: unusable out-of-memory frame: {e}"))),
             },

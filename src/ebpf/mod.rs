@@ -158,8 +158,9 @@ pub enum Attached {
         /// Functions probed.
         functions: usize,
     },
-    /// libc10_cuda: USDT, symbols, or nothing (with why).
-    Torch(TorchProbes),
+    /// libc10_cuda: USDT, symbols, or nothing (with why); and PyTorch's OOM report in the
+    /// `libc10.so` beside it.
+    Torch(TorchProbes, symbols::TorchOomProbe),
     /// A library with XLA's BFC allocator: symbols, or nothing (with why).
     Bfc(BfcProbes),
     /// A program or library with gpufrag's annotation USDT probes: this many of them.
@@ -336,6 +337,7 @@ impl Probes {
             "torch_malloc_entry" => &p.torch_malloc_entry,
             "torch_malloc_return" => &p.torch_malloc_return,
             "torch_free_entry" => &p.torch_free_entry,
+            "torch_oom_entry" => &p.torch_oom_entry,
             "bfc_alloc_entry" => &p.bfc_alloc_entry,
             "bfc_alloc_return" => &p.bfc_alloc_return,
             "bfc_alloc_plain_entry" => &p.bfc_alloc_plain_entry,
@@ -414,7 +416,17 @@ impl Probes {
                 }
                 TorchProbes::None(_) => {}
             }
-            self.files.insert(id, (path.to_path_buf(), Attached::Torch(how)));
+            let oom = symbols::torch_oom_probe(path);
+            if let symbols::TorchOomProbe::Symbol { path: lib, offset } = &oom {
+                let link = self
+                    .skel
+                    .progs
+                    .torch_oom_entry
+                    .attach_uprobe(false, -1, lib, *offset as usize)
+                    .map_err(|e| classify(&e, &format!("attaching a uprobe to {} in {}", symbols::TORCH_OOM_REPORT, lib.display())))?;
+                self.links.push(link);
+            }
+            self.files.insert(id, (path.to_path_buf(), Attached::Torch(how, oom)));
         }
         Ok(&self.files[&id].1)
     }

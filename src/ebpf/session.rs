@@ -254,11 +254,24 @@ impl Session {
         if self.attached_notes.insert(id) {
             let note = match how {
                 Attached::Driver { functions } => format!("driver level: uprobes on {functions} functions of {}", path.display()),
-                Attached::Torch(super::symbols::TorchProbes::Usdt) => format!("PyTorch blocks: USDT probes pytorch:malloc/free in {}", path.display()),
-                Attached::Torch(super::symbols::TorchProbes::Symbols { .. }) => {
-                    format!("PyTorch blocks: no USDT probes in {}; uprobes on NativeCachingAllocator::malloc and Native::local_raw_delete from .symtab", path.display())
+                Attached::Torch(blocks, oom) => {
+                    let blocks = match blocks {
+                        super::symbols::TorchProbes::Usdt => format!("PyTorch blocks: USDT probes pytorch:malloc/free in {}", path.display()),
+                        super::symbols::TorchProbes::Symbols { .. } => {
+                            format!("PyTorch blocks: no USDT probes in {}; uprobes on NativeCachingAllocator::malloc and Native::local_raw_delete from .symtab", path.display())
+                        }
+                        super::symbols::TorchProbes::None(why) => format!("PyTorch blocks not traced: {why}"),
+                    };
+                    let oom = match oom {
+                        super::symbols::TorchOomProbe::Symbol { path, .. } => {
+                            format!("PyTorch's OOMs: a uprobe on {} in {}", super::symbols::TORCH_OOM_REPORT, path.display())
+                        }
+                        super::symbols::TorchOomProbe::None(why) => {
+                            format!("PyTorch's own OOMs not probed ({why}): one its allocator raises without a failed driver call (a memory fraction's cap) goes unseen")
+                        }
+                    };
+                    format!("{blocks}; {oom}")
                 }
-                Attached::Torch(super::symbols::TorchProbes::None(why)) => format!("PyTorch blocks not traced: {why}"),
                 Attached::Bfc(super::symbols::BfcProbes::Symbols { allocate_plain, exported, .. }) => format!(
                     "XLA BFC blocks: uprobes on tsl::BFCAllocator::AllocateRaw{} and DeallocateRaw from {} of {}",
                     if allocate_plain.is_some() { " (both overloads)" } else { "" },

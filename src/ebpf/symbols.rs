@@ -4,7 +4,8 @@
 //! `xla_cuda_plugin.so` (local `.symtab` symbols only) or TensorFlow's
 //! `libtensorflow_framework.so.2` (exported in `.dynsym` too): functions found by demangling the
 //! symbols whose raw name mentions the class and matching the signature, turned into the file
-//! offsets that a uprobe takes.
+//! offsets that a uprobe takes. And PyTorch's out-of-memory report,
+//! `c10::reportOutOfMemoryToProfiler`, exported by `libc10.so` beside `libc10_cuda.so`.
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 use std::path::Path;
@@ -13,6 +14,43 @@ use std::path::Path;
 pub const TORCH_MALLOC: &str = "NativeCachingAllocator::malloc(void**, signed char, unsigned long, CUstream_st*)";
 /// The demangled tail of the block free function.
 pub const TORCH_FREE: &str = "Native::local_raw_delete(void*)";
+
+/// The demangled name of the function PyTorch's caching allocator calls on every OOM it raises,
+/// exported by `libc10.so`.
+pub const TORCH_OOM_REPORT: &str = "c10::reportOutOfMemoryToProfiler(long, unsigned long, unsigned long, c10::Device)";
+/// Its file name, beside `libc10_cuda.so` in a PyTorch install (`torch/lib/`).
+pub const TORCH_OOM_LIB: &str = "libc10.so";
+
+/// How PyTorch's out-of-memory report is probed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TorchOomProbe {
+    /// A uprobe on [`TORCH_OOM_REPORT`] at this file offset of this `libc10.so`.
+    Symbol {
+        /// The library.
+        path: std::path::PathBuf,
+        /// File offset of the function.
+        offset: u64,
+    },
+    /// Not probed, with why: an OOM PyTorch raises without a failed driver call goes unseen.
+    None(String),
+}
+
+/// Where the `libc10.so` beside the `libc10_cuda.so` at `c10_cuda` has PyTorch's OOM report.
+pub fn torch_oom_probe(c10_cuda: &Path) -> TorchOomProbe {
+    let path = c10_cuda.with_file_name(TORCH_OOM_LIB);
+    let data = match std::fs::read(&path) {
+        Ok(d) => d,
+        Err(e) => return TorchOomProbe::None(format!("no {} beside {} ({e})", TORCH_OOM_LIB, c10_cuda.display())),
+    };
+    let file = match object::File::parse(&*data) {
+        Ok(f) => f,
+        Err(e) => return TorchOomProbe::None(format!("{} is not an ELF file: {e}", path.display())),
+    };
+    match find_demangled_among(&file, TORCH_OOM_REPORT, &["reportOutOfMemoryToProfiler"]) {
+        Some((offset, _)) => TorchOomProbe::Symbol { path, offset },
+        None => TorchOomProbe::None(format!("{} has no {TORCH_OOM_REPORT}", path.display())),
+    }
+}
 
 /// XLA's BFC allocation entry: `AllocateRaw(this, alignment, num_bytes, attributes)`, returning the chunk.
 pub const BFC_ALLOCATE: &str = "tsl::BFCAllocator::AllocateRaw(unsigned long, unsigned long, tsl::AllocationAttributes const&)";
@@ -205,6 +243,9 @@ mod tests {
         let m = "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator6mallocEPPvamP11CUstream_st";
         let d = cpp_demangle::Symbol::new(m).expect("mangled").demangle(&Default::default()).expect("demangles");
         assert!(d.ends_with(TORCH_MALLOC), "{d}");
+        let o = "_ZN3c1027reportOutOfMemoryToProfilerElmmNS_6DeviceE";
+        let d = cpp_demangle::Symbol::new(o).expect("mangled").demangle(&Default::default()).expect("demangles");
+        assert_eq!(d, TORCH_OOM_REPORT);
         let f = "_ZN3c104cuda20CUDACachingAllocator6Native16local_raw_deleteEPv";
         let d = cpp_demangle::Symbol::new(f).expect("mangled").demangle(&Default::default()).expect("demangles");
         assert!(d.ends_with(TORCH_FREE), "{d}");

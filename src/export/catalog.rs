@@ -8,7 +8,7 @@
 //! `process.executable.name` (one per traced process, dropped after it exits) with, where known,
 //! its `container.id`, `k8s.pod.uid`, `k8s.pod.name`, `k8s.namespace.name` and
 //! `k8s.container.name` (one value per process, so no more series), `gpufrag.verdict`
-//! (three values), `gpufrag.level` (two), `hw.type` (one). Never an address, never a size.
+//! (four values), `gpufrag.level` (two), `hw.type` (one). Never an address, never a size.
 
 use super::snapshot::{DeviceView, ProcessPoint, View};
 use crate::analysis::{fragmentation, largest_allocatable, Verdict};
@@ -102,6 +102,7 @@ pub fn process_attrs(p: &ProcessPoint) -> Vec<(&'static str, AttrValue)> {
         ("process.pid", AttrValue::Int(i64::from(p.pid))),
         ("process.executable.name", AttrValue::Str(p.exe.clone())),
         ("hw.id", AttrValue::Str(p.hw_id.clone())),
+        ("gpufrag.framework", AttrValue::Str(Arc::from(p.framework.map_or("none", |f| f.name())))),
     ];
     if let Some(id) = &p.identity {
         a.extend(id.attributes().into_iter().map(|(k, v)| (k, AttrValue::Str(Arc::from(v)))));
@@ -143,6 +144,7 @@ pub static METRICS: &[Metric] = &[
     Metric { name: "gpufrag.memory.allocated", unit: "By", kind: Kind::Gauge, float: false, help: "Bytes in live framework blocks, plus segments no framework owns", points: |v| per_device(v, |d| Some(U64(d.allocated))) },
     Metric { name: "gpufrag.memory.stranded", unit: "By", kind: Kind::Gauge, float: false, help: "Free bytes inside framework segments that still hold a live block (PyTorch's inactive_split)", points: |v| per_device(v, |d| Some(U64(d.stranded))) },
     Metric { name: "gpufrag.memory.releasable", unit: "By", kind: Kind::Gauge, float: false, help: "Bytes in cached segments with no live block: what empty_cache() would return", points: |v| per_device(v, |d| Some(U64(d.releasable))) },
+    Metric { name: "gpufrag.memory.page_stranded", unit: "By", kind: Kind::Gauge, float: false, help: "Free bytes in 2 MiB driver pages that hold a live sub-2 MiB driver allocation: usable by small requests only, never by one of 2 MiB or more", points: |v| per_device(v, |d| Some(U64(d.page_stranded))) },
     Metric { name: "gpufrag.memory.largest_free_block", unit: "By", kind: Kind::Gauge, float: false, help: "The largest free run inside one segment of any traced process", points: |v| per_device(v, |d| Some(U64(d.largest_free_block))) },
     Metric { name: "gpufrag.memory.largest_allocatable", unit: "By", kind: Kind::Gauge, float: false, help: "What one request can get now: max(largest free block, device free - 4 MiB + releasable)", points: |v| per_device(v, |d| Some(U64(largest_allocatable(d.largest_free_block, d.free.unwrap_or(0), d.releasable)))) },
     Metric { name: "gpufrag.memory.device_free", unit: "By", kind: Kind::Gauge, float: false, help: "Free bytes on the device as last measured (what nvidia-smi shows as free)", points: |v| per_device(v, |d| d.free.map(U64)) },
@@ -158,6 +160,7 @@ pub static METRICS: &[Metric] = &[
     Metric { name: "gpufrag.process.memory.allocated", unit: "By", kind: Kind::Gauge, float: false, help: "Bytes in the process's live framework blocks, plus segments no framework owns", points: |v| per_process(v, |p, _| U64(p.figures.allocated)) },
     Metric { name: "gpufrag.process.memory.stranded", unit: "By", kind: Kind::Gauge, float: false, help: "Free bytes inside the process's framework segments that still hold a live block", points: |v| per_process(v, |p, _| U64(p.figures.stranded)) },
     Metric { name: "gpufrag.process.memory.releasable", unit: "By", kind: Kind::Gauge, float: false, help: "Bytes in the process's cached segments with no live block", points: |v| per_process(v, |p, _| U64(p.figures.releasable)) },
+    Metric { name: "gpufrag.process.memory.page_stranded", unit: "By", kind: Kind::Gauge, float: false, help: "Free bytes in 2 MiB driver pages that hold a live sub-2 MiB driver allocation of the process", points: |v| per_process(v, |p, _| U64(p.figures.page_stranded)) },
     Metric { name: "gpufrag.process.memory.largest_free_block", unit: "By", kind: Kind::Gauge, float: false, help: "The largest free run inside one of the process's segments", points: |v| per_process(v, |p, _| U64(p.figures.largest_free_block)) },
     Metric { name: "gpufrag.process.memory.largest_allocatable", unit: "By", kind: Kind::Gauge, float: false, help: "What one request of the process can get now", points: |v| per_process(v, |p, v| U64(largest_allocatable(p.figures.largest_free_block, free_of(v, p.device), p.figures.releasable))) },
     Metric { name: "gpufrag.process.memory.fragmentation", unit: "1", kind: Kind::Gauge, float: true, help: "Share of the memory free to the process that no single request can use", points: |v| per_process(v, |p, v| F64(fragmentation(p.figures.largest_free_block, free_of(v, p.device), p.figures.stranded, p.figures.releasable))) },
@@ -169,7 +172,7 @@ pub static METRICS: &[Metric] = &[
         unit: "{oom}",
         kind: Kind::Counter,
         float: false,
-        help: "Out-of-memory failures by verdict: true_oom, fragmentation (enough was free, not in one piece), inconclusive",
+        help: "Out-of-memory failures by verdict: true_oom, fragmentation (enough was free, not in one piece), inconclusive, allowed_limit (the allocator's own cap refused it)",
         points: |v| {
             let mut out = Vec::new();
             for p in &v.processes {
@@ -240,6 +243,8 @@ mod tests {
         assert!(got.contains(&"gpufrag_ooms_total".to_string()));
         assert!(got.contains(&"gpufrag_events_dropped_total".to_string()));
         assert!(got.contains(&"gpufrag_process_memory_largest_free_block_bytes".to_string()));
+        assert!(got.contains(&"gpufrag_memory_page_stranded_bytes".to_string()));
+        assert!(got.contains(&"gpufrag_process_memory_page_stranded_bytes".to_string()));
         assert_eq!(prometheus_name(ALLOC_SIZE, "By", Kind::Counter, true), "gpufrag_allocation_size_bytes");
         assert_eq!(prometheus_label("process.executable.name"), "process_executable_name");
     }

@@ -44,6 +44,9 @@ pub struct ProcessPoint {
     pub frees: u64,
     /// OOMs by verdict, in the order of [`Verdict::ALL`].
     pub ooms: [u64; Verdict::ALL.len()],
+    /// The caching allocator whose blocks it uses, when one was seen (the `gpufrag.framework`
+    /// attribute: one of [`crate::framework::Framework::ALL`]'s names, or `none`).
+    pub framework: Option<crate::framework::Framework>,
     /// Whether the process exited.
     pub exited: bool,
     /// Its container and pod, when known (`container.id`, `k8s.*`).
@@ -118,6 +121,8 @@ pub struct DeviceView {
     pub stranded: u64,
     /// Σ releasable.
     pub releasable: u64,
+    /// Σ page-stranded: free bytes in 2 MiB driver pages held by live sub-2 MiB allocations.
+    pub page_stranded: u64,
     /// max largest free block.
     pub largest_free_block: u64,
     /// Device free, when measured.
@@ -229,6 +234,7 @@ impl Reader {
                 allocated: 0,
                 stranded: 0,
                 releasable: 0,
+                page_stranded: 0,
                 largest_free_block: 0,
                 free: d.free,
                 total: d.total,
@@ -241,6 +247,7 @@ impl Reader {
                 d.allocated += p.figures.allocated;
                 d.stranded += p.figures.stranded;
                 d.releasable += p.figures.releasable;
+                d.page_stranded += p.figures.page_stranded;
                 d.largest_free_block = d.largest_free_block.max(p.figures.largest_free_block);
             }
         }
@@ -393,6 +400,7 @@ impl Builder {
                 allocs: s.allocs,
                 frees: s.frees,
                 ooms: ooms.get(&key).copied().unwrap_or_default(),
+                framework: s.framework,
                 exited,
                 identity,
             };
@@ -463,6 +471,35 @@ mod tests {
         Builder::new(GpuIds::without_nvml())
     }
 
+    /// Issue 13: page-stranded bytes were in no metric. Sub-2 MiB driver allocations packed two
+    /// to a 2 MiB page, every other one freed: each page keeps half of itself stranded.
+    #[test]
+    fn regression_page_stranded_bytes_are_exported_per_process_and_device() {
+        let mut st = State::default();
+        let (mib, base) = (1u64 << 20, 1u64 << 40);
+        let pages = 5u64;
+        for i in 0..2 * pages {
+            st.apply(&alloc(10, base + i * mib, mib));
+        }
+        for i in (0..2 * pages).step_by(2) {
+            st.apply(&Event { addr: base + i * mib, ..Event::new(EventKind::MemFree, 10, 0) });
+        }
+        // The naive model: every page holds one live 1 MiB, so 1 MiB of it is stranded.
+        let want = pages * mib;
+        let store = Arc::new(Store::default());
+        store.put(builder().build(&st));
+        let r = Reader::new(store);
+        let text = crate::export::prometheus::render(&r.view(), &[]);
+        let value = |name: &str| -> u64 {
+            let line = text.lines().find(|l| l.starts_with(name) && !l.starts_with('#')).unwrap_or_else(|| panic!("no {name} in\n{text}"));
+            line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
+        };
+        assert_eq!(value("gpufrag_memory_page_stranded_bytes{"), want, "{text}");
+        assert_eq!(value("gpufrag_process_memory_page_stranded_bytes{"), want, "{text}");
+        // The verdict label set has every verdict, allowed_limit included, at 0.
+        assert!(text.contains("gpufrag_verdict=\"allowed_limit\"} 0"), "{text}");
+    }
+
     #[test]
     fn a_containers_process_carries_its_container_and_pod_until_dropped_after_exit() {
         let mut st = State::default();
@@ -482,8 +519,9 @@ mod tests {
         let r = Reader::new(store.clone());
         let attrs = super::super::catalog::process_attrs(&r.view().processes[0]);
         let keys: Vec<&str> = attrs.iter().map(|(k, _)| *k).collect();
-        assert_eq!(keys, ["process.pid", "process.executable.name", "hw.id", "container.id", "k8s.pod.uid", "k8s.pod.name", "k8s.namespace.name"]);
+        assert_eq!(keys, ["process.pid", "process.executable.name", "hw.id", "gpufrag.framework", "container.id", "k8s.pod.uid", "k8s.pod.name", "k8s.namespace.name"]);
         assert_eq!(attrs[1].1.to_label(), "train");
+        assert_eq!(attrs[3].1.to_label(), "none", "no caching allocator seen: a bounded value, not an absent attribute");
         r.collected(true);
         // It exits and the state forgets it (the agent): exported once more, with its pod, then gone.
         st.apply(&Event::new(EventKind::ProcessExit, 10, -1));

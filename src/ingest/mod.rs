@@ -25,7 +25,7 @@
 
 pub mod histogram;
 
-use crate::event::{Event, EventKind, F_ALLOC_XLA_BFC, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED, F_SRC_NVML};
+use crate::event::{Event, EventKind, F_ALLOCATOR_OOM, F_ALLOC_XLA_BFC, F_ALLOWED_KNOWN, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED, F_OOM_AMEND, F_SRC_NVML};
 use crate::framework::Framework;
 use crate::map::{AddressSpace, Anomaly, Figures, SegmentKind};
 use crate::rules::AllocatorRules;
@@ -151,15 +151,49 @@ pub struct OomRecord {
     pub device_free: Option<u64>,
     /// Where `device_free` came from.
     pub device_free_source: DeviceFreeSource,
-    /// Failure time minus reading time, ns: positive for a reading before the failure,
-    /// negative after; `None` when not measured.
+    /// Failure time minus reading time, ns, for a reading before the failure; 0 for the
+    /// failure's own figure and for a reading after it (see `device_free_after_ns`); never
+    /// negative; `None` when not measured.
     pub device_free_age_ns: Option<i64>,
+    /// For a reading taken after the failure (NVML read when the failure woke the tracer, the
+    /// process's own read while building its error message): how long after, ns.
+    pub device_free_after_ns: Option<u64>,
     /// The process's figures on that device at that moment.
     pub figures: Figures,
     /// The caching allocator whose request failed (a block allocation), or the one managing the
     /// process's memory (a driver call); `None` when none was seen.
     pub framework: Option<Framework>,
+    /// The allocator's allowed bytes (`set_per_process_memory_fraction`), when its OOM report
+    /// carried them ([`crate::event::F_ALLOWED_KNOWN`]: PyTorch's OOM observer under `run`).
+    pub allowed: Option<u64>,
+    /// PyTorch's own out-of-memory path reported this failure in a capture that traces the
+    /// process's driver calls ([`crate::event::F_ALLOCATOR_OOM`]).
+    pub allocator_oom: bool,
+    /// The allocator's own reserved bytes at the failure, when its report carried them.
+    pub allocator_reserved: Option<u64>,
+    /// Failed driver allocations of this process on this device since its last successful
+    /// driver allocation or its last allocator OOM: 0 for an allocator OOM means the allocator
+    /// refused without asking the driver.
+    pub driver_failures_before: u64,
+    /// The device's total bytes as last measured before the failure (`cuMemGetInfo` or NVML).
+    pub device_total: Option<u64>,
 }
+
+/// One instance of XLA's BFC allocator, as its chunks showed it (`State::bfc_instances`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BfcInstance {
+    /// Its first chunk lay in a traced device segment: its chunks are the device pool's blocks.
+    pub device_pool: bool,
+    /// Chunk allocations seen.
+    pub chunks: u64,
+    /// Lowest chunk address seen.
+    pub lo: u64,
+    /// Highest chunk address seen.
+    pub hi: u64,
+}
+
+/// Most BFC instances filed per trace; chunks of further instances are filed by address alone.
+const MAX_BFC_INSTANCES: usize = 256;
 
 impl OomRecord {
     fn traced(&self) -> u64 {
@@ -250,9 +284,14 @@ pub struct State {
     pub unknown_kinds: u64,
     /// Processes that exited.
     pub exited: BTreeMap<u32, u64>,
-    /// XLA BFC block events outside every device segment of their process: XLA's pinned host
-    /// memory allocator is a BFC allocator too (the probes see both); not device memory, skipped.
+    /// XLA BFC block events of instances that are not a device pool (see `bfc_instances`):
+    /// skipped.
     pub host_bfc_blocks: u64,
+    /// XLA's BFC allocator instances seen, by (pid, instance address): XLA runs one per memory
+    /// space (the device pool, pinned host memory, ...) and the probes see them all. An instance
+    /// is filed by its first chunk: a device pool when that chunk lies in one of the process's
+    /// traced segments, another memory space otherwise; only device pools' chunks are counted.
+    pub bfc_instances: BTreeMap<(u32, u64), BfcInstance>,
     /// Who each process is (name, container, pod), as the live front end read it from `/proc`
     /// when the process was first seen ([`crate::attribution`]). Not carried by events: a
     /// replayed record has none.
@@ -262,7 +301,16 @@ pub struct State {
     readings: BTreeMap<(u32, i16), Reading>,
     /// OOM records (indices into `ooms`) that a reading arriving later may still complete.
     awaiting: Vec<usize>,
+    /// Per (pid, device): failed driver allocations since the last successful one or the last
+    /// allocator OOM ([`OomRecord::driver_failures_before`]).
+    driver_failures: BTreeMap<(u32, i16), u64>,
+    /// Per (pid, device): allowed bytes that arrived before the OOM they amend (time, bytes).
+    pending_allowed: BTreeMap<(u32, i16), (u64, u64)>,
 }
+
+/// How far apart in time an OOM and the amendment that gives it its allowed bytes may be (they
+/// come by different channels: the tracker's ring and the Python hook's socket).
+pub const AMEND_WINDOW_NS: u64 = 2_000_000_000;
 
 impl State {
     /// An empty state; new address spaces follow `rules`.
@@ -298,7 +346,10 @@ impl State {
     pub fn forget(&mut self, pid: u32) {
         self.spaces.retain(|&(p, _), _| p != pid);
         self.identities.remove(&pid);
+        self.bfc_instances.retain(|&(p, _), _| p != pid);
         self.readings.retain(|&(p, _), _| p != pid);
+        self.driver_failures.retain(|&(p, _), _| p != pid);
+        self.pending_allowed.retain(|&(p, _), _| p != pid);
         let ooms = &self.ooms;
         self.awaiting.retain(|&i| ooms[i].pid != pid);
     }
@@ -321,7 +372,20 @@ impl State {
             if take {
                 o.device_free = Some(free);
                 o.device_free_source = if nvml { DeviceFreeSource::NvmlAtFailure } else { DeviceFreeSource::ProcessReading };
-                o.device_free_age_ns = Some(-((ts_ns - o.ts_ns) as i64));
+                o.device_free_age_ns = Some(0);
+                o.device_free_after_ns = Some(ts_ns - o.ts_ns);
+            }
+        }
+    }
+
+    /// An amendment's allowed bytes: to `pid`'s latest allocator OOM on `device` when it has none
+    /// yet and is near in time, else kept for the next one.
+    fn amend_allowed(&mut self, pid: u32, device: i16, ts_ns: u64, allowed: u64) {
+        let latest = self.ooms.iter_mut().rev().find(|o| o.pid == pid && o.device == device && o.op == Some(EventKind::BlockAlloc));
+        match latest {
+            Some(o) if o.allowed.is_none() && o.ts_ns.abs_diff(ts_ns) <= AMEND_WINDOW_NS => o.allowed = Some(allowed),
+            _ => {
+                self.pending_allowed.insert((pid, device), (ts_ns, allowed));
             }
         }
     }
@@ -383,6 +447,10 @@ impl State {
                 }
                 Ok(())
             }
+            EventKind::AllocFailed if ev.flags & F_OOM_AMEND != 0 => {
+                self.amend_allowed(pid, device, ev.ts_ns, ev.size);
+                Ok(())
+            }
             EventKind::AllocFailed => {
                 if let Some(free) = ev.device_free() {
                     self.devices.entry(device).or_default().free = Some(free);
@@ -413,7 +481,21 @@ impl State {
                 if device_free_source != DeviceFreeSource::FailureEvent {
                     self.awaiting.push(self.ooms.len());
                 }
+                let block = ev.failed_op() == Some(EventKind::BlockAlloc);
+                let driver_failures_before = if block {
+                    self.driver_failures.remove(&(pid, device)).unwrap_or(0)
+                } else {
+                    *self.driver_failures.entry((pid, device)).or_default() += 1;
+                    0
+                };
+                let allocator_oom = ev.flags & F_ALLOCATOR_OOM != 0;
+                let pending = if block { self.pending_allowed.remove(&(pid, device)).filter(|&(t, _)| t.abs_diff(ev.ts_ns) <= AMEND_WINDOW_NS).map(|(_, a)| a) } else { None };
                 self.ooms.push(OomRecord {
+                    allowed: (ev.flags & F_ALLOWED_KNOWN != 0).then_some(ev.size).or(pending),
+                    allocator_oom,
+                    allocator_reserved: (allocator_oom && ev.handle != 0).then_some(ev.handle),
+                    driver_failures_before,
+                    device_total: self.devices.get(&device).and_then(|d| d.total),
                     framework,
                     ts_ns: ev.ts_ns,
                     pid,
@@ -424,6 +506,7 @@ impl State {
                     device_free,
                     device_free_source,
                     device_free_age_ns,
+                    device_free_after_ns: None,
                     figures,
                 });
                 Ok(())
@@ -431,9 +514,7 @@ impl State {
             _ if ev.rc != 0 => Ok(()), // a failed call changes nothing; sources send AllocFailed for OOMs
             // free(NULL) is a no-op for the driver and for caching allocators alike.
             EventKind::MemFree | EventKind::PoolFree | EventKind::BlockFree if ev.addr == 0 => Ok(()),
-            EventKind::BlockAlloc | EventKind::BlockFree
-                if ev.flags & F_ALLOC_XLA_BFC != 0 && !self.spaces.get(&(pid, device)).is_some_and(|s| s.map.holds(ev.addr)) =>
-            {
+            EventKind::BlockAlloc | EventKind::BlockFree if ev.flags & F_ALLOC_XLA_BFC != 0 && !self.bfc_device_chunk(pid, device, ev, kind) => {
                 self.host_bfc_blocks += 1;
                 Ok(())
             }
@@ -489,9 +570,13 @@ impl State {
                     _ => Err(Anomaly::NotAMapEvent(ev.kind)),
                 };
                 m.debug_check();
-                if r.is_ok() && matches!(kind, EventKind::MemAlloc | EventKind::MemAllocPitch | EventKind::MemAllocManaged | EventKind::PoolAlloc | EventKind::Map) {
+                let segment = r.is_ok() && matches!(kind, EventKind::MemAlloc | EventKind::MemAllocPitch | EventKind::MemAllocManaged | EventKind::PoolAlloc | EventKind::Map);
+                if segment {
                     s.allocs += 1;
                     s.segment_sizes.record(ev.size);
+                }
+                if segment || kind == EventKind::PhysCreate {
+                    self.driver_failures.remove(&(pid, device));
                 }
                 r
             }
@@ -499,6 +584,23 @@ impl State {
         if let Err(a) = result {
             self.note_anomaly(pid, device, a);
         }
+    }
+
+    /// Whether an XLA BFC chunk event belongs to a device pool (and is applied to the map): its
+    /// instance's filing, made at the instance's first chunk (in a traced segment of the process
+    /// or not). An event without an instance address (0) is filed by its own address.
+    fn bfc_device_chunk(&mut self, pid: u32, device: i16, ev: &Event, kind: EventKind) -> bool {
+        let inside = self.spaces.get(&(pid, device)).is_some_and(|s| s.map.holds(ev.addr));
+        if ev.handle == 0 || (self.bfc_instances.len() >= MAX_BFC_INSTANCES && !self.bfc_instances.contains_key(&(pid, ev.handle))) {
+            return inside;
+        }
+        let i = self.bfc_instances.entry((pid, ev.handle)).or_insert(BfcInstance { device_pool: inside, chunks: 0, lo: ev.addr, hi: ev.addr });
+        if kind == EventKind::BlockAlloc {
+            i.chunks += 1;
+            i.lo = i.lo.min(ev.addr);
+            i.hi = i.hi.max(ev.addr);
+        }
+        i.device_pool
     }
 
     /// The device of a free-like event whose source did not know it (the shim sends -1 for frees):
@@ -618,6 +720,27 @@ mod failure_tests {
         assert!(sum.notes.iter().any(|n| n.starts_with("2 allocation call(s) failed with codes other than out-of-memory")), "{:?}", sum.notes);
         assert!(sum.exact, "a refused call is not a lost event");
     }
+
+    /// Issue 13: under the trace tracker the OOM is the tracker's entry (in the ring) and the
+    /// allowed bytes come from the OOM observer (on the socket), in either order: the amendment
+    /// gives them to that OOM and makes no OOM of its own; one that comes first waits for it.
+    #[test]
+    fn regression_an_amendment_gives_the_trackers_oom_its_allowed_bytes_in_either_order() {
+        use crate::event::{F_ALLOWED_KNOWN, F_FAILED, F_OOM_AMEND};
+        let oom = |ts_ns| Event { ts_ns, requested: 20 << 30, rc: RC_OUT_OF_MEMORY, op: EventKind::BlockAlloc as u16, flags: F_FAILED, ..Event::new(EventKind::AllocFailed, 7, 0) };
+        let amend = |ts_ns| Event { ts_ns, requested: 20 << 30, size: 16 << 30, rc: RC_OUT_OF_MEMORY, op: EventKind::BlockAlloc as u16, flags: F_FAILED | F_ALLOWED_KNOWN | F_OOM_AMEND, ..Event::new(EventKind::AllocFailed, 7, 0) };
+        for first_oom in [true, false] {
+            let mut s = State::default();
+            let (a, b) = if first_oom { (oom(1_000), amend(5_000)) } else { (amend(1_000), oom(5_000)) };
+            s.apply(&a);
+            s.apply(&b);
+            assert_eq!(s.ooms.len(), 1, "first_oom {first_oom}: {:?}", s.ooms);
+            assert_eq!(s.ooms[0].allowed, Some(16 << 30), "first_oom {first_oom}");
+            // A later OOM of the same process is not given them.
+            s.apply(&oom(10_000_000_000));
+            assert_eq!(s.ooms[1].allowed, None);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -642,7 +765,10 @@ mod device_free_tests {
         let mut s = State::default();
         s.apply_all(events);
         let o = &s.ooms[0];
-        (o.device_free, o.device_free_source, o.device_free_age_ns)
+        assert!(o.device_free_age_ns.is_none_or(|a| a >= 0), "age never negative: {o:?}");
+        assert!(o.device_free_after_ns.is_none() || o.device_free_age_ns == Some(0), "a reading after the failure has age 0: {o:?}");
+        // The third value: the age of a reading before, minus the delay of one after.
+        (o.device_free, o.device_free_source, o.device_free_age_ns.map(|a| o.device_free_after_ns.map_or(a, |after| -(after as i64))))
     }
 
     #[test]

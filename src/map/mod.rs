@@ -84,6 +84,9 @@ pub struct Segment {
     pub kind: SegmentKind,
     /// Owned by a caching allocator: its free space is cache.
     pub framework: bool,
+    /// Holds XLA's BFC pool (a BFC chunk was placed in it): its free bytes follow BFC's rule
+    /// ([`crate::bfc::region_free`]), not the mapped-segment one.
+    pub bfc_pool: bool,
     /// Live framework blocks inside.
     pub live_blocks: u64,
     /// Bytes of those blocks.
@@ -104,6 +107,9 @@ impl Segment {
     /// unmapped one by one, so nothing there is held hostage: it is releasable (PyTorch's
     /// `inactive_split` is 0 under expandable segments for the same reason).
     pub fn stranded(&self) -> u64 {
+        if self.bfc_pool {
+            return crate::bfc::region_free(self.size - self.live_bytes, self.live_blocks).stranded;
+        }
         if self.framework && self.live_blocks > 0 && self.kind != SegmentKind::Mapped {
             self.size - self.live_bytes
         } else {
@@ -114,6 +120,9 @@ impl Segment {
     /// or the free bytes of a mapped segment (unmapped page by page; the partial pages at the
     /// edges of live blocks are counted too, an overestimate of at most 2 MiB per free run).
     pub fn releasable(&self) -> u64 {
+        if self.bfc_pool {
+            return crate::bfc::region_free(self.size - self.live_bytes, self.live_blocks).releasable;
+        }
         if self.framework && (self.live_blocks == 0 || self.kind == SegmentKind::Mapped) {
             self.size - self.live_bytes
         } else {
@@ -615,7 +624,9 @@ impl AddressSpace {
             out.push(Event { addr: s.start, size: s.size, stream: s.stream, handle, flags, ..ev(kind) });
         }
         for b in self.blocks() {
-            out.push(Event { addr: b.addr, size: b.size, requested: b.requested, flags: F_BLOCK_SIZE_KNOWN, ..ev(EventKind::BlockAlloc) });
+            let bfc = self.segment_at(b.addr).is_some_and(|s| s.bfc_pool);
+            let flags = F_BLOCK_SIZE_KNOWN | if bfc { Framework::Xla.flags() } else { 0 };
+            out.push(Event { addr: b.addr, size: b.size, requested: b.requested, flags, ..ev(EventKind::BlockAlloc) });
         }
         for (&pool, p) in &self.pools {
             if p.cached > 0 {
@@ -628,7 +639,7 @@ impl AddressSpace {
     /// `cuMemAlloc` and friends: a new driver segment. Sub-2 MiB ones occupy shared 2 MiB pages.
     pub fn driver_alloc(&mut self, addr: u64, size: u64, kind: SegmentKind, framework: bool, stream: u64) -> Result<(), Anomaly> {
         check_range(addr, size)?;
-        let seg = Segment { start: addr, size, kind, framework, live_blocks: 0, live_bytes: 0, owner: 0, stream };
+        let seg = Segment { start: addr, size, kind, framework, bfc_pool: false, live_blocks: 0, live_bytes: 0, owner: 0, stream };
         let r = self.insert_segment(seg);
         if shares_pages(kind, size) {
             self.pages.add(addr, size);
@@ -697,7 +708,7 @@ impl AddressSpace {
     pub fn map(&mut self, addr: u64, size: u64, framework: bool) -> Result<(), Anomaly> {
         check_range(addr, size)?;
         let owner = self.reservation_of(addr);
-        let seg = Segment { start: addr, size, kind: SegmentKind::Mapped, framework, live_blocks: 0, live_bytes: 0, owner, stream: 0 };
+        let seg = Segment { start: addr, size, kind: SegmentKind::Mapped, framework, bfc_pool: false, live_blocks: 0, live_bytes: 0, owner, stream: 0 };
         let r = self.insert_segment(seg);
         self.mapped_bytes += size;
         let left = self.index.range(..addr).next_back().map(|(_, &i)| self.slots[i as usize].clone());
@@ -735,7 +746,7 @@ impl AddressSpace {
         let l = self.slots[li as usize].clone();
         self.totals.sub(&r);
         self.totals.sub(&l);
-        let joined = Segment { size: l.size + r.size, live_blocks: l.live_blocks + r.live_blocks, live_bytes: l.live_bytes + r.live_bytes, ..l };
+        let joined = Segment { size: l.size + r.size, live_blocks: l.live_blocks + r.live_blocks, live_bytes: l.live_bytes + r.live_bytes, bfc_pool: l.bfc_pool || r.bfc_pool, ..l };
         let keep = if joined.framework { self.tiling.concat(li, ri) } else { li };
         self.spare_slots.push(if keep == li { ri } else { li });
         self.totals.add(&joined);
@@ -863,7 +874,7 @@ impl AddressSpace {
         check_range(addr, size)?;
         // The segments it overlaps go first, so that bytes in use never count twice (the sum of
         // live pool allocations then never passes 2^64: they do not overlap).
-        let seg = Segment { start: addr, size, kind: SegmentKind::Pool, framework: false, live_blocks: 0, live_bytes: 0, owner: pool, stream };
+        let seg = Segment { start: addr, size, kind: SegmentKind::Pool, framework: false, bfc_pool: false, live_blocks: 0, live_bytes: 0, owner: pool, stream };
         let r = self.insert_segment(seg);
         let p = self.pools.entry(pool).or_default();
         let reuse = p.cached.min(size);
@@ -948,6 +959,11 @@ impl AddressSpace {
         if size > avail || size == 0 {
             return Err(Anomaly::BlockTooLarge { addr, size, run: avail });
         }
+        if framework == Framework::Xla && !seg.bfc_pool {
+            self.totals.sub(seg);
+            seg.bfc_pool = true;
+            self.totals.add(seg);
+        }
         self.totals.live_change(seg, true, size);
         self.tiling.place(run, addr, size, requested);
         Ok(size)
@@ -969,6 +985,50 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
     const BASE: u64 = 0x7f00_0000_0000;
+
+    /// Issue 16's H200 case: JAX's preallocated pool is one VMM mapping; filled with 256 MiB
+    /// chunks and every other one freed, its free half is stranded (BFC never unmaps a region
+    /// holding a live chunk), not releasable as the free pages of a PyTorch expandable segment
+    /// would be; so the 11.85 GiB request is a fragmentation OOM, not an inconclusive one.
+    #[test]
+    fn a_preallocated_bfc_pool_strands_its_free_chunks_and_its_oom_is_fragmentation() {
+        use crate::analysis::{OomInputs, Verdict};
+        let pool = 420 * 256 * MIB;
+        let mut m = AddressSpace::default();
+        m.reserve(BASE, pool).unwrap();
+        m.map(BASE, pool, false).unwrap();
+        let bufs: Vec<u64> = (0..420).map(|i| BASE + i * 256 * MIB).collect();
+        for &a in &bufs {
+            assert_eq!(m.block_alloc_by(a, 256 * MIB, None, Framework::Xla), Ok(256 * MIB));
+        }
+        for &a in bufs.iter().step_by(2) {
+            m.block_free(a).unwrap();
+        }
+        let f = m.figures();
+        assert_eq!((f.framework_reserved, f.framework_segments, f.allocated), (pool, 1, 210 * 256 * MIB));
+        assert_eq!((f.stranded, f.releasable, f.largest_free_block), (210 * 256 * MIB, 0, 256 * MIB));
+        let oom = OomInputs {
+            requested: 12_723_840_612,
+            device_free: 0,
+            device_free_known: true,
+            stranded: f.stranded,
+            releasable: f.releasable,
+            largest_free_block: f.largest_free_block,
+            framework: true,
+            allocator: Some(Framework::Xla),
+            page_stranded: 0,
+            allowed: None,
+            allocator_refused: false,
+            reserved: f.reserved,
+            device_total: None,
+        };
+        assert_eq!(oom.verdict(), Verdict::Fragmentation, "{}", oom.explanation());
+        for &a in bufs.iter().skip(1).step_by(2) {
+            m.block_free(a).unwrap();
+        }
+        let f = m.figures();
+        assert_eq!((f.stranded, f.releasable, f.largest_free_block), (0, pool, pool), "a wholly free region is releasable");
+    }
 
     #[test]
     fn frag_oom_shape_strands_the_split_remainders() {

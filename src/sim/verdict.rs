@@ -4,7 +4,9 @@
 //! peaks at 10.31 GiB reserved and the 2.50 GiB request fits", or that no setting tried avoids
 //! it), and the summary carries the baseline and the best setting side by side for the report.
 //! A trace whatif cannot use, or whose self-check fails, leaves the verdicts as they were, with a
-//! note saying why.
+//! note saying why. A failure whose allowed bytes (`set_per_process_memory_fraction`) were seen
+//! is simulated under that cap: the sweep says which setting fits under it, beside the cap's own
+//! fix.
 
 use super::{rank, recommendation, self_check, simulate, sweep_confs, Limits, Outcome, RequestStream, Scenario};
 use crate::analysis::summary::{ScenarioBrief, Summary, WhatIfSummary};
@@ -40,7 +42,11 @@ pub fn apply_to_summary(summary: &mut Summary, stream: impl FnOnce() -> Result<R
             return;
         }
     };
-    let limits = Limits { device_capacity: stream.device_capacity_hint, ..Limits::default() };
+    // A failure under set_per_process_memory_fraction whose allowed bytes were seen (PyTorch's
+    // OOM observer under `run`): the trace ran under that cap, so the self-check and every
+    // scenario do too, and the answer is whether a setting fits under it.
+    let allowed = summary.ooms.iter().filter(|o| o.device == stream.device).find_map(|o| o.allowed);
+    let limits = Limits { device_capacity: stream.device_capacity_hint, memory_limit: allowed, ..Limits::default() };
     let check = self_check(&stream, &limits);
     if !check.faithful {
         let d = check.divergence.map(|d| d.what).unwrap_or_default();
@@ -54,9 +60,14 @@ pub fn apply_to_summary(summary: &mut Summary, stream: impl FnOnce() -> Result<R
         outcomes.push(simulate(&stream, &Scenario { alloc_conf: c.to_string(), conf, limits: limits.clone() }, false));
     }
     let best = rank(&outcomes)[0].index;
-    let sentence = recommendation(&outcomes);
+    let mut sentence = recommendation(&outcomes);
+    if let Some(a) = allowed {
+        sentence = format!("Under the allowed {} (set_per_process_memory_fraction): {sentence}", crate::units::human_bytes(a));
+    }
     for o in summary.ooms.iter_mut().filter(|o| o.device == stream.device) {
-        o.fix = format!("{sentence} (simulated over {} allocator settings: gpufrag whatif FILE)", outcomes.len());
+        let simulated = format!("{sentence} (simulated over {} allocator settings: gpufrag whatif FILE{})", outcomes.len(), allowed.map_or(String::new(), |a| format!(" --memory-limit {a}")));
+        // The cap's own fix (the fraction that would allow the request) stays beside the simulated one.
+        o.fix = if o.verdict == crate::analysis::Verdict::AllowedLimit { format!("{simulated}; or {}", o.fix) } else { simulated };
     }
     summary.whatif = Some(WhatIfSummary {
         faithful: true,

@@ -18,8 +18,9 @@
 //! shows it in use, and with the extra key `gpufrag_driver_only: True` (on the segment and on its
 //! `segment_*` trace entries; PyTorch's readers ignore keys they do not know), so that a re-import
 //! counts it as driver memory (`non_framework`) as the capture did, while every segment of
-//! PyTorch's own snapshots is the caching allocator's. Events of several processes go to one file
-//! per process ([`export_all`]).
+//! PyTorch's own snapshots is the caching allocator's. The top-level extra key `gpufrag_allocator`
+//! names the process's caching allocator (`pytorch`, `xla`, `cupy`) when one was seen. Events of
+//! several processes go to one file per process ([`export_all`]).
 
 use super::pickle::Writer;
 use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN};
@@ -378,6 +379,9 @@ pub fn snapshot_pickle(state: &State, log: Option<&TraceLog>, pid: Option<u32>) 
     w.end();
     w.str("allocator_settings");
     write_settings(&mut w, &rules, expandable);
+    if let Some(f) = spaces.iter().find_map(|s| s.framework) {
+        w.kv_str("gpufrag_allocator", f.name());
+    }
     w.end();
     w.finish()
 }

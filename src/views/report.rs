@@ -153,6 +153,11 @@ fn bytes_td(field: &str, b: u64) -> String {
 fn headline(o: &OomSummary) -> String {
     let total = o.device_free + o.stranded + o.releasable;
     match o.verdict {
+        Verdict::Fragmentation if o.page_stranded > 0 && o.stranded == 0 => format!(
+            "Fragmentation OOM at the driver level: {} was asked for, and {} sits free in partly used 2 MiB pages that no request of 2 MiB or more can use.",
+            human_bytes(o.requested),
+            human_bytes(o.page_stranded),
+        ),
         Verdict::Fragmentation => format!(
             "Fragmentation OOM: {} was asked for and {} is free in all, but no single free piece is that large.",
             human_bytes(o.requested),
@@ -160,6 +165,15 @@ fn headline(o: &OomSummary) -> String {
         ),
         Verdict::TrueOom => format!("True OOM: {} was asked for, and only {} is free in all, cache included.", human_bytes(o.requested), human_bytes(total)),
         Verdict::Inconclusive => format!("Inconclusive: by the traced figures {} should have fit; the cause lies outside what was traced.", human_bytes(o.requested)),
+        Verdict::AllowedLimit => match o.allowed {
+            Some(a) => format!(
+                "Allowed limit: {} was asked for on top of {} reserved, over the {} the allocator is allowed (set_per_process_memory_fraction).",
+                human_bytes(o.requested),
+                human_bytes(o.reserved),
+                human_bytes(a)
+            ),
+            None => format!("Allowed limit: the caching allocator refused {} without asking the driver: a limit inside it (set_per_process_memory_fraction).", human_bytes(o.requested)),
+        },
     }
 }
 
@@ -197,6 +211,8 @@ fn verdict_section(out: &mut String, s: &Summary, oom: Option<usize>) {
                 ("releasable", "releasable (empty_cache)", human_bytes(o.releasable), Some(o.releasable)),
                 ("device-free", "device free (driver)", free, o.device_free_known.then_some(o.device_free)),
                 ("reserved", "reserved", human_bytes(o.reserved), Some(o.reserved)),
+                ("page-stranded", "page-stranded (partly used 2 MiB driver pages)", human_bytes(o.page_stranded), Some(o.page_stranded)),
+                ("allowed", "allowed (memory fraction)", o.allowed.map_or_else(|| "not set or not seen".to_string(), human_bytes), o.allowed),
             ] {
                 let b = bytes.map(|b| format!(" data-bytes=\"{b}\" title=\"{} B\"", group(b))).unwrap_or_default();
                 put(out, format_args!("<div class=\"card\" id=\"card-{id}\"{b}><div class=\"k\">{}</div><div class=\"v\">{}</div></div>\n", esc(name), esc(&val)));
@@ -262,7 +278,16 @@ fn device_row(out: &mut String, label: &str, d: &DeviceSummary, id_attr: &str) {
 
 fn tables(out: &mut String, s: &Summary) {
     let head = "<tr><th></th><th>reserved</th><th>allocated</th><th>stranded</th><th>releasable</th><th>largest free block</th><th>device free</th><th>largest allocatable</th><th>frag.</th><th>segments</th><th>blocks</th><th>level</th></tr>\n";
-    out.push_str("<section id=\"tables\">\n<h2>Figures</h2>\n<table id=\"devices-table\">\n");
+    out.push_str("<section id=\"tables\">\n<h2>Figures</h2>\n");
+    let allocators: Vec<String> = s
+        .processes
+        .iter()
+        .map(|p| format!("pid {}: {}", p.pid, p.framework.map_or("none seen (driver segments only)", |f| f.allocator())))
+        .collect();
+    if !allocators.is_empty() {
+        put(out, format_args!("<p id=\"allocators\">Caching allocator: {}</p>\n", esc(&allocators.join("; "))));
+    }
+    out.push_str("<table id=\"devices-table\">\n");
     out.push_str(head);
     for d in &s.devices {
         device_row(out, &format!("device {}", d.device), d, "");

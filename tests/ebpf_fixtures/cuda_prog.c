@@ -16,8 +16,13 @@
  *                    exists, exit (the OOM is seen while the process still holds its memory)
  *   gate FILE SCENARIO [ARG]  wait until FILE exists before touching CUDA at all, then SCENARIO
  *   torch LIB        blocks from the fake libc10_cuda.so at LIB inside one 20 MiB segment
+ *   torchoom LIB MODE  a 4 MiB block in a 20 MiB segment, then PyTorch's OOM report (the fake
+ *                    libc10.so beside LIB) for a 30 MiB request: MODE limit reports it with no
+ *                    driver call (a memory fraction's cap refused it), MODE driver after a failed
+ *                    cuMemAlloc_v2 of the same request; a CPU-side report too, which is no GPU OOM
  *   xla LIB          chunks from the fake XLA BFC allocator at LIB (xla_cuda_plugin.so) inside one
- *                    64 MiB preallocated pool, ending with a fragmentation OOM inside the pool
+ *                    64 MiB preallocated pool (one VMM mapping, as JAX's), ending with a
+ *                    fragmentation OOM inside the pool; a second BFC instance over host memory
  *   bench N          N alloc+free pairs of 4 KiB; prints ns per pair
  *   fork             parent allocates 2 MiB, its child allocates 4 MiB, both exit
  */
@@ -288,6 +293,46 @@ static void torch(const char *lib)
 	printf("FIGURES device=0 reserved=%llu blocks=2 requested=%llu\n", 20 * MIB, 5 * MIB + 1);
 }
 
+static void torch_oom(const char *lib, const char *mode)
+{
+	void *h = dlopen(lib, RTLD_NOW);
+	if (!h) {
+		fprintf(stderr, "cuda_prog: %s\n", dlerror());
+		exit(2);
+	}
+	/* libc10.so lies beside libc10_cuda.so, as in torch/lib. */
+	char c10[4096];
+	const char *slash = strrchr(lib, '/');
+	int dir = slash ? (int)(slash - lib) + 1 : 0;
+	snprintf(c10, sizeof(c10), "%.*slibc10.so", dir, lib);
+	void *hc = dlopen(c10, RTLD_NOW);
+	if (!hc) {
+		fprintf(stderr, "cuda_prog: %s\n", dlerror());
+		exit(2);
+	}
+	void (*set_base)(unsigned long long) = sym(h, "fake_set_base");
+	void *(*fmalloc)(unsigned long, signed char) = sym(h, "fake_malloc");
+	void (*report)(long, unsigned long, unsigned long, signed char) = sym(hc, "fake_report_oom");
+	void (*report_cpu)(long) = sym(hc, "fake_report_cpu_oom");
+	CUdeviceptr seg, q;
+	check(cuMemAlloc_v2(&seg, 20 * MIB), "cuMemAlloc_v2");
+	set_base(seg);
+	(void)fmalloc(4 * MIB, 0);
+	report_cpu(MIB);
+	unsigned long long want = 30 * MIB;
+	if (!strcmp(mode, "driver")) {
+		CUresult rc = cuMemAlloc_v2(&q, 1ull << 50);
+		printf("DRIVER rc=%d\n", rc);
+		want = 1ull << 50;
+	}
+	report((long)want, 4 * MIB, 20 * MIB, 0);
+	printf("OOM requested=%llu\n", want);
+	printf("FIGURES device=0 reserved=%llu blocks=1 requested=%llu\n", 20 * MIB, 4 * MIB);
+	fflush(stdout);
+	/* Keep the memory while NVML is read for the failure. */
+	usleep(500000);
+}
+
 static void xla(const char *lib)
 {
 	void *h = dlopen(lib, RTLD_NOW);
@@ -300,9 +345,28 @@ static void xla(const char *lib)
 	void *(*alloc_plain)(unsigned long) = sym(h, "fake_bfc_alloc_plain");
 	void (*bfree)(void *) = sym(h, "fake_bfc_free");
 	void (*stats)(unsigned long *, unsigned long *, unsigned long *) = sym(h, "fake_bfc_stats");
+	void (*host_init)(unsigned long, unsigned long) = sym(h, "fake_host_bfc_init");
+	void *(*host_alloc)(unsigned long) = sym(h, "fake_host_bfc_alloc");
+	void (*host_free)(void *) = sym(h, "fake_host_bfc_free");
+	/* JAX's preallocated pool: one VMM mapping (reserve, create, map), as on the H200 */
 	CUdeviceptr pool;
-	check(cuMemAlloc_v2(&pool, 64 * MIB), "cuMemAlloc_v2");
+	CUmemGenericAllocationHandle ph;
+	CUmemAllocationProp prop;
+	memset(&prop, 0, sizeof(prop));
+	prop.type = 1;          /* CU_MEM_ALLOCATION_TYPE_PINNED */
+	prop.location.type = 1; /* CU_MEM_LOCATION_TYPE_DEVICE */
+	check(cuMemAddressReserve(&pool, 64 * MIB, 0, 0, 0), "cuMemAddressReserve");
+	check(cuMemCreate(&ph, 64 * MIB, &prop, 0), "cuMemCreate");
+	check(cuMemMap(pool, 64 * MIB, 0, ph, 0), "cuMemMap");
+	CUmemAccessDesc acc = { { 1, 0 }, 3 };
+	check(cuMemSetAccess(pool, 64 * MIB, &acc, 1), "cuMemSetAccess");
 	init(pool, 64 * MIB);
+	/* the second instance, over host memory no driver call traced: its chunks are not counted */
+	static char host_region[1 << 20] __attribute__((aligned(4096)));
+	host_init((unsigned long)host_region, sizeof(host_region));
+	void *h1 = host_alloc(4);
+	void *h2 = host_alloc(100000);
+	host_free(h1);
 	void *a = alloc(8 * MIB);
 	void *b = alloc(3 * MIB + 1);      /* rounded to 3 MiB + 256 */
 	void *c = alloc(1000);             /* 1024 */
@@ -315,10 +379,12 @@ static void xla(const char *lib)
 	void *x = alloc(20 * MIB);         /* 25 MiB free, at most 17 MiB in one chunk: fails */
 	if (x)
 		fprintf(stderr, "cuda_prog: the fragmented pool served 20 MiB\n");
-	(void)c; (void)d; (void)g; (void)e; (void)f;
+	(void)c; (void)d; (void)g; (void)e; (void)f; (void)h2;
 	unsigned long in_use, largest, bytes;
 	stats(&in_use, &largest, &bytes);
-	printf("FIGURES device=0 reserved=%lu bfc_bytes_in_use=%lu bfc_largest_free_block=%lu bfc_pool_bytes=%lu\n", bytes, in_use, largest, bytes);
+	/* The pool holds live chunks and never goes back to the driver: its free bytes are stranded. */
+	printf("FIGURES device=0 reserved=%lu bfc_bytes_in_use=%lu bfc_largest_free_block=%lu bfc_pool_bytes=%lu bfc_stranded=%lu host_chunks=2 host_base=%lu\n",
+	       bytes, in_use, largest, bytes, bytes - in_use, (unsigned long)host_region);
 }
 
 static double now_s(void)
@@ -392,6 +458,8 @@ int main(int argc, char **argv)
 		oom_hold(strtoull(argv[2], 0, 10), strtoull(argv[3], 0, 10), argv[4]);
 	else if (!strcmp(s, "torch"))
 		torch(argv[2]);
+	else if (!strcmp(s, "torchoom") && argc > 3)
+		torch_oom(argv[2], argv[3]);
 	else if (!strcmp(s, "xla"))
 		xla(argv[2]);
 	else if (!strcmp(s, "bench"))

@@ -1,5 +1,6 @@
 // fake_xla_bfc.cpp: a stand-in for JAX's xla_cuda_plugin.so whose allocator is a small
-// tsl::BFCAllocator over one preallocated region (JAX's default pool), with the member functions
+// tsl::BFCAllocator over one preallocated region (JAX's default pool), plus a second instance
+// over host memory (XLA's pinned-host allocator), with the member functions
 // named as in XLA (local in .symtab only, as in the real plugin):
 //   tsl::BFCAllocator::AllocateRaw(unsigned long, unsigned long, tsl::AllocationAttributes const&)
 //   tsl::BFCAllocator::AllocateRaw(unsigned long, unsigned long)   (inline, calls the other)
@@ -119,8 +120,26 @@ void BFCAllocator::Stats(unsigned long *in_use, unsigned long *largest_free, uns
 }
 
 static BFCAllocator gpu_bfc;
+// XLA's second instance: pinned host memory (GPU_0_bfc and the host allocator are both
+// tsl::BFCAllocator; the probes see both, told apart by `this`).
+static BFCAllocator host_bfc;
 
 } // namespace tsl
+
+extern "C" __attribute__((visibility("default"))) void fake_host_bfc_init(unsigned long base, unsigned long size)
+{
+	tsl::host_bfc.Init(base, size);
+}
+
+extern "C" __attribute__((visibility("default"))) void *fake_host_bfc_alloc(unsigned long size)
+{
+	return tsl::host_bfc.AllocateRaw(256, size, tsl::AllocationAttributes());
+}
+
+extern "C" __attribute__((visibility("default"))) void fake_host_bfc_free(void *p)
+{
+	tsl::host_bfc.DeallocateRaw(p);
+}
 
 extern "C" __attribute__((visibility("default"))) void fake_bfc_init(unsigned long base, unsigned long size)
 {

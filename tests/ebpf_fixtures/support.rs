@@ -1,5 +1,6 @@
 //! Shared by the `tests/ebpf_*.rs` tests: compiles the C fixtures (a CUDA driver client and two
-//! stand-in libc10_cuda.so, one with PyTorch's USDT probes, one with its .symtab functions), finds
+//! stand-in libc10_cuda.so, one with PyTorch's USDT probes, one with its .symtab functions, each
+//! with a stand-in libc10.so beside it that exports PyTorch's OOM report), finds
 //! the simcuda stand-in libcuda.so.1 next to the gpufrag binary, says whether this kernel lets us
 //! load eBPF at all (the only reason a test may skip), and drives `gpufrag attach` against a
 //! program held at a gate until the probes are in.
@@ -65,6 +66,10 @@ pub fn fixtures() -> &'static Fixtures {
         compile("cc", &["-O1", "-g", "-Wall", "-o", &prog.display().to_string(), &s("cuda_prog.c"), "-ldl", "-lpthread"]);
         compile("cc", &["-O1", "-g", "-shared", "-fPIC", "-o", &usdt_lib.display().to_string(), &s("fake_c10_usdt.c")]);
         compile("c++", &["-O1", "-g", "-shared", "-fPIC", "-fvisibility=hidden", "-o", &symbols_lib.display().to_string(), &s("fake_c10_symbols.cpp")]);
+        // PyTorch's libc10.so beside each libc10_cuda.so: its OOM report.
+        for d in ["usdt", "symbols"] {
+            compile("c++", &["-O1", "-g", "-shared", "-fPIC", "-fvisibility=hidden", "-o", &dir.join(d).join("libc10.so").display().to_string(), &s("fake_c10.cpp")]);
+        }
         compile("c++", &["-O1", "-g", "-shared", "-fPIC", "-fvisibility=hidden", "-o", &xla_lib.display().to_string(), &s("fake_xla_bfc.cpp")]);
         Fixtures { dir, prog, usdt_lib, symbols_lib, xla_lib }
     })

@@ -42,7 +42,9 @@ pub enum EventKind {
     BlockAlloc = 14,
     /// A framework block at `addr` freed (returned to the cache, not to the driver).
     BlockFree = 15,
-    /// An allocation that failed: `requested`, `rc`, `op` (the kind that failed), device free if known.
+    /// An allocation that failed: `requested`, `rc`, `op` (the kind that failed), device free if
+    /// known; with [`F_ALLOWED_KNOWN`], `size` = the allocator's allowed bytes; with
+    /// [`F_ALLOCATOR_OOM`], `handle` = the allocator's own reserved bytes.
     AllocFailed = 16,
     /// Device totals: `size` = total bytes, `device_free` = free bytes.
     DeviceInfo = 17,
@@ -154,6 +156,20 @@ pub const F_SRC_NVML: u32 = 1 << 10;
 /// A `ProcessExit` from the eBPF probes whose `addr` and `size` hold the process's command name
 /// (the kernel's 16-byte `comm`, NUL-padded): the name of a process gone before `/proc` was read.
 pub const F_COMM: u32 = 1 << 11;
+/// An `AllocFailed` that PyTorch's caching allocator reported from its own out-of-memory path
+/// (`c10::reportOutOfMemoryToProfiler`, probed by eBPF) in a capture that also traces the
+/// process's driver calls: with no failed driver call before it, the allocator refused the
+/// request itself (a memory fraction's allowed bytes). `handle`, when non-zero, is
+/// PyTorch's own reserved bytes at the failure.
+pub const F_ALLOCATOR_OOM: u32 = 1 << 12;
+/// An `AllocFailed` whose `size` is the allocator's allowed bytes
+/// (`set_per_process_memory_fraction`: fraction × the device total), exactly as PyTorch's OOM
+/// observer received them.
+pub const F_ALLOWED_KNOWN: u32 = 1 << 13;
+/// An `AllocFailed` that is no failure of its own: it gives its allowed bytes (`size`, with
+/// [`F_ALLOWED_KNOWN`]) to its process's latest allocator OOM on its device (the trace tracker's
+/// OOM entry, which cannot carry them), or to the next one when it comes first.
+pub const F_OOM_AMEND: u32 = 1 << 14;
 
 /// The wire record: 80 bytes, little-endian on every platform gpufrag runs on.
 #[repr(C)]

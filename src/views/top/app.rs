@@ -52,6 +52,8 @@ pub struct RowView {
     pub command: String,
     /// Its user, when known.
     pub user: String,
+    /// A process row's caching allocator (`pytorch`, `xla`, `cupy`), when one was seen.
+    pub framework: Option<crate::framework::Framework>,
 }
 
 /// The columns `s`, `,` and `.` sort by, in their order on screen.
@@ -363,7 +365,7 @@ impl App {
 /// One row per device and per process of a summary (and one for all devices when there are
 /// several), unsorted.
 pub fn rows_of(s: &Summary) -> Vec<RowView> {
-    let row = |key, label, figures: &DeviceSummary| RowView { key, label, figures: figures.clone(), exited: false, command: String::new(), user: String::new() };
+    let row = |key, label, figures: &DeviceSummary| RowView { key, label, figures: figures.clone(), exited: false, command: String::new(), user: String::new(), framework: None };
     let mut rows: Vec<RowView> = s.devices.iter().map(|d| row(RowKey::Device(d.device), device_label(d.device), d)).collect();
     if let Some(total) = total_of(&s.devices).filter(|_| s.devices.len() > 1) {
         rows.push(row(RowKey::Total, "all gpus".into(), &total));
@@ -372,6 +374,7 @@ pub fn rows_of(s: &Summary) -> Vec<RowView> {
         let mut r = row(RowKey::Process(p.pid, p.figures.device), format!("{} {}", Summary::process_label(p), device_label(p.figures.device)), &p.figures);
         r.exited = p.exited;
         r.command = p.exe.clone().unwrap_or_default();
+        r.framework = p.framework;
         rows.push(r);
     }
     rows

@@ -78,14 +78,17 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
         f.render_widget(
             Paragraph::new(Line::from(vec![Span::styled(
                 format!(
-                    "OOM pid {} gpu {}: {} requested: {} (largest free block {}, stranded {}, device free {})",
+                    "OOM pid {} gpu {}: {} requested: {} (largest free block {}, stranded {}, device free {}{}{})",
                     o.pid,
                     o.device,
                     human_bytes(o.requested),
                     o.verdict.name(),
                     human_bytes(o.largest_free_block),
                     human_bytes(o.stranded),
-                    if o.device_free_known { human_bytes(o.device_free) } else { "not measured".into() }
+                    if o.device_free_known { human_bytes(o.device_free) } else { "not measured".into() },
+                    // Driver-level fragmentation: free bytes in partly used 2 MiB pages.
+                    if o.page_stranded > 0 { format!(", page-stranded {}", human_bytes(o.page_stranded)) } else { String::new() },
+                    o.allowed.map_or(String::new(), |a| format!(", allowed {}", human_bytes(a)))
                 ),
                 Style::default().fg(Color::Red).add_modifier(Modifier::BOLD),
             )])),
@@ -98,6 +101,7 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
     let header = Row::new(vec![
         marked("gpu / pid", Sort::Id),
         "user".to_string(),
+        "allocator".to_string(),
         marked("reserved", Sort::Reserved),
         marked("allocated", Sort::Allocated),
         marked("stranded", Sort::Stranded),
@@ -121,6 +125,7 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
             let row = Row::new(vec![
                 Cell::from(r.label.clone()),
                 Cell::from(r.user.clone()),
+                Cell::from(r.framework.map_or("", |f| f.name())),
                 Cell::from(human_bytes(d.reserved)),
                 Cell::from(human_bytes(d.allocated)),
                 Cell::from(human_bytes(d.stranded)).style(if d.stranded > 0 && !r.exited { Style::default().fg(STRANDED) } else { Style::default() }),
@@ -149,6 +154,7 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
     let widths = [
         Constraint::Length(18),
         Constraint::Length(8),
+        Constraint::Length(9),
         Constraint::Length(11),
         Constraint::Length(11),
         Constraint::Length(11),

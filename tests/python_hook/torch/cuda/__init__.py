@@ -21,3 +21,8 @@ def get_allocator_backend():
 
 def current_device():
     return 0
+
+
+def get_per_process_memory_fraction(device=None):
+    # What torch.cuda.set_per_process_memory_fraction set (1.0: no cap).
+    return float(os.environ.get("FAKE_TORCH_FRACTION", "1.0"))
