@@ -5,16 +5,16 @@
 # workloads in .gpu/shared (as validate_run.sh). At most ~8 minutes.
 #  1. build: the tracker library built by the hook (--torch-tracker=build) into a fresh cache,
 #     its build time (the hook's note) and a cached start (auto) for comparison;
-#  2. cost, alternated over ROUNDS (3) rounds: GPT-2 small training holding 100 k extra live
+#  3. cost, alternated over ROUNDS (3) rounds: GPT-2 small training holding 100 k extra live
 #     blocks (gpu/scale_step.py bare 100000) and plain GPT-2 small (step_bench.py bare):
 #     bare / `gpufrag run` (tracker, cached) / `gpufrag run --torch-tracker=off` (snapshots);
-#  3. exactness with the tracker: frag_oom.py (OOM verdict and figures vs memory_stats() and the
+#  2. exactness with the tracker (before the cost rounds, so the time limit cannot cut it): frag_oom.py (OOM verdict and figures vs memory_stats() and the
 #     workload's snapshot) and torch_workload.py (validate_run.sh's compare.py table), each with
 #     --record, and `gpufrag whatif --json` on each record (faithful, peak reserved vs PyTorch's).
 # Writes $OUT/results.md (every figure, the ratio table) and $OUT/tracker.tgz (logs, JSON, records).
 set -u
 B=$PWD/.gpu/bin; G=$PWD/gpu; S=$PWD/shared/gpu; [ -d "$S" ] || S=$PWD/.gpu/shared
-ROUNDS=${ROUNDS:-3}; export STEPS=${STEPS:-40} WARM=${WARM:-10}
+ROUNDS=${ROUNDS:-3}; export STEPS=${STEPS:-30} WARM=${WARM:-10}
 W=$(mktemp -d); OUT_FINAL=$OUT; R=$OUT/results.md; L=$W/log.txt
 export XDG_CACHE_HOME=$W/cache
 T0=$(date +%s); left() { echo $(( 470 - ($(date +%s) - T0) )); }
@@ -33,29 +33,7 @@ echo "RESULT cached wall_s=$(python3 -c "import time;print(round(time.time()-$t,
 t=$(date +%s.%N)
 timeout 300 python3 -c 'import torch; x = torch.zeros(1, device="cuda"); print("ok")' >> $L 2>&1
 echo "RESULT bare_start wall_s=$(python3 -c "import time;print(round(time.time()-$t,1))")" | tee -a $R
-# 2. cost
-one() { # round, workload, mode
-  local r=$1 wl=$2 mode=$3 pre=() cmd
-  case $wl in scale) cmd=(python3 $G/scale_step.py bare 100000);; gpt2) cmd=(python3 $S/step_bench.py bare);; esac
-  case $mode in tracker) pre=($B/gpufrag run -q --no-report --no-feed --summary-json $W/${wl}_${mode}_$r.json --);;
-                snapshots) pre=($B/gpufrag run -q --no-report --no-feed --torch-tracker=off --summary-json $W/${wl}_${mode}_$r.json --);; esac
-  echo "### round $r $wl $mode" >> $L
-  timeout 150 "${pre[@]}" "${cmd[@]}" > $W/one.out 2>&1; local rc=$?
-  cat $W/one.out >> $L
-  local ms=$(grep -oE 'ms_per_step[= ]+[0-9.]+' $W/one.out | grep -oE '[0-9.]+$')
-  echo "RESULT round=$r workload=$wl mode=$mode ms_per_step=${ms:-none} rc=$rc" | tee -a $R
-  [ $mode = bare ] || echo "RESULT round=$r workload=$wl mode=$mode summary: $(note $W/${wl}_${mode}_$r.json)" | tee -a $R
-}
-# FIRST_ROUND numbers the rounds of a further call; ONLY_COST=1 skips the exactness part (3.).
-for r in $(seq ${FIRST_ROUND:-1} $(( ${FIRST_ROUND:-1} + ROUNDS - 1 ))); do
-  for wl in scale gpt2; do
-    for mode in bare tracker snapshots; do
-      [ $(left) -gt 120 ] || { echo "RESULT skipped round=$r workload=$wl mode=$mode (time)" | tee -a $R; continue; }
-      one $r $wl $mode
-    done
-  done
-done
-# 3. exactness with the tracker
+# 2. exactness (first: it must not be cut by the time limit) with the tracker
 cd $W; export OUT=$W
 if [ -z "${ONLY_COST:-}" ] && [ $(left) -gt 60 ]; then
   timeout 120 $B/gpufrag run --no-report --no-feed --summary-json $W/frag.summary.json --record $W/frag.rec -- python3 $S/frag_oom.py frag >> $L 2>&1
@@ -99,6 +77,28 @@ except Exception:
 print(f"RESULT {t} whatif faithful={j.get('faithful')} divergence={j['check'].get('divergence')} ops_compared={j['check'].get('ops_compared')} blocks_compared={j['check'].get('blocks_compared')} "
       f"trace_peak_reserved={j['trace'].get('peak_reserved')} torch_peak_reserved={want} requests={j['trace'].get('requests')} first_row={ {k: j['scenarios'][0].get(k) for k in ('peak_reserved', 'oom', 'num_ooms')} }")
 PY
+done
+# 3. cost
+one() { # round, workload, mode
+  local r=$1 wl=$2 mode=$3 pre=() cmd
+  case $wl in scale) cmd=(python3 $G/scale_step.py bare 100000);; gpt2) cmd=(python3 $S/step_bench.py bare);; esac
+  case $mode in tracker) pre=($B/gpufrag run -q --no-report --no-feed --summary-json $W/${wl}_${mode}_$r.json --);;
+                snapshots) pre=($B/gpufrag run -q --no-report --no-feed --torch-tracker=off --summary-json $W/${wl}_${mode}_$r.json --);; esac
+  echo "### round $r $wl $mode" >> $L
+  timeout 150 "${pre[@]}" "${cmd[@]}" > $W/one.out 2>&1; local rc=$?
+  cat $W/one.out >> $L
+  local ms=$(grep -oE 'ms_per_step[= ]+[0-9.]+' $W/one.out | grep -oE '[0-9.]+$')
+  echo "RESULT round=$r workload=$wl mode=$mode ms_per_step=${ms:-none} rc=$rc" | tee -a $R
+  [ $mode = bare ] || echo "RESULT round=$r workload=$wl mode=$mode summary: $(note $W/${wl}_${mode}_$r.json)" | tee -a $R
+}
+# FIRST_ROUND numbers the rounds of a further call; ONLY_COST=1 skips the exactness part (2.).
+for r in $(seq ${FIRST_ROUND:-1} $(( ${FIRST_ROUND:-1} + ROUNDS - 1 ))); do
+  for wl in scale gpt2; do
+    for mode in bare tracker snapshots; do
+      [ $(left) -gt 120 ] || { echo "RESULT skipped round=$r workload=$wl mode=$mode (time)" | tee -a $R; continue; }
+      one $r $wl $mode
+    done
+  done
 done
 # Ratios: each run against the bare run of its round and workload, then the median.
 python3 - "$R" <<'PY' | tee -a $R

@@ -5,11 +5,16 @@ PYTHONPATH, so every Python process it traces imports it at start-up. The hook d
 the program itself has imported torch and initialised CUDA: an import hook wraps
 `torch.cuda._lazy_init` (which PyTorch's C++ side calls on the first CUDA use), so the moment CUDA
 is up the hook connects to the consumer's socket (GPUFRAG_SOCK), says that a caching allocator
-manages this process's memory, and attaches PyTorch's out-of-memory observer. It then sends
-`torch.cuda.memory._snapshot()` (the caching allocator's segments and blocks) every
-GPUFRAG_PY_INTERVAL seconds (default 1), when the out-of-memory observer fires (with the request,
-the device free PyTorch measured and, when set_per_process_memory_fraction caps the allocator, its
-allowed bytes), and at exit. With `backend:cudaMallocAsync` there are no
+manages this process's memory, attaches PyTorch's allocator trace tracker
+(torch_tracker.cpp, built and cached per GPUFRAG_TORCH_TRACKER, see blocks_source) and PyTorch's
+out-of-memory observer. With the tracker every allocation, free and OOM reaches the shim's ring as
+one event and no snapshot is taken (the observer only adds the OOM's allowed bytes when
+set_per_process_memory_fraction caps the allocator, frame 8). Without it (not built yet, no
+compiler, --torch-tracker=off) it sends `torch.cuda.memory._snapshot()` (the caching allocator's
+segments and blocks) every GPUFRAG_PY_INTERVAL seconds (default 1), when the out-of-memory
+observer fires (with the request, the device free PyTorch measured and, when
+set_per_process_memory_fraction caps the allocator, its allowed bytes), and at exit. Either way it
+says which (frame 7). With `backend:cudaMallocAsync` there are no
 blocks to send (the driver's pools hold them) and the hook stays quiet. It never turns on history
 recording, never imports torch itself, and swallows its own errors: the traced program comes first.
 Set GPUFRAG_PYTHON_HOOK=0 to switch it off. A sitecustomize the program had is imported after it.
@@ -154,11 +159,11 @@ def _gpufrag_hook():
         except Exception as e:
             send_json(7, {"blocks": "snapshots", "note": f"PyTorch blocks from snapshots every {interval:g} s: the trace tracker failed ({type(e).__name__}: {e})"})
         st["choosing"] = False
-        if not st["tracker"]:
-            try:
-                torch._C._cuda_attach_out_of_memory_observer(on_oom)
-            except Exception:
-                pass
+        # with the tracker too: on_oom then sends only the cap's allowed bytes (frame 8)
+        try:
+            torch._C._cuda_attach_out_of_memory_observer(on_oom)
+        except Exception:
+            pass
 
     # PyTorch's allocator trace tracker (python/torch_tracker.cpp): event-level blocks, O(1) per
     # allocation, instead of a snapshot a second. A plain shared library built once with the
