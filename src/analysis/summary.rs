@@ -531,7 +531,7 @@ impl Summary {
         }
         for (&(pid, instance), i) in state.bfc_instances.iter().filter(|(_, i)| !i.device_pool).take(8) {
             notes.push(format!(
-                "pid {pid}: XLA BFC allocator instance {instance:#x} handed out {} chunk(s) at {:#x}..={:#x}, outside every traced device segment (XLA's pinned-host allocator or another memory space's): not counted in the device figures",
+                "pid {pid}: XLA BFC allocator instance {instance:#x} handed out {} chunk(s) at {:#x}..={:#x}, outside every traced device segment (XLA's pinned-host allocator, another memory space's, or a pool mapped before tracing began): not counted in the device figures",
                 i.chunks, i.lo, i.hi
             ));
         }
