@@ -162,6 +162,7 @@ impl Live {
         match m {
             Msg::Event(e) => self.apply(&e),
             Msg::Connected { hello, proc } => {
+                let conf = proc.as_ref().and_then(|p| alloc_conf_of(&p.environ));
                 if let Some(p) = proc {
                     self.attribution.prefetch(hello.pid, *p);
                 }
@@ -175,6 +176,12 @@ impl Live {
                 }
                 self.name_process(hello.pid, hello.exe_name());
                 self.apply(&Event { ts_ns: now_ns(), ..Event::new(EventKind::ProcessExec, hello.pid, -1) });
+                // Block events that carry only the requested size (the trace tracker's, USDT's)
+                // are sized by the process's own allocator settings; one PyTorch would reject
+                // leaves the defaults (and PyTorch itself would not have started).
+                if let Some(rules) = conf.and_then(|c| crate::rules::AllocConf::parse(&c).ok()) {
+                    self.state.set_process_rules(hello.pid, rules.rules);
+                }
             }
             Msg::Blocks { pid, mut snapshot } => {
                 self.python_pids.insert(pid);
@@ -453,6 +460,15 @@ impl Live {
         s.attribute(&self.state, &self.attribution);
         Ok(s)
     }
+}
+
+/// The allocator settings in a process's environment block (NUL-separated `KEY=value`), as
+/// PyTorch reads them: the first of `PYTORCH_CUDA_ALLOC_CONF`, `PYTORCH_ALLOC_CONF` that is set.
+fn alloc_conf_of(environ: &Result<Vec<u8>, String>) -> Option<String> {
+    let env = environ.as_ref().ok()?;
+    ["PYTORCH_CUDA_ALLOC_CONF=", "PYTORCH_ALLOC_CONF="].iter().find_map(|key| {
+        env.split(|&b| b == 0).find_map(|kv| kv.strip_prefix(key.as_bytes())).map(|v| String::from_utf8_lossy(v).into_owned())
+    })
 }
 
 #[cfg(test)]

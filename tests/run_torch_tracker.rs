@@ -205,3 +205,22 @@ fn torch_tracker_off_takes_snapshots_even_when_the_library_is_cached() {
     assert!(n.contains("PyTorch blocks from snapshots every 1 s (--torch-tracker=off)"), "{n}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("trackers=0"), "off attaches nothing");
 }
+
+/// The tracker's entries carry requested sizes, so the consumer sizes blocks by the process's own
+/// `PYTORCH_CUDA_ALLOC_CONF` (read from its environment when the shim connects): under
+/// `roundup_power2_divisions:2` the 5 MiB request is rounded to the next half of [4 MiB, 8 MiB),
+/// a 6 MiB block (PyTorch's `round_size`), where the defaults give 5 MiB; the other requests are
+/// unchanged (1000 B and 512 B round to 512 multiples, 3000 B to 3072 either way).
+#[test]
+fn regression_tracker_blocks_follow_the_processs_own_alloc_conf() {
+    let sc = Scratch::new("conf");
+    let conf = std::ffi::OsStr::new("roundup_power2_divisions:2");
+    let (s, out) = sc.run("conf", &["--torch-tracker=build"], &[("PYTORCH_CUDA_ALLOC_CONF", conf)], false);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let p = &s["processes"][0];
+    let got = |k: &str| p[k].as_u64().unwrap_or_else(|| panic!("{k} missing: {s:#}"));
+    assert_eq!(got("allocated"), 512 + 3072 + 6 * MIB, "{s:#}");
+    assert_eq!(got("stranded"), 22 * MIB - (512 + 3072 + 6 * MIB), "{s:#}");
+    assert_eq!(got("largest_free_block"), 14 * MIB, "{s:#}");
+    assert!(notes(&s).contains("PyTorch blocks: trace tracker (event level)"), "{}", notes(&s));
+}

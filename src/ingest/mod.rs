@@ -297,6 +297,9 @@ pub struct State {
     /// replayed record has none.
     pub identities: BTreeMap<u32, std::sync::Arc<crate::attribution::Identity>>,
     rules: AllocatorRules,
+    /// Processes whose allocator settings differ from `rules` (a live process's
+    /// `PYTORCH_CUDA_ALLOC_CONF`, told by its Python hook): their maps size blocks by these.
+    process_rules: BTreeMap<u32, AllocatorRules>,
     /// Per (pid, device): the process's latest own reading of device free.
     readings: BTreeMap<(u32, i16), Reading>,
     /// OOM records (indices into `ooms`) that a reading arriving later may still complete.
@@ -350,6 +353,7 @@ impl State {
         self.readings.retain(|&(p, _), _| p != pid);
         self.driver_failures.retain(|&(p, _), _| p != pid);
         self.pending_allowed.retain(|&(p, _), _| p != pid);
+        self.process_rules.remove(&pid);
         let ooms = &self.ooms;
         self.awaiting.retain(|&i| ooms[i].pid != pid);
     }
@@ -399,8 +403,19 @@ impl State {
 
     /// The map of (pid, device), created on first use.
     pub fn space(&mut self, pid: u32, device: i16) -> &mut ProcessDevice {
-        let rules = &self.rules;
+        let rules = self.process_rules.get(&pid).unwrap_or(&self.rules);
         self.spaces.entry((pid, device)).or_insert_with(|| ProcessDevice::new(pid, device, rules.clone()))
+    }
+
+    /// Sizes the blocks of `pid` (on every device, from now on and in the maps it has) by
+    /// `rules`: its own allocator settings, where events carry only requested sizes.
+    pub fn set_process_rules(&mut self, pid: u32, rules: AllocatorRules) {
+        for ((p, _), pd) in self.spaces.iter_mut() {
+            if *p == pid {
+                pd.map.set_rules(rules.clone());
+            }
+        }
+        self.process_rules.insert(pid, rules);
     }
 
     /// Applies one event. Never fails: what does not fit is counted.
@@ -693,6 +708,37 @@ mod forget_tests {
         // A new holder of pid 1 starts empty.
         s.apply(&Event { addr: 0x1000, ..Event::new(EventKind::MemFree, 1, -1) });
         assert_eq!(s.anomaly_count, 1);
+    }
+}
+
+#[cfg(test)]
+mod process_rules_tests {
+    use super::*;
+
+    /// Under `run` with the trace tracker a block event carries only the requested size: a
+    /// process started with `PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:4` has its 1.1 MiB
+    /// request in a 1.25 MiB block (four divisions of [1 MiB, 2 MiB)), not PyTorch's default
+    /// 512-byte rounding, and another process keeps the defaults.
+    #[test]
+    fn regression_tracker_blocks_are_sized_by_the_processs_own_allocator_settings() {
+        let conf = crate::rules::AllocConf::parse("roundup_power2_divisions:4").expect("PyTorch accepts it");
+        let mut s = State::default();
+        let requested = 1_153_434; // 1.1 MiB
+        for pid in [7u32, 8] {
+            s.apply(&Event { addr: 0x1000_0000 * u64::from(pid), size: 20 << 20, requested: 20 << 20, ..Event::new(EventKind::MemAlloc, pid, 0) });
+            if pid == 7 {
+                // Told after the process's first (driver) event, as the hook's frame arrives.
+                s.set_process_rules(7, conf.rules.clone());
+            }
+            s.apply(&Event { addr: 0x1000_0000 * u64::from(pid), requested, ..Event::new(EventKind::BlockAlloc, pid, 0) });
+        }
+        let allocated = |s: &State, pid| s.spaces[&(pid, 0)].map.figures().allocated;
+        assert_eq!(allocated(&s, 7), 1_310_720, "1.1 MiB under roundup_power2_divisions:4");
+        assert_eq!(allocated(&s, 8), 1_153_536, "1.1 MiB rounded to 512 bytes (the defaults)");
+        s.forget(7);
+        s.apply(&Event { addr: 0x7000_0000, size: 20 << 20, requested: 20 << 20, ..Event::new(EventKind::MemAlloc, 7, 0) });
+        s.apply(&Event { addr: 0x7000_0000, requested, ..Event::new(EventKind::BlockAlloc, 7, 0) });
+        assert_eq!(allocated(&s, 7), 1_153_536, "a new holder of pid 7 starts with the defaults");
     }
 }
 

@@ -33,7 +33,7 @@ pub const HELLO_F_ENV: u32 = 4;
 pub const HELLO_ENV_MAX: usize = 1024;
 /// The variables an environment block carries: which GPUs the process sees, and the names
 /// of its Kubernetes pod where the downward API or the kubelet set them.
-pub const HELLO_ENV_KEYS: [&str; 11] = [
+pub const HELLO_ENV_KEYS: [&str; 13] = [
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
     "CUDA_DEVICE_ORDER",
@@ -45,6 +45,8 @@ pub const HELLO_ENV_KEYS: [&str; 11] = [
     "POD_NAMESPACE",
     "HOSTNAME",
     "KUBERNETES_SERVICE_HOST",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
 ];
 
 /// Writes the environment block of the variables `get` returns into `out`: the u16 length,
