@@ -503,7 +503,7 @@ pub const MEANINGS: [(EventKind, &str, Meaning); 22] = [
     (EventKind::PoolTrim, "`cuMemPoolTrimTo(handle, size)`.", Meaning::PoolTrim),
     (EventKind::BlockAlloc, "A framework (caching allocator) block at `addr`; `requested` = the size asked for.", Meaning::BlockAlloc),
     (EventKind::BlockFree, "A framework block at `addr` freed (returned to the cache, not to the driver).", Meaning::BlockFree),
-    (EventKind::AllocFailed, "An allocation that failed: `requested`, `rc`, `op` (the kind that failed), device free if known.", Meaning::Failure),
+    (EventKind::AllocFailed, "An allocation that failed: `requested`, `rc`, `op` (the kind that failed), device free if known; with [`F_ALLOWED_KNOWN`], `size` = the allocator's allowed bytes; with [`F_ALLOCATOR_OOM`], `handle` = the allocator's own reserved bytes.", Meaning::Failure),
     (EventKind::DeviceInfo, "Device totals: `size` = total bytes, `device_free` = free bytes.", Meaning::Nothing),
     (EventKind::ProcessExec, "A traced process started or exec'd.", Meaning::Nothing),
     (EventKind::ProcessExit, "A traced process ended.", Meaning::Nothing),
