@@ -20,7 +20,13 @@ command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 t0=$(date +%s)
 cargo +nightly fuzz build -s none
 echo "fuzz build: $(( $(date +%s) - t0 )) s"
-bins="fuzz/target/$(rustc +nightly -vV | sed -n 's/^host: //p')/release"
+# cargo-fuzz builds into $CARGO_TARGET_DIR when it is set (as cargo does), else fuzz/target.
+case "${CARGO_TARGET_DIR:-}" in
+  "") target_dir=fuzz/target ;;
+  /*) target_dir=$CARGO_TARGET_DIR ;;
+  *) target_dir=$PWD/$CARGO_TARGET_DIR ;;
+esac
+bins="$target_dir/$(rustc +nightly -vV | sed -n 's/^host: //p')/release"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 for t in "${targets[@]}"; do
