@@ -381,33 +381,37 @@ def _gpufrag_hook():
         _lazy_init._gpufrag = True
         cuda._lazy_init = _lazy_init
 
-    class _TorchCudaFinder:
-        """Wraps torch.cuda._lazy_init as soon as torch.cuda is imported."""
+    def after_import(name, then):
+        """Calls then(module) as soon as module `name` has finished importing (at once if it has)."""
+        if name in sys.modules:
+            then(sys.modules[name])
+            return
 
-        def find_spec(self, name, path=None, target=None):
-            if name != "torch.cuda":
-                return None
-            import importlib.machinery
+        class _Finder:
+            def find_spec(self, fullname, path=None, target=None):
+                if fullname != name:
+                    return None
+                import importlib.machinery
 
-            spec = importlib.machinery.PathFinder.find_spec(name, path)
-            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-                return None
-            real_exec = spec.loader.exec_module
+                spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+                if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                    return None
+                real_exec = spec.loader.exec_module
 
-            def exec_module(module):
-                real_exec(module)
-                try:
-                    wrap_lazy_init(module)
-                except Exception:
-                    pass
+                def exec_module(module):
+                    real_exec(module)
+                    try:
+                        then(module)
+                    except Exception:
+                        pass
 
-            spec.loader.exec_module = exec_module
-            return spec
+                spec.loader.exec_module = exec_module
+                return spec
 
-    if "torch.cuda" in sys.modules:
-        wrap_lazy_init(sys.modules["torch.cuda"])
-    else:
-        sys.meta_path.insert(0, _TorchCudaFinder())
+        sys.meta_path.insert(0, _Finder())
+
+    # Wraps torch.cuda._lazy_init as soon as torch.cuda is imported.
+    after_import("torch.cuda", wrap_lazy_init)
 
     import json
     import re
@@ -549,34 +553,8 @@ def _gpufrag_hook():
 
     threading.Thread.run = thread_run
 
-    class _CupyFinder:
-        """Hooks the importing (main) thread as soon as cupy finishes importing."""
-
-        def find_spec(self, name, path=None, target=None):
-            if name != "cupy":
-                return None
-            import importlib.machinery
-
-            spec = importlib.machinery.PathFinder.find_spec(name, path)
-            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-                return None
-            real_exec = spec.loader.exec_module
-
-            def exec_module(module):
-                real_exec(module)
-                try:
-                    sys.modules["cupy"] = module
-                    hook_cupy_thread()
-                except Exception:
-                    pass
-
-            spec.loader.exec_module = exec_module
-            return spec
-
-    if "cupy" in sys.modules:
-        hook_cupy_thread()
-    else:
-        sys.meta_path.insert(0, _CupyFinder())
+    # Hooks the importing (main) thread as soon as cupy finishes importing.
+    after_import("cupy", lambda module: hook_cupy_thread())
 
     real_excepthook = sys.excepthook
 

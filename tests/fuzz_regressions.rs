@@ -8,18 +8,10 @@ use gpufrag::ingest::State;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// What the fuzz targets run after decoding (fuzz/fuzz_targets/common.rs).
-fn after_decoding(state: &State) {
-    let summary = gpufrag::analysis::summary::Summary::from_state(state, "regression");
-    let _ = gpufrag::analysis::render::render(&summary);
-    for s in state.spaces.values() {
-        if let Err(e) = s.map.check_invariants() {
-            panic!("address map invariant broken: {e}");
-        }
-        let mut again = State::default();
-        again.apply_all(&s.map.to_events(s.pid, s.device));
-    }
-}
+/// What the fuzz targets run after decoding: the same file, so the two cannot drift apart.
+#[path = "../fuzz/fuzz_targets/common.rs"]
+mod common;
+use common::after_decoding;
 
 fn record(bytes: &[u8]) -> State {
     let t = Instant::now();

@@ -47,17 +47,25 @@ fn announce(alloc: &mut CachingAllocator) {
     }
 }
 
-pub fn frag_oom(keep: u64) -> Outcome {
+/// Initialises the runtime and takes all but `keep` bytes of the device's free memory with one
+/// direct driver allocation (as frag_oom.py does), so the story plays out in `keep` bytes;
+/// returns the device's total.
+fn balloon_to(test: &str, keep: u64) -> Result<u64, String> {
     init_runtime()?;
     let (free, total) = mem_info()?;
     let balloon = free.saturating_sub(keep);
     if balloon > 0 {
         let mut p = 0;
-        // SAFETY: valid out-pointer; a direct call into libcuda.so.1, as frag_oom.py does.
+        // SAFETY: valid out-pointer; a direct call into libcuda.so.1.
         let rc = unsafe { ffi::cuMemAlloc_v2(&mut p, balloon as usize) };
-        result!("test" = "frag-oom", "step" = "balloon", "size" = balloon, "addr" = hex(p), "rc" = rc);
+        result!("test" = test, "step" = "balloon", "size" = balloon, "addr" = hex(p), "rc" = rc);
         ok("cuMemAlloc_v2 (balloon)", rc)?;
     }
+    Ok(total)
+}
+
+pub fn frag_oom(keep: u64) -> Outcome {
+    let total = balloon_to("frag-oom", keep)?;
     let mut alloc = CachingAllocator::new();
     let mut dev = Runtime;
     let mut big = Vec::new();
@@ -124,16 +132,7 @@ pub fn frag_oom(keep: u64) -> Outcome {
 /// than the device has free plus its whole cache: releasing the cache and retrying fails too,
 /// a true OOM (the verdict's other case, next to `frag-oom`).
 pub fn true_oom(keep: u64) -> Outcome {
-    init_runtime()?;
-    let (free, total) = mem_info()?;
-    let balloon = free.saturating_sub(keep);
-    if balloon > 0 {
-        let mut p = 0;
-        // SAFETY: valid out-pointer; a direct call into libcuda.so.1.
-        let rc = unsafe { ffi::cuMemAlloc_v2(&mut p, balloon as usize) };
-        result!("test" = "true-oom", "step" = "balloon", "size" = balloon, "addr" = hex(p), "rc" = rc);
-        ok("cuMemAlloc_v2 (balloon)", rc)?;
-    }
+    let total = balloon_to("true-oom", keep)?;
     let mut alloc = CachingAllocator::new();
     let mut dev = Runtime;
     let mut blocks = Vec::new();
