@@ -15,7 +15,7 @@
 
 use criterion::{criterion_group, Criterion};
 use gpufrag::ingest::State;
-use gpufrag::rules::AllocConf;
+use gpufrag::alloc::pytorch::AllocConf;
 use gpufrag::sim::{self, Limits, Request, RequestStream, Scenario};
 use std::hint::black_box;
 use std::path::Path;

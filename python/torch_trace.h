@@ -11,7 +11,7 @@
  * gpufrag makes of it:
  *   ALLOC           addr_ = block->ptr, size_ = the requested size (orig_size), stream_ = the
  *                   block's stream: BlockAlloc{addr, requested, stream} with the size left to
- *                   gpufrag's copy of the allocator's rounding and split rules (src/rules.rs),
+ *                   gpufrag's copy of the allocator's rounding and split rules (src/alloc/pytorch.rs),
  *                   as for the USDT probe pytorch:malloc.
  *   FREE_REQUESTED  the program freed the block; allocated_bytes drops here, but a block used on
  *                   other streams (record_stream) is only reusable once its events complete:

@@ -15,7 +15,7 @@
 use crate::event::Event;
 use crate::ingest::State;
 use crate::record;
-use crate::rules::{AllocatorRules, ROUNDUP_INTERVALS};
+use crate::alloc::pytorch::{AllocatorRules, ROUNDUP_INTERVALS};
 use crate::snapshot::{self, AllocatorSettings, Snapshot};
 use std::io::Read;
 use std::path::Path;

@@ -1,20 +1,18 @@
 //! gpufrag: why GPU jobs die of "out of memory" while nvidia-smi shows free memory.
 //!
 //! The library owns the parts every front end shares: the one wire [`event`], the per-process
-//! address [`map`] with the caching allocator's [`rules`], the [`analysis`] that turns a map into
+//! address [`map`] with the caching allocators' rules ([`alloc`]), the [`analysis`] that turns a map into
 //! figures and OOM verdicts, the PyTorch [`snapshot`] importer, and the [`ingest`] state that feeds
 //! events into maps. The `gpufrag` binary (src/main.rs) is a thin dispatcher over it.
 #![warn(missing_docs)]
 
+pub mod alloc;
 pub mod analysis;
 pub mod attribution;
-pub mod bfc;
 pub mod cli;
 pub mod consumer;
-pub mod cupy_pool;
 pub mod ebpf;
 pub mod export;
-pub mod framework;
 pub mod guard;
 pub use gpufrag_wire::{event, hello, ring};
 pub mod ingest;
@@ -22,9 +20,7 @@ pub mod input;
 pub mod live;
 pub mod map;
 pub mod observe;
-pub mod outputs;
 pub mod record;
-pub mod rules;
 pub mod sim;
 pub mod snapshot;
 pub mod source;

@@ -41,7 +41,7 @@ pub struct Live {
     /// The frameworks' own statistics from Python hooks: the latest per (pid, device, framework)
     /// and kind of read (`periodic`, `oom`, `exit`; any other `when` is kept as `other`), so the
     /// last periodic read survives the one at exit (JAX has freed everything by then).
-    pub framework_reports: BTreeMap<(u32, i16, crate::framework::Framework, &'static str), crate::framework::FrameworkReport>,
+    pub framework_reports: BTreeMap<(u32, i16, crate::alloc::Framework, &'static str), crate::alloc::FrameworkReport>,
     /// Final OOMs whose device free may still come from a reading that follows the failure
     /// (see `crate::ingest`): printed once [`READING_HOLD`] has passed.
     held_ooms: Vec<(usize, Instant)>,
@@ -179,7 +179,7 @@ impl Live {
                 // Block events that carry only the requested size (the trace tracker's, USDT's)
                 // are sized by the process's own allocator settings; one PyTorch would reject
                 // leaves the defaults (and PyTorch itself would not have started).
-                if let Some(rules) = conf.and_then(|c| crate::rules::AllocConf::parse(&c).ok()) {
+                if let Some(rules) = conf.and_then(|c| crate::alloc::pytorch::AllocConf::parse(&c).ok()) {
                     self.state.set_process_rules(hello.pid, rules.rules);
                 }
             }
@@ -261,7 +261,7 @@ impl Live {
                 self.apply(&e);
                 // Under `run` XLA's pool is one mapping with nothing visible inside: the OOM's
                 // figures are the ones BFC itself reported right after the failure.
-                if let (crate::framework::Framework::Xla, Some(r)) = (framework, self.framework_reports.get(&(pid, device, framework, "oom"))) {
+                if let (crate::alloc::Framework::Xla, Some(r)) = (framework, self.framework_reports.get(&(pid, device, framework, "oom"))) {
                     let st = |k: &str| r.stats.get(k).copied().unwrap_or(0);
                     if let Some(o) = self.state.ooms.last_mut().filter(|o| o.pid == pid) {
                         let (pool, used) = (st("pool_bytes"), st("bytes_in_use"));
@@ -441,8 +441,8 @@ impl Live {
         for r in self.framework_reports.values() {
             s.notes.push(format!("reported by the framework itself: {}", r.line()));
         }
-        if s.ooms.iter().any(|o| o.framework == Some(crate::framework::Framework::Xla))
-            && self.framework_reports.keys().any(|k| k.2 == crate::framework::Framework::Xla && k.3 == "oom")
+        if s.ooms.iter().any(|o| o.framework == Some(crate::alloc::Framework::Xla))
+            && self.framework_reports.keys().any(|k| k.2 == crate::alloc::Framework::Xla && k.3 == "oom")
         {
             s.notes.push("an XLA OOM's figures (pool, in use, free, largest free chunk) are jax.Device.memory_stats() read right after the failure; a replay of the record file has only what the shim saw".into());
         }

@@ -78,14 +78,14 @@ pub enum Msg {
         allowed: u64,
     },
     /// A framework's own statistics from a Python hook (JAX's `memory_stats()`, CuPy's pool).
-    FrameworkStats(crate::framework::FrameworkReport),
+    FrameworkStats(crate::alloc::FrameworkReport),
     /// A framework's out-of-memory error reached the Python hook (XLA's RESOURCE_EXHAUSTED, CuPy's
     /// OutOfMemoryError).
     FrameworkOom {
         /// The process.
         pid: u32,
         /// The allocator that failed.
-        framework: crate::framework::Framework,
+        framework: crate::alloc::Framework,
         /// Device.
         device: i16,
         /// Bytes requested, as the error message gives them.

@@ -1,4 +1,4 @@
-//! XLA's BFC allocator model (`gpufrag::bfc::BfcAllocator`, binned best fit) against a
+//! XLA's BFC allocator model (`gpufrag::alloc::bfc::BfcAllocator`, binned best fit) against a
 //! deliberately naive one written here (a `Vec` of chunks in address order, every search a linear
 //! scan for the smallest chunk that fits, merges by looking left and right), and the address map
 //! placing the same blocks from the requested sizes alone with `Framework::Xla`'s rules.
@@ -12,8 +12,8 @@
 //! region with a live chunk strands its free bytes; only a wholly free region is releasable), as
 //! the naive model counts them region by region.
 
-use gpufrag::bfc::{BfcAllocator, BfcOptions, BfcStats, BumpDevice, Chunk};
-use gpufrag::framework::Framework;
+use gpufrag::alloc::bfc::{BfcAllocator, BfcOptions, BfcStats, BumpDevice, Chunk};
+use gpufrag::alloc::Framework;
 use gpufrag::map::{AddressSpace, SegmentKind};
 use proptest::prelude::*;
 

@@ -239,8 +239,8 @@ fn an_oversized_request_head_is_refused_and_the_endpoint_keeps_serving() {
 #[test]
 fn the_endpoint_stops_and_frees_its_port_when_dropped() {
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let store = Arc::new(gpufrag::export::snapshot::Store::default());
-    let ep = Endpoint::start(addr, gpufrag::export::snapshot::Reader::new(store), vec![]).unwrap();
+    let store = Arc::new(gpufrag::export::store::Store::default());
+    let ep = Endpoint::start(addr, gpufrag::export::store::Reader::new(store), vec![]).unwrap();
     let addr = ep.addr();
     let mut idle = TcpStream::connect(addr).unwrap();
     let t = Instant::now();

@@ -6,7 +6,7 @@
 //! The layers (README.md, "Where things are", says the same):
 //!
 //! ```text
-//! foundation  event hello ring (the wire crate), units, rules, bfc, cupy_pool, framework
+//! foundation  event hello ring (the wire crate), units, alloc (every allocator model)
 //! state       map, ingest, attribution          may import: foundation
 //! sources     snapshot record source consumer ebpf input
 //!                                               may import: foundation, state
@@ -14,7 +14,7 @@
 //! simulation  sim                               may import: foundation, state, analysis, sources
 //! outputs     observe export views              may import: all of the above
 //! pipeline    live                              may import: all of the above
-//! cli         cli, guard, outputs               may import: everything
+//! cli         cli, guard                        may import: everything
 //! ```
 //!
 //! Data flows sources → state → analysis → outputs; a source may read the state it feeds (the
@@ -29,14 +29,14 @@ use std::path::{Path, PathBuf};
 
 /// Each layer, its top-level modules, and the layers it may import from (besides itself).
 const LAYERS: &[(&str, &[&str], &[&str])] = &[
-    ("foundation", &["event", "hello", "ring", "units", "rules", "bfc", "cupy_pool", "framework"], &[]),
+    ("foundation", &["event", "hello", "ring", "units", "alloc"], &[]),
     ("state", &["map", "ingest", "attribution"], &["foundation"]),
     ("sources", &["snapshot", "record", "source", "consumer", "ebpf", "input"], &["foundation", "state"]),
     ("analysis", &["analysis"], &["foundation", "state", "sources"]),
     ("simulation", &["sim"], &["foundation", "state", "analysis", "sources"]),
     ("outputs", &["observe", "export", "views"], &["foundation", "state", "analysis", "sources", "simulation"]),
     ("pipeline", &["live"], &["foundation", "state", "analysis", "sources", "simulation", "outputs"]),
-    ("cli", &["cli", "guard", "outputs"], &["foundation", "state", "analysis", "sources", "simulation", "outputs", "pipeline"]),
+    ("cli", &["cli", "guard"], &["foundation", "state", "analysis", "sources", "simulation", "outputs", "pipeline"]),
 ];
 
 fn layer_of(module: &str) -> Option<&'static str> {

@@ -20,7 +20,7 @@ mod naive;
 use gpufrag::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
 use gpufrag::ingest::State;
 use gpufrag::map::{AddressSpace, Anomaly, SegmentKind};
-use gpufrag::rules::{AllocatorRules, ROUNDUP_INTERVALS};
+use gpufrag::alloc::pytorch::{AllocatorRules, ROUNDUP_INTERVALS};
 use naive::{NaiveSpace, NaiveState};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;

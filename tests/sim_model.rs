@@ -7,7 +7,7 @@
 //! random settings and memory limits and shrinks any difference to a short sequence. Expandable
 //! segments are not in the naive model; the H200 ground truth covers them (tests/whatif_truth.rs).
 
-use gpufrag::rules::{AllocConf, AllocatorRules, ROUND_LARGE, SMALL_SIZE};
+use gpufrag::alloc::pytorch::{AllocConf, AllocatorRules, ROUND_LARGE, SMALL_SIZE};
 use gpufrag::sim::{Addresses, Allocator, DeviceOp, Limits};
 use proptest::prelude::*;
 

@@ -9,7 +9,7 @@
 
 #![allow(clippy::unwrap_used)] // the JSON ground truth is read in helpers, outside #[test] functions
 
-use gpufrag::rules::AllocConf;
+use gpufrag::alloc::pytorch::AllocConf;
 use gpufrag::sim::{self, Limits, Scenario};
 use gpufrag::snapshot;
 use std::path::PathBuf;

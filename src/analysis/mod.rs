@@ -9,7 +9,7 @@
 pub mod render;
 pub mod summary;
 
-use crate::framework::Framework;
+use crate::alloc::Framework;
 use crate::units::human_bytes;
 
 /// What the driver keeps back from the largest single request: measured on the H200, the largest
@@ -117,7 +117,7 @@ pub struct OomInputs {
 /// `n` rounded up to whole 2 MiB driver pages: what a driver allocation that no partly used page
 /// can hold takes from the device.
 fn driver_pages(n: u64) -> u64 {
-    n.div_ceil(crate::rules::DRIVER_PAGE).saturating_mul(crate::rules::DRIVER_PAGE)
+    n.div_ceil(crate::alloc::pytorch::DRIVER_PAGE).saturating_mul(crate::alloc::pytorch::DRIVER_PAGE)
 }
 
 impl OomInputs {
@@ -326,11 +326,11 @@ impl OomInputs {
             ),
             (Verdict::Fragmentation, Some(Framework::Cupy)) => format!(
                 "CuPy's pool holds {} free, {} of it in unused driver allocations, the largest free chunk {}: {}",
-                h(self.stranded + self.releasable), h(self.releasable), h(self.largest_free_block), crate::cupy_pool::FIXES.join("; or ")
+                h(self.stranded + self.releasable), h(self.releasable), h(self.largest_free_block), crate::alloc::cupy::FIXES.join("; or ")
             ),
             (Verdict::TrueOom, Some(Framework::Cupy)) => format!(
                 "the request is larger than all free memory, CuPy's cache included (short by {}): make arrays smaller or fewer; {}",
-                h(self.requested.saturating_sub(self.device_free + self.stranded + self.releasable)), crate::cupy_pool::FIXES[0]
+                h(self.requested.saturating_sub(self.device_free + self.stranded + self.releasable)), crate::alloc::cupy::FIXES[0]
             ),
             _ => self.fix_pytorch_or_driver(),
         }

@@ -50,7 +50,7 @@ pub struct Summary {
     /// (JAX's `memory_stats()`, CuPy's pool): latest per process, device and framework, and the
     /// one read at an out-of-memory error (`when: "oom"`).
     #[serde(default)]
-    pub framework_stats: Vec<crate::framework::FrameworkReport>,
+    pub framework_stats: Vec<crate::alloc::FrameworkReport>,
     /// How a live command captured the trace: `shim` (`run`: the LD_PRELOAD shim, with the Python
     /// hook's blocks) or `ebpf` (`attach`, `agent`); absent for a file (`analyze`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -150,7 +150,7 @@ pub struct ProcessSummary {
     /// The caching allocator seen in this process: `pytorch`, `xla` or `cupy`; `null` when only
     /// driver segments were seen.
     #[serde(default)]
-    pub framework: Option<crate::framework::Framework>,
+    pub framework: Option<crate::alloc::Framework>,
     /// Base name of its executable, when the live front end read it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exe: Option<String>,
@@ -289,7 +289,7 @@ pub struct OomSummary {
     pub driver_failures_before: u64,
     /// The caching allocator whose request failed (or that manages the process), when known.
     #[serde(default)]
-    pub framework: Option<crate::framework::Framework>,
+    pub framework: Option<crate::alloc::Framework>,
     /// The GPU's UUID (`hw.id`), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hw_id: Option<String>,

@@ -9,6 +9,7 @@ pub mod attach;
 pub mod report;
 pub mod run;
 pub mod top;
+pub mod outputs;
 pub mod whatif;
 
 use crate::input::UnusableInput;

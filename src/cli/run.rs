@@ -153,7 +153,7 @@ fn check_args(args: &Args) -> anyhow::Result<()> {
     if !(args.python_interval.is_finite() && args.python_interval > 0.0 && args.python_interval <= 86_400.0) {
         return bad(format!("--python-interval {}: give a number of seconds above 0, at most 86400", args.python_interval));
     }
-    crate::outputs::check_command(&args.cmd[0])?;
+    crate::cli::outputs::check_command(&args.cmd[0])?;
     let views = &args.views;
     let outputs = [
         ("--record", args.out.record.clone()),
@@ -164,7 +164,7 @@ fn check_args(args: &Args) -> anyhow::Result<()> {
     ];
     for (flag, path) in outputs {
         if let Some(p) = path {
-            crate::outputs::check_output(flag, &p)?;
+            crate::cli::outputs::check_output(flag, &p)?;
         }
     }
     if let Some(p) = &views.feed {

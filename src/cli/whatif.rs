@@ -6,7 +6,7 @@
 //! settings) is always the first row.
 
 use crate::input::UnusableInput;
-use crate::rules::AllocConf;
+use crate::alloc::pytorch::AllocConf;
 use crate::sim::{self, Limits, Outcome, RequestStream, Scenario};
 use crate::units::{human_bytes, parse_bytes};
 use serde_json::{json, Value};

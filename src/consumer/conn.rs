@@ -299,7 +299,7 @@ pub const PY_HEADER_BYTES: usize = 16;
 /// MemoryHook (`BlockAlloc` / `BlockFree` with `F_ALLOC_CUPY`, and `Adopt` at address 0 before the
 /// pool's first allocation on a device; nothing else is accepted).
 pub const PY_EVENTS: u32 = 4;
-/// Frame: a framework's own statistics, JSON ([`crate::framework::FrameworkReport`] without the pid).
+/// Frame: a framework's own statistics, JSON ([`crate::alloc::FrameworkReport`] without the pid).
 pub const PY_STATS: u32 = 5;
 /// Frame: a framework's out-of-memory error, JSON (`framework`, `device`, `requested`,
 /// `device_free` or null, `source`, `message`).
@@ -322,7 +322,7 @@ struct BlocksSourceFrame {
 /// The body of a [`PY_FRAMEWORK_OOM`] frame.
 #[derive(serde::Deserialize)]
 struct FrameworkOomFrame {
-    framework: crate::framework::Framework,
+    framework: crate::alloc::Framework,
     #[serde(default)]
     device: i16,
     #[serde(default)]
@@ -396,7 +396,7 @@ pub fn python_reader(hello: Hello, mut stream: impl Read, mut emit: impl FnMut(c
                     emit(crate::source::Msg::Event(e));
                 }
             }
-            PY_STATS => match serde_json::from_slice::<crate::framework::FrameworkReport>(&body) {
+            PY_STATS => match serde_json::from_slice::<crate::alloc::FrameworkReport>(&body) {
                 Ok(mut r) => {
                     r.pid = hello.pid;
                     emit(crate::source::Msg::FrameworkStats(r));

@@ -10,7 +10,7 @@
 //! `k8s.container.name` (one value per process, so no more series), `gpufrag.verdict`
 //! (four values), `gpufrag.level` (two), `hw.type` (one). Never an address, never a size.
 
-use super::snapshot::{DeviceView, ProcessPoint, View};
+use super::store::{DeviceView, ProcessPoint, View};
 use crate::analysis::{fragmentation, largest_allocatable, Verdict};
 use std::sync::Arc;
 

@@ -3,7 +3,7 @@
 //!
 //! The observer's `tick` (on the live loop) turns the state into a small snapshot and swaps it
 //! into a store; the OTLP reader thread and the Prometheus server thread read it from there
-//! ([`snapshot`]), so export never runs on the capture path and a slow or absent collector never
+//! ([`store`]), so export never runs on the capture path and a slow or absent collector never
 //! slows capture. [`catalog`] defines every metric once (names, units, attributes; docs in
 //! docs/operations.md); [`otlp`] and [`prometheus`] are its two outlets; [`resource`] says who
 //! reports; [`gpu`] names devices (`hw.id`). `finish` exports the final figures and shuts down.
@@ -19,14 +19,14 @@ pub mod gpu;
 pub mod otlp;
 pub mod prometheus;
 pub mod resource;
-pub mod snapshot;
+pub mod store;
 
 use crate::event::Event;
 use crate::ingest::State;
 use crate::observe::Observer;
 use anyhow::{bail, Context};
 use otlp::{Config, Log, Pipeline, Protocol};
-use snapshot::{Builder, Reader, Store};
+use store::{Builder, Reader, Store};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -11,7 +11,7 @@
 //! on stderr, with the endpoint, and so is its end.
 
 use super::catalog::{AttrValue, Kind, Value, ALLOC_SIZE, ALLOC_SIZE_HELP, METRICS};
-use super::snapshot::{HistPoint, Reader, BUCKETS};
+use super::store::{HistPoint, Reader, BUCKETS};
 use crate::ingest::histogram::BUCKET_BOUNDS;
 use anyhow::Context;
 use opentelemetry::metrics::{Histogram, Meter, MeterProvider as _};
@@ -401,7 +401,7 @@ mod tests {
         let lines = Arc::new(Mutex::new(Vec::<String>::new()));
         let l2 = lines.clone();
         let fail = Arc::new(AtomicBool::new(true));
-        let reader = Arc::new(Reader::new(Arc::new(super::super::snapshot::Store::default())));
+        let reader = Arc::new(Reader::new(Arc::new(super::super::store::Store::default())));
         let w = Watched::new(Flaky { fail: fail.clone() }, "http://127.0.0.1:1", reader, Arc::new(move |s: &str| l2.lock().unwrap().push(s.to_string())));
         let rm = ResourceMetrics::default();
         let run = |w: &Watched<Flaky>| futures_lite_block_on(w.export(&rm));

@@ -12,7 +12,7 @@
 //! pull the `prometheus` crate and a second registry for what is a page of text here.
 
 use super::catalog::{prometheus_label, prometheus_name, AttrValue, Kind, Point, Value, ALLOC_SIZE, ALLOC_SIZE_HELP, METRICS};
-use super::snapshot::{Reader, View, BUCKETS};
+use super::store::{Reader, View, BUCKETS};
 use crate::ingest::histogram::BUCKET_BOUNDS;
 use anyhow::Context;
 use bytes::Bytes;

@@ -26,9 +26,9 @@
 pub mod histogram;
 
 use crate::event::{Event, EventKind, F_ALLOCATOR_OOM, F_ALLOC_XLA_BFC, F_ALLOWED_KNOWN, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED, F_OOM_AMEND, F_SRC_NVML};
-use crate::framework::Framework;
+use crate::alloc::Framework;
 use crate::map::{AddressSpace, Anomaly, Figures, SegmentKind};
-use crate::rules::AllocatorRules;
+use crate::alloc::pytorch::AllocatorRules;
 use histogram::SizeStats;
 use std::collections::BTreeMap;
 
@@ -721,7 +721,7 @@ mod process_rules_tests {
     /// 512-byte rounding, and another process keeps the defaults.
     #[test]
     fn regression_tracker_blocks_are_sized_by_the_processs_own_allocator_settings() {
-        let conf = crate::rules::AllocConf::parse("roundup_power2_divisions:4").expect("PyTorch accepts it");
+        let conf = crate::alloc::pytorch::AllocConf::parse("roundup_power2_divisions:4").expect("PyTorch accepts it");
         let mut s = State::default();
         let requested = 1_153_434; // 1.1 MiB
         for pid in [7u32, 8] {

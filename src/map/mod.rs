@@ -37,9 +37,9 @@ mod tiling;
 pub use pages::PageOccupancy;
 
 use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
-use crate::bfc::BfcRules;
-use crate::framework::Framework;
-use crate::rules::{AllocatorRules, DRIVER_PAGE};
+use crate::alloc::bfc::BfcRules;
+use crate::alloc::Framework;
+use crate::alloc::pytorch::{AllocatorRules, DRIVER_PAGE};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound::Excluded;
 use tiling::{Spot, Tiling};
@@ -85,7 +85,7 @@ pub struct Segment {
     /// Owned by a caching allocator: its free space is cache.
     pub framework: bool,
     /// Holds XLA's BFC pool (a BFC chunk was placed in it): its free bytes follow BFC's rule
-    /// ([`crate::bfc::region_free`]), not the mapped-segment one.
+    /// ([`crate::alloc::bfc::region_free`]), not the mapped-segment one.
     pub bfc_pool: bool,
     /// Live framework blocks inside.
     pub live_blocks: u64,
@@ -108,7 +108,7 @@ impl Segment {
     /// `inactive_split` is 0 under expandable segments for the same reason).
     pub fn stranded(&self) -> u64 {
         if self.bfc_pool {
-            return crate::bfc::region_free(self.size - self.live_bytes, self.live_blocks).stranded;
+            return crate::alloc::bfc::region_free(self.size - self.live_bytes, self.live_blocks).stranded;
         }
         if self.framework && self.live_blocks > 0 && self.kind != SegmentKind::Mapped {
             self.size - self.live_bytes
@@ -121,7 +121,7 @@ impl Segment {
     /// edges of live blocks are counted too, an overestimate of at most 2 MiB per free run).
     pub fn releasable(&self) -> u64 {
         if self.bfc_pool {
-            return crate::bfc::region_free(self.size - self.live_bytes, self.live_blocks).releasable;
+            return crate::alloc::bfc::region_free(self.size - self.live_bytes, self.live_blocks).releasable;
         }
         if self.framework && (self.live_blocks == 0 || self.kind == SegmentKind::Mapped) {
             self.size - self.live_bytes
@@ -953,7 +953,7 @@ impl AddressSpace {
                     }
                 }
                 Framework::Xla => self.bfc_rules.chunk_size(avail, requested).unwrap_or_else(|| BfcRules::round_bytes(requested)),
-                Framework::Cupy => crate::cupy_pool::round_size(requested),
+                Framework::Cupy => crate::alloc::cupy::round_size(requested),
             },
         };
         if size > avail || size == 0 {

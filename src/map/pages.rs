@@ -5,7 +5,7 @@
 //! live in it and maintains the page-stranded total (free bytes in pages that hold at least one
 //! live small allocation) incrementally: O(1) hash updates per allocation.
 
-use crate::rules::DRIVER_PAGE;
+use crate::alloc::pytorch::DRIVER_PAGE;
 use std::collections::HashMap;
 
 /// Live bytes per 2 MiB page, and the derived stranded total.

@@ -9,7 +9,7 @@
 //! and the device's capacity for this process (a `cudaMalloc` or `cuMemCreate` that would exceed
 //! it fails).
 //!
-//! The rules themselves (rounding, split, oversize checks, segment sizes) are `crate::rules`.
+//! The rules themselves (rounding, split, oversize checks, segment sizes) are `crate::alloc::pytorch`.
 //!
 //! Addresses. Under the trace's own settings the driver's addresses come from the trace
 //! ([`Addresses::Replay`]), so every tie is broken as it was. Under other settings the driver's
@@ -19,7 +19,7 @@
 //! ones (first fit from the top, reusing freed ranges), as the H200's driver was seen to do for
 //! large allocations, so that a newer segment wins a tie against an older one.
 
-use crate::rules::{AllocConf, AllocatorRules, LARGE_BUFFER, MIN_BLOCK, ROUND_LARGE, SMALL_BUFFER};
+use crate::alloc::pytorch::{AllocConf, AllocatorRules, LARGE_BUFFER, MIN_BLOCK, ROUND_LARGE, SMALL_BUFFER};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 const NONE: u32 = u32::MAX;
@@ -397,7 +397,7 @@ impl Allocator {
         let split = if small || self.conf.expandable_segments {
             remaining >= MIN_BLOCK
         } else {
-            size < self.rules().max_split_size && remaining > crate::rules::SMALL_SIZE
+            size < self.rules().max_split_size && remaining > crate::alloc::pytorch::SMALL_SIZE
         };
         Ok(self.alloc_found_block(block, size, orig_size, split))
     }

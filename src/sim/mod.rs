@@ -6,7 +6,7 @@
 //! `check.rs` (the self-check: the trace under its own settings must reproduce itself),
 //! `sweep.rs` (the settings people try, and the ranking), `verdict.rs` (the sweep's answer in the
 //! OOM verdicts of `analyze` and the report). The rules the simulator applies are
-//! `crate::rules`, the same functions replay and live capture use.
+//! `crate::alloc::pytorch`, the same functions replay and live capture use.
 
 mod allocator;
 mod check;
@@ -20,7 +20,7 @@ pub use stream::{from_events, from_snapshot, snapshot_conf, stream_of_file, Requ
 pub use sweep::{rank, recommendation, sweep_confs, Ranked};
 pub use verdict::apply_to_summary;
 
-use crate::rules::AllocConf;
+use crate::alloc::pytorch::AllocConf;
 
 /// One setting and limit to simulate.
 #[derive(Clone, Debug)]

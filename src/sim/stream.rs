@@ -20,7 +20,7 @@
 
 use super::allocator::DeviceOp;
 use crate::event::{Event, EventKind, F_FRAMEWORK_OWNED};
-use crate::rules::AllocConf;
+use crate::alloc::pytorch::AllocConf;
 use crate::snapshot::{Action, Snapshot};
 use std::collections::{BTreeMap, HashMap};
 

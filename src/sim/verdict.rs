@@ -10,7 +10,7 @@
 
 use super::{rank, recommendation, self_check, simulate, sweep_confs, Limits, Outcome, RequestStream, Scenario};
 use crate::analysis::summary::{ScenarioBrief, Summary, WhatIfSummary};
-use crate::rules::AllocConf;
+use crate::alloc::pytorch::AllocConf;
 
 fn brief(o: &Outcome) -> ScenarioBrief {
     ScenarioBrief {
@@ -31,7 +31,7 @@ pub fn apply_to_summary(summary: &mut Summary, stream: impl FnOnce() -> Result<R
     }
     // The simulation is PyTorch's caching allocator: an OOM of XLA's BFC pool or CuPy's pool keeps
     // the advice in its own allocator's terms.
-    if let Some(f) = summary.ooms.iter().find_map(|o| o.framework.filter(|f| *f != crate::framework::Framework::Pytorch)) {
+    if let Some(f) = summary.ooms.iter().find_map(|o| o.framework.filter(|f| *f != crate::alloc::Framework::Pytorch)) {
         summary.notes.push(format!("no simulated fix: the simulation models PyTorch's caching allocator, and this trace's OOM is {}'s", f.allocator()));
         return;
     }

@@ -22,11 +22,11 @@
 //! names the process's caching allocator (`pytorch`, `xla`, `cupy`) when one was seen. Events of
 //! several processes go to one file per process ([`export_all`]).
 
-use super::pickle::Writer;
+use super::pickler::Writer;
 use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN};
 use crate::ingest::{ProcessDevice, State};
 use crate::map::SegmentKind;
-use crate::rules::{AllocatorRules, ROUNDUP_INTERVALS, SMALL_BUFFER};
+use crate::alloc::pytorch::{AllocatorRules, ROUNDUP_INTERVALS, SMALL_BUFFER};
 use crate::snapshot::Action;
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};

@@ -13,7 +13,7 @@ pub mod feed;
 pub mod history;
 pub mod map;
 pub mod memviz;
-pub mod pickle;
+pub mod pickler;
 pub mod postmortem;
 pub mod report;
 pub mod strip;

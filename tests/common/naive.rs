@@ -16,7 +16,7 @@
 
 use gpufrag::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
 use gpufrag::map::{Anomaly, Block, Figures, Segment, SegmentKind};
-use gpufrag::rules::{AllocatorRules, DRIVER_PAGE};
+use gpufrag::alloc::pytorch::{AllocatorRules, DRIVER_PAGE};
 
 /// A segment as the model keeps it: no counters, only what the driver said.
 #[derive(Clone, Debug, PartialEq, Eq)]

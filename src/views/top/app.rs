@@ -53,7 +53,7 @@ pub struct RowView {
     /// Its user, when known.
     pub user: String,
     /// A process row's caching allocator (`pytorch`, `xla`, `cupy`), when one was seen.
-    pub framework: Option<crate::framework::Framework>,
+    pub framework: Option<crate::alloc::Framework>,
 }
 
 /// The columns `s`, `,` and `.` sort by, in their order on screen.

@@ -1,7 +1,7 @@
 //! Which caching allocator carves a process's segments into blocks: PyTorch's, XLA's BFC (JAX,
 //! TensorFlow) or CuPy's memory pool. A block or adopt event names its allocator in two flag bits
 //! (`F_ALLOC_XLA_BFC`, `F_ALLOC_CUPY`; neither = PyTorch, the one every older source meant), the
-//! address map applies that allocator's rules (src/rules.rs, src/bfc.rs, src/cupy_pool.rs), and
+//! address map applies that allocator's rules (src/alloc/pytorch.rs, bfc.rs, cupy.rs), and
 //! the outputs name it: a bounded set of values, fit for a metric attribute.
 
 use crate::event::{F_ALLOC_CUPY, F_ALLOC_XLA_BFC};

@@ -45,8 +45,8 @@ pub struct ProcessPoint {
     /// OOMs by verdict, in the order of [`Verdict::ALL`].
     pub ooms: [u64; Verdict::ALL.len()],
     /// The caching allocator whose blocks it uses, when one was seen (the `gpufrag.framework`
-    /// attribute: one of [`crate::framework::Framework::ALL`]'s names, or `none`).
-    pub framework: Option<crate::framework::Framework>,
+    /// attribute: one of [`crate::alloc::Framework::ALL`]'s names, or `none`).
+    pub framework: Option<crate::alloc::Framework>,
     /// Whether the process exited.
     pub exited: bool,
     /// Its container and pod, when known (`container.id`, `k8s.*`).
