@@ -23,10 +23,10 @@
 mod naive;
 
 use criterion::{criterion_group, BatchSize, Criterion, Throughput};
+use gpufrag::alloc::pytorch::AllocatorRules;
 use gpufrag::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
 use gpufrag::ingest::State;
 use gpufrag::map::{AddressSpace, SegmentKind};
-use gpufrag::alloc::pytorch::AllocatorRules;
 use naive::NaiveState;
 use std::hint::black_box;
 use std::path::Path;

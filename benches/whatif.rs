@@ -14,8 +14,8 @@
 //! Run: `cargo bench --bench whatif`; medians in docs/benchmarks.md.
 
 use criterion::{criterion_group, Criterion};
-use gpufrag::ingest::State;
 use gpufrag::alloc::pytorch::AllocConf;
+use gpufrag::ingest::State;
 use gpufrag::sim::{self, Limits, Request, RequestStream, Scenario};
 use std::hint::black_box;
 use std::path::Path;
@@ -90,7 +90,9 @@ fn benches(c: &mut Criterion) {
     let mut g = c.benchmark_group("whatif");
     g.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(6));
     g.bench_function("one_scenario/defaults", |b| b.iter(|| black_box(sim::simulate(&big, &scenario(""), false))));
-    g.bench_function("one_scenario/expandable", |b| b.iter(|| black_box(sim::simulate(&big, &scenario("expandable_segments:True"), false))));
+    g.bench_function("one_scenario/expandable", |b| {
+        b.iter(|| black_box(sim::simulate(&big, &scenario("expandable_segments:True"), false)))
+    });
     g.bench_function("sweep_12", |b| {
         b.iter(|| {
             let mut n = 0;

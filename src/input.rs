@@ -12,10 +12,10 @@
 //! An input that cannot be used fails with an [`UnusableInput`] in its error chain; the command
 //! line turns that kind into its exit code.
 
+use crate::alloc::pytorch::{AllocatorRules, ROUNDUP_INTERVALS};
 use crate::event::Event;
 use crate::ingest::State;
 use crate::record;
-use crate::alloc::pytorch::{AllocatorRules, ROUNDUP_INTERVALS};
 use crate::snapshot::{self, AllocatorSettings, Snapshot};
 use std::io::Read;
 use std::path::Path;
@@ -75,9 +75,7 @@ pub fn rules_from(settings: &AllocatorSettings) -> AllocatorRules {
 /// Loads `path`, whatever it holds.
 pub fn load(path: &Path) -> anyhow::Result<Loaded> {
     let mut head = [0u8; 8];
-    let n = std::fs::File::open(path)
-        .and_then(|mut f| f.read(&mut head))
-        .map_err(|e| UnusableInput(format!("{}: {e}", path.display())))?;
+    let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).map_err(|e| UnusableInput(format!("{}: {e}", path.display())))?;
     if record::is_record(&head[..n]) {
         let rec = record::read(path).map_err(|e| UnusableInput(e.to_string()))?;
         let rules = AllocatorRules::default();
@@ -85,9 +83,20 @@ pub fn load(path: &Path) -> anyhow::Result<Loaded> {
         state.apply_all(&rec.events);
         let mut notes = vec![format!("replayed {} recorded events", rec.events.len())];
         if let Some(at) = rec.partial_tail_at {
-            notes.push(format!("{}: the last record is cut short at offset {at} (the writer stopped mid-record); it was left out", path.display()));
+            notes.push(format!(
+                "{}: the last record is cut short at offset {at} (the writer stopped mid-record); it was left out",
+                path.display()
+            ));
         }
-        return Ok(Loaded { state, notes, complete: rec.partial_tail_at.is_none(), kind: InputKind::Record, snapshot: None, rules, replay: rec.events });
+        return Ok(Loaded {
+            state,
+            notes,
+            complete: rec.partial_tail_at.is_none(),
+            kind: InputKind::Record,
+            snapshot: None,
+            rules,
+            replay: rec.events,
+        });
     }
     let snap = snapshot::load(path).map_err(|e| UnusableInput(e.to_string()))?;
     Ok(replay_snapshot(snap))

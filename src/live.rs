@@ -100,7 +100,9 @@ impl Live {
     /// the file.
     pub fn cap_record(&mut self, path: &Path, max_bytes: u64) -> anyhow::Result<()> {
         if self.record.is_some() {
-            self.record = Some(record::Rotating::create(path, Some(max_bytes)).with_context(|| format!("creating the record file {}", path.display()))?);
+            self.record = Some(
+                record::Rotating::create(path, Some(max_bytes)).with_context(|| format!("creating the record file {}", path.display()))?,
+            );
         }
         Ok(())
     }
@@ -111,7 +113,22 @@ impl Live {
             Some(p) => Some(record::Rotating::create(p, None).with_context(|| format!("creating the record file {}", p.display()))?),
             None => None,
         };
-        Ok(Live { state: State::default(), record, record_error: None, python_pids: BTreeSet::new(), warnings: Vec::new(), blocks_sources: BTreeMap::new(), oom_seen: 0, quiet, processes: std::collections::VecDeque::new(), observers: Vec::new(), pending_ooms: Vec::new(), held_ooms: Vec::new(), framework_reports: BTreeMap::new(), attribution: crate::attribution::Attribution::for_node(std::env::var("GPUFRAG_NVML_LIB").ok().as_deref()) })
+        Ok(Live {
+            state: State::default(),
+            record,
+            record_error: None,
+            python_pids: BTreeSet::new(),
+            warnings: Vec::new(),
+            blocks_sources: BTreeMap::new(),
+            oom_seen: 0,
+            quiet,
+            processes: std::collections::VecDeque::new(),
+            observers: Vec::new(),
+            pending_ooms: Vec::new(),
+            held_ooms: Vec::new(),
+            framework_reports: BTreeMap::new(),
+            attribution: crate::attribution::Attribution::for_node(std::env::var("GPUFRAG_NVML_LIB").ok().as_deref()),
+        })
     }
 
     /// Reads who a process is when it starts (or is first seen), and files the event under the
@@ -276,7 +293,11 @@ impl Live {
             }
             Msg::Named { pid, name } => {
                 // A process gone before /proc was read has no name there: the one read early.
-                let name = if name.is_empty() || name == "unknown" { self.state.identities.get(&pid).map(|i| i.exe.clone()).unwrap_or(name) } else { name };
+                let name = if name.is_empty() || name == "unknown" {
+                    self.state.identities.get(&pid).map(|i| i.exe.clone()).unwrap_or(name)
+                } else {
+                    name
+                };
                 if !name.is_empty() {
                     if let Some(id) = self.state.identities.get_mut(&pid).filter(|id| id.exe.is_empty() || id.exe == "unknown") {
                         std::sync::Arc::make_mut(id).exe = name.clone();
@@ -417,7 +438,8 @@ impl Live {
         // A record that stopped short cannot replay to these figures.
         s.exact &= self.record_error.is_none();
         let list = |pids: Vec<u32>| pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
-        let (tracked, snapped): (Vec<u32>, Vec<u32>) = self.python_pids.iter().partition(|p| self.blocks_sources.get(p).is_some_and(|b| b.0));
+        let (tracked, snapped): (Vec<u32>, Vec<u32>) =
+            self.python_pids.iter().partition(|p| self.blocks_sources.get(p).is_some_and(|b| b.0));
         if !tracked.is_empty() {
             s.notes.push(format!(
                 "PyTorch blocks: trace tracker (event level): block-level figures (allocated, stranded, largest free block) come from every allocation and free PyTorch's caching allocator made in pid {}, through its allocator trace tracker and the LD_PRELOAD shim",
@@ -436,7 +458,10 @@ impl Live {
             }
         }
         if self.python_pids.is_empty() && s.devices.iter().any(|d| d.level == "segment") {
-            s.notes.push("segment level only: no caching allocator's blocks were seen, so allocated equals reserved and nothing counts as stranded".into());
+            s.notes.push(
+                "segment level only: no caching allocator's blocks were seen, so allocated equals reserved and nothing counts as stranded"
+                    .into(),
+            );
         }
         for r in self.framework_reports.values() {
             s.notes.push(format!("reported by the framework itself: {}", r.line()));

@@ -192,7 +192,8 @@ impl Rotating {
             if HEADER_LEN as u64 + (self.w.written() + 1) * EVENT_SIZE as u64 > max {
                 self.w.flush()?;
                 let previous = Self::previous_part(&self.path);
-                std::fs::rename(&self.path, &previous).map_err(|e| io::Error::new(e.kind(), format!("rotating {} to {}: {e}", self.path.display(), previous.display())))?;
+                std::fs::rename(&self.path, &previous)
+                    .map_err(|e| io::Error::new(e.kind(), format!("rotating {} to {}: {e}", self.path.display(), previous.display())))?;
                 self.w = Writer::create(&self.path)?;
                 self.rotations += 1;
             }

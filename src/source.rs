@@ -110,7 +110,6 @@ pub enum Msg {
     Forget(u32),
 }
 
-
 /// CLOCK_MONOTONIC in nanoseconds, the shim's clock.
 pub fn now_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };

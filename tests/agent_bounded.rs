@@ -74,7 +74,13 @@ fn one_process(i: u64, table: &mut ProcessTable, live: &mut Live, procs: &FakePr
     let exact = |_: u32, _: u64| true;
     let events = [
         Event { ts_ns: t + 1, addr: 0x7f00_0000_0000, size: 2 << 20, requested: 2 << 20, ..Event::new(EventKind::MemAlloc, pid, 0) },
-        Event { ts_ns: t + 2, size: 16 << 30, device_free: 15 << 30, flags: F_DEVICE_FREE_KNOWN, ..Event::new(EventKind::DeviceInfo, pid, 0) },
+        Event {
+            ts_ns: t + 2,
+            size: 16 << 30,
+            device_free: 15 << 30,
+            flags: F_DEVICE_FREE_KNOWN,
+            ..Event::new(EventKind::DeviceInfo, pid, 0)
+        },
         Event { ts_ns: t + 3, addr: 0x7f00_0000_0000, ..Event::new(EventKind::MemFree, pid, -1) },
         Event { ts_ns: t + 4, ..Event::new(EventKind::ProcessExit, pid, -1) },
     ];

@@ -47,7 +47,18 @@ impl NaiveBfc {
     fn new(o: &BfcOptions) -> NaiveBfc {
         let first = if o.allow_growth { o.memory_limit.min(2 * MIB) } else { o.memory_limit };
         let cap = if o.fragmentation_fraction > 0.0 { (o.fragmentation_fraction * o.memory_limit as f64) as u64 } else { 128 * MIB };
-        NaiveBfc { limit: o.memory_limit, cap, coalesce: o.coalesce_regions, next_region: first.div_ceil(256) * 256, regions: vec![], chunks: vec![], num_allocs: 0, peak: 0, largest_alloc: 0, peak_pool: 0 }
+        NaiveBfc {
+            limit: o.memory_limit,
+            cap,
+            coalesce: o.coalesce_regions,
+            next_region: first.div_ceil(256) * 256,
+            regions: vec![],
+            chunks: vec![],
+            num_allocs: 0,
+            peak: 0,
+            largest_alloc: 0,
+            peak_pool: 0,
+        }
     }
 
     fn pool(&self) -> u64 {

@@ -21,9 +21,10 @@ fn demo(scenario: &str, dir: &Path, round: usize) -> Value {
         .output()
         .expect("run gpufrag demo");
     // The demos end in an OOM: the workload's exit code says so; the summary is what counts.
-    serde_json::from_str(&std::fs::read_to_string(&summary).unwrap_or_else(|e| {
-        panic!("{scenario}: no summary ({e}); stderr:\n{}", String::from_utf8_lossy(&out.stderr))
-    }))
+    serde_json::from_str(
+        &std::fs::read_to_string(&summary)
+            .unwrap_or_else(|e| panic!("{scenario}: no summary ({e}); stderr:\n{}", String::from_utf8_lossy(&out.stderr))),
+    )
     .expect("summary json")
 }
 
@@ -107,18 +108,32 @@ fn regression_small_pages_2mib_failure_is_a_driver_level_fragmentation_verdict_w
         .output()
         .expect("run gpufrag demo");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap_or_else(|e| panic!("no summary ({e}):\n{stderr}"))).expect("json");
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap_or_else(|e| panic!("no summary ({e}):\n{stderr}"))).expect("json");
     // The workload's own figures: RESULT ... step=fill allocated=N, step=free_every_other freed=M.
     let result = |step: &str, key: &str| -> u64 {
-        let line = stderr.lines().chain(String::from_utf8_lossy(&out.stdout).lines()).find(|l| l.contains("RESULT") && l.contains(&format!("step={step} "))).map(str::to_string);
+        let line = stderr
+            .lines()
+            .chain(String::from_utf8_lossy(&out.stdout).lines())
+            .find(|l| l.contains("RESULT") && l.contains(&format!("step={step} ")))
+            .map(str::to_string);
         let line = line.unwrap_or_else(|| panic!("no RESULT step={step}:\n{stderr}"));
-        line.split_whitespace().find_map(|t| t.strip_prefix(&format!("{key}="))).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no {key} in {line}"))
+        line.split_whitespace()
+            .find_map(|t| t.strip_prefix(&format!("{key}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {line}"))
     };
     let allocated = result("fill", "allocated");
     let mib = 1u64 << 20;
     // Two 1 MiB allocations per 2 MiB page; the first of each pair freed: half of every full page.
     let want = allocated / 2 * mib;
-    let o = s["ooms"].as_array().expect("ooms").iter().find(|o| o["requested"].as_u64() == Some(2 * mib)).unwrap_or_else(|| panic!("no 2 MiB OOM: {s:#}")).clone();
+    let o = s["ooms"]
+        .as_array()
+        .expect("ooms")
+        .iter()
+        .find(|o| o["requested"].as_u64() == Some(2 * mib))
+        .unwrap_or_else(|| panic!("no 2 MiB OOM: {s:#}"))
+        .clone();
     assert_eq!(o["verdict"], "fragmentation", "{o:#}");
     assert_eq!(o["page_stranded"].as_u64(), Some(want), "{o:#}");
     let why = o["explanation"].as_str().expect("explanation");
@@ -127,7 +142,13 @@ fn regression_small_pages_2mib_failure_is_a_driver_level_fragmentation_verdict_w
     assert!(o["fix"].as_str().expect("fix").contains("pool the small allocations"), "{o:#}");
     // The fill's own last failure (the device full, 5 MiB free of which the driver keeps 4 MiB)
     // is a true OOM, not inconclusive.
-    let fill = s["ooms"].as_array().expect("ooms").iter().find(|o| o["requested"].as_u64() == Some(mib)).cloned().unwrap_or_else(|| panic!("{s:#}"));
+    let fill = s["ooms"]
+        .as_array()
+        .expect("ooms")
+        .iter()
+        .find(|o| o["requested"].as_u64() == Some(mib))
+        .cloned()
+        .unwrap_or_else(|| panic!("{s:#}"));
     assert_eq!(fill["verdict"], "true_oom", "{fill:#}");
     let report = std::fs::read_to_string(dir.join("report.html")).expect("the demo's report");
     assert!(report.contains("Fragmentation OOM at the driver level"), "the report's headline");

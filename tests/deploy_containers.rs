@@ -17,10 +17,10 @@
 //! Needs root, podman, runc and the base image; under CI=true (where .ci/run installs them and
 //! builds the image) their absence fails the test.
 
-mod tool_support;
+mod export_support;
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
-mod export_support;
+mod tool_support;
 
 use export_support::{free_port, http_get, prometheus, require, Guard};
 use serde_json::Value;
@@ -92,7 +92,16 @@ fn build_agent_image(tag: &str) {
         format!("FROM {BASE_IMAGE}\nCOPY libelf.so.1 /usr/lib/x86_64-linux-gnu/libelf.so.1\nCOPY gpufrag /usr/local/bin/gpufrag\nENTRYPOINT [\"/usr/local/bin/gpufrag\"]\n"),
     )
     .expect("Containerfile");
-    podman_ok(&["build", "--pull=never", "-q", "-t", tag, "-f", &ctx.join("Containerfile").display().to_string(), &ctx.display().to_string()]);
+    podman_ok(&[
+        "build",
+        "--pull=never",
+        "-q",
+        "-t",
+        tag,
+        "-f",
+        &ctx.join("Containerfile").display().to_string(),
+        &ctx.display().to_string(),
+    ]);
 }
 
 /// The driver as the NVIDIA container toolkit mounts it into a container (the host's libcuda
@@ -150,14 +159,21 @@ fn start_prometheus(bin: &Path, dir: &Path, target: u16) -> (Guard, u16) {
     let guard = Guard { child, name: "prometheus" };
     let end = Instant::now() + Duration::from_secs(30);
     while http_get(port, "/-/ready").is_none() {
-        assert!(Instant::now() < end, "prometheus did not get ready: {}", std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default());
+        assert!(
+            Instant::now() < end,
+            "prometheus did not get ready: {}",
+            std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     (guard, port)
 }
 
 fn query(port: u16, q: &str) -> Vec<Value> {
-    let enc: String = q.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect();
+    let enc: String = q
+        .bytes()
+        .map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect();
     let body = http_get(port, &format!("/api/v1/query?query={enc}")).unwrap_or_default();
     serde_json::from_str::<Value>(&body).unwrap_or(Value::Null)["data"]["result"].as_array().cloned().unwrap_or_default()
 }
@@ -171,7 +187,11 @@ fn uuids() -> Vec<String> {
         .env("SIMCUDA_STATE_DIR", unique("uuid-state"))
         .output()
         .expect("simcuda-workload nvml");
-    String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with("RESULT test=nvml")).filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("uuid=")).map(str::to_string)).collect()
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("RESULT test=nvml"))
+        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("uuid=")).map(str::to_string))
+        .collect()
 }
 
 #[test]
@@ -195,10 +215,29 @@ fn the_agent_container_attributes_two_workload_containers_and_killing_it_harms_n
     let port = free_port();
 
     // The agent, as the DaemonSet runs it.
-    let mut args: Vec<String> = ["run", "-d", "--name", &agent, "--pid=host", "--cap-drop=all", "--cap-add=BPF,PERFMON,SYS_ADMIN,SYS_PTRACE", "--read-only", "--tmpfs", "/tmp", "--security-opt", "no-new-privileges", "-v", "/sys/kernel/btf:/sys/kernel/btf:ro", "-e", "NVIDIA_VISIBLE_DEVICES=all", "-e", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut args: Vec<String> = [
+        "run",
+        "-d",
+        "--name",
+        &agent,
+        "--pid=host",
+        "--cap-drop=all",
+        "--cap-add=BPF,PERFMON,SYS_ADMIN,SYS_PTRACE",
+        "--read-only",
+        "--tmpfs",
+        "/tmp",
+        "--security-opt",
+        "no-new-privileges",
+        "-v",
+        "/sys/kernel/btf:/sys/kernel/btf:ro",
+        "-e",
+        "NVIDIA_VISIBLE_DEVICES=all",
+        "-e",
+        "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     args.extend(LIMITS.iter().map(|s| s.to_string()));
     args.extend(["-p".to_string(), format!("127.0.0.1:{port}:9464")]);
     args.extend(driver_mounts(&state));
@@ -244,7 +283,13 @@ fn the_agent_container_attributes_two_workload_containers_and_killing_it_harms_n
             }
             std::thread::sleep(Duration::from_millis(300));
         };
-        assert_eq!(series.len(), 1, "{q}: {series:#?}\nagent log:\n{}\nall: {:#?}", logs(&agent), query(prom_port, "gpufrag_process_memory_reserved_bytes"));
+        assert_eq!(
+            series.len(),
+            1,
+            "{q}: {series:#?}\nagent log:\n{}\nall: {:#?}",
+            logs(&agent),
+            query(prom_port, "gpufrag_process_memory_reserved_bytes")
+        );
         let s = &series[0];
         assert_eq!(s["value"][1].as_str(), Some(&(24 * MIB).to_string()[..]), "traced from its first call: {s:#}");
         assert_eq!(s["metric"]["hw_id"].as_str(), Some(uuids[gpu].as_str()), "CUDA_VISIBLE_DEVICES={gpu}'s device 0 is GPU {gpu}: {s:#}");

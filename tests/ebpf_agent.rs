@@ -3,9 +3,9 @@
 //! maps dropped (unless `--keep-exited`), and the agent stops cleanly on SIGINT with a summary.
 //! Other tests' processes run at the same time; assertions look only at this test's pids.
 
-mod tool_support;
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
+mod tool_support;
 
 use serde_json::Value;
 use std::process::{Child, Command, Stdio};

@@ -4,9 +4,9 @@
 //! privileges are each checked the way a user would meet them. Tests skip (printing why) only
 //! where the kernel refuses eBPF.
 
-mod tool_support;
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
+mod tool_support;
 
 use serde_json::Value;
 use std::process::{Command, Stdio};
@@ -121,17 +121,31 @@ fn xla_bfc_chunks_through_symtab_uprobes_match_the_allocators_own_stats() {
     assert_eq!((u(d, "stranded"), u(d, "releasable")), (want["bfc_stranded"], 0), "a preallocated pool's free chunks are stranded\n{d:#}");
     let replay = analyze(&t.record);
     let rd = device(&replay, 0);
-    assert_eq!((u(rd, "allocated"), u(rd, "stranded"), u(rd, "releasable")), (want["bfc_bytes_in_use"], want["bfc_stranded"], 0), "replayed record\n{rd:#}");
+    assert_eq!(
+        (u(rd, "allocated"), u(rd, "stranded"), u(rd, "releasable")),
+        (want["bfc_bytes_in_use"], want["bfc_stranded"], 0),
+        "replayed record\n{rd:#}"
+    );
     let notes = t.summary["notes"].to_string();
     let host = format!("handed out {} chunk(s) at {:#x}", want["host_chunks"], want["host_base"]);
-    assert!(notes.contains(&host) && notes.contains("not counted in the device figures"), "the host instance is named and left out: {host}\n{notes}");
-    assert!(notes.contains("XLA BFC blocks: uprobes on tsl::BFCAllocator::AllocateRaw (both overloads) and DeallocateRaw from .symtab"), "{notes}");
+    assert!(
+        notes.contains(&host) && notes.contains("not counted in the device figures"),
+        "the host instance is named and left out: {host}\n{notes}"
+    );
+    assert!(
+        notes.contains("XLA BFC blocks: uprobes on tsl::BFCAllocator::AllocateRaw (both overloads) and DeallocateRaw from .symtab"),
+        "{notes}"
+    );
     let p = &t.summary["processes"][0];
     assert_eq!(p["framework"], "xla", "{p:#}");
     let o = &t.summary["ooms"][0];
     assert_eq!(u(o, "requested"), 20 * MIB, "{o:#}");
     assert_eq!(o["verdict"], "fragmentation", "{o:#}");
-    assert_eq!((u(o, "stranded"), u(o, "releasable"), u(o, "largest_free_block")), (want["bfc_stranded"], 0, want["bfc_largest_free_block"]), "BFC's figures at the failure (the last call)\n{o:#}");
+    assert_eq!(
+        (u(o, "stranded"), u(o, "releasable"), u(o, "largest_free_block")),
+        (want["bfc_stranded"], 0, want["bfc_largest_free_block"]),
+        "BFC's figures at the failure (the last call)\n{o:#}"
+    );
     assert_eq!(o["framework"], "xla", "{o:#}");
     assert!(o["fix"].to_string().contains("XLA_PYTHON_CLIENT_PREALLOCATE=false"), "{o:#}");
 }

@@ -4,9 +4,9 @@
 //! allocated, stranded, releasable, segments, pool cache and page stranding, the same failed
 //! requests, the same per-process counts, and no anomaly on the eBPF side.
 
-mod tool_support;
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
+mod tool_support;
 
 use serde_json::Value;
 use std::process::{Command, Stdio};
@@ -61,7 +61,8 @@ fn under_ebpf(args: &[&str], m: &Machine) -> (Value, String) {
     (s, err.rest())
 }
 
-const DEVICE_FIGURES: &[&str] = &["reserved", "allocated", "stranded", "releasable", "largest_free_block", "segments", "blocks", "pool_cached", "page_stranded"];
+const DEVICE_FIGURES: &[&str] =
+    &["reserved", "allocated", "stranded", "releasable", "largest_free_block", "segments", "blocks", "pool_cached", "page_stranded"];
 const SEGMENT_FIGURES: &[&str] = &["reserved", "segments", "pool_cached", "page_stranded"];
 
 fn compare(args: &[&str]) {
@@ -100,7 +101,12 @@ fn compare(args: &[&str]) {
     let ooms = |s: &Value| {
         s["ooms"]
             .as_array()
-            .map(|o| o.iter().filter(|x| x["op"] != "block_alloc").map(|x| (x["requested"].clone(), x["op"].clone(), x["reserved"].clone())).collect::<Vec<_>>())
+            .map(|o| {
+                o.iter()
+                    .filter(|x| x["op"] != "block_alloc")
+                    .map(|x| (x["requested"].clone(), x["op"].clone(), x["reserved"].clone()))
+                    .collect::<Vec<_>>()
+            })
             .unwrap_or_default()
     };
     if block_level {
@@ -114,7 +120,10 @@ fn compare(args: &[&str]) {
     // Per process (pids differ): the multiset of (device, reserved, allocs, frees).
     let procs = |s: &Value| {
         let counts = |x: &Value| if block_level { (x["allocs"].as_u64(), x["frees"].as_u64()) } else { (None, None) };
-        let mut v: Vec<_> = s["processes"].as_array().map(|p| p.iter().map(|x| (x["device"].as_i64(), x["reserved"].as_u64(), counts(x))).collect()).unwrap_or_default();
+        let mut v: Vec<_> = s["processes"]
+            .as_array()
+            .map(|p| p.iter().map(|x| (x["device"].as_i64(), x["reserved"].as_u64(), counts(x))).collect())
+            .unwrap_or_default();
         v.sort();
         v
     };

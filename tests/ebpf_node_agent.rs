@@ -6,9 +6,9 @@
 //! `include/gpufrag_annotate.h`, so each verdict is checked against the workload's own figures.
 //! Tests skip (printing why) only where the kernel refuses eBPF.
 
-mod tool_support;
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
+mod tool_support;
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -93,7 +93,10 @@ fn run_workload(args: &[&str], lib_dir: &Path) -> (u32, String) {
 
 /// The workload's `RESULT ... step=STEP` line as key → value.
 fn result_line(stdout: &str, step: &str) -> BTreeMap<String, String> {
-    let line = stdout.lines().find(|l| l.starts_with("RESULT ") && l.contains(&format!(" step={step}"))).unwrap_or_else(|| panic!("no RESULT step={step} in\n{stdout}"));
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("RESULT ") && l.contains(&format!(" step={step}")))
+        .unwrap_or_else(|| panic!("no RESULT step={step} in\n{stdout}"));
     line.split_whitespace().skip(1).filter_map(|t| t.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
@@ -110,7 +113,14 @@ fn oom_of(s: &Value, pid: u32) -> Value {
 
 /// The figures an OOM verdict rests on, for comparing two summaries.
 fn verdict_figures(o: &Value) -> (String, u64, u64, u64, u64, u64) {
-    (o["verdict"].as_str().unwrap_or("").to_string(), u(o, "requested"), u(o, "device_free"), u(o, "stranded"), u(o, "releasable"), u(o, "largest_free_block"))
+    (
+        o["verdict"].as_str().unwrap_or("").to_string(),
+        u(o, "requested"),
+        u(o, "device_free"),
+        u(o, "stranded"),
+        u(o, "releasable"),
+        u(o, "largest_free_block"),
+    )
 }
 
 /// `gpufrag run` on the same workload: the reference the agent must agree with.
@@ -156,7 +166,8 @@ fn check_frag_oom(agent: Agent, lib_dir: &Path) {
 /// `pid` was traced from its first call with nothing lost or out of place (other tests' processes
 /// run at the same time: only this pid is looked at).
 fn assert_exact(s: &Value, pid: u32, log: &str) {
-    let cov: Vec<&Value> = s["coverage"].as_array().expect("coverage").iter().filter(|c| c["pid"].as_u64() == Some(u64::from(pid))).collect();
+    let cov: Vec<&Value> =
+        s["coverage"].as_array().expect("coverage").iter().filter(|c| c["pid"].as_u64() == Some(u64::from(pid))).collect();
     assert!(!cov.is_empty() && cov.iter().all(|c| c["exact"] == Value::Bool(true)), "pid {pid} not exact: {cov:#?}\n{log}");
     let mine = format!(": pid {pid} ");
     let notes: Vec<&str> = s["notes"].as_array().expect("notes").iter().filter_map(Value::as_str).filter(|n| n.contains(&mine)).collect();
@@ -195,7 +206,13 @@ fn ebpf_true_oom_verdict_matches_the_workloads_own_figures() {
     let own = result_line(&stdout, "oom");
     let o = oom_of(&s, pid);
     assert_eq!(o["verdict"].as_str(), Some("true_oom"), "{o:#}\n{log}");
-    for (field, key) in [("requested", "requested"), ("device_free", "device_free"), ("stranded", "stranded"), ("releasable", "releasable"), ("largest_free_block", "largest_free_block")] {
+    for (field, key) in [
+        ("requested", "requested"),
+        ("device_free", "device_free"),
+        ("stranded", "stranded"),
+        ("releasable", "releasable"),
+        ("largest_free_block", "largest_free_block"),
+    ] {
         assert_eq!(u(&o, field), num(&own, key), "{field}: agent {o:#}\nworkload {own:?}");
     }
     let (r, _) = under_run(&["true-oom"]);
@@ -216,7 +233,13 @@ fn ebpf_fragmentation_verdict_matches_the_workloads_own_figures() {
     let own = result_line(&stdout, "oom");
     let o = oom_of(&s, pid);
     assert_eq!(o["verdict"].as_str(), Some("fragmentation"), "{o:#}\n{log}");
-    for (field, key) in [("requested", "requested"), ("device_free", "device_free"), ("stranded", "stranded"), ("releasable", "releasable"), ("largest_free_block", "largest_free_block")] {
+    for (field, key) in [
+        ("requested", "requested"),
+        ("device_free", "device_free"),
+        ("stranded", "stranded"),
+        ("releasable", "releasable"),
+        ("largest_free_block", "largest_free_block"),
+    ] {
         assert_eq!(u(&o, field), num(&own, key), "{field}: agent {o:#}\nworkload {own:?}");
     }
     // The driver's two refusals (first try, retry after releasing the cache) fold into it.
@@ -253,13 +276,21 @@ fn fifty_short_processes_started_after_the_agent_are_all_traced_from_their_first
             _ => missing.push((pid, p.cloned(), c.cloned())),
         }
     }
-    assert!(missing.is_empty(), "{} of 50 processes (each at most {longest:?}) not traced exactly from their first call: {missing:#?}\n{log}", missing.len());
+    assert!(
+        missing.is_empty(),
+        "{} of 50 processes (each at most {longest:?}) not traced exactly from their first call: {missing:#?}\n{log}",
+        missing.len()
+    );
     for &pid in &pids {
         assert_exact(&s, pid, &log);
     }
     // Each is named, though most are gone before /proc could be read (the kernel's comm at the
     // exit: the issue found such processes named '').
-    let unnamed: Vec<&Value> = procs.iter().filter(|p| pids.iter().any(|&q| p["pid"].as_u64() == Some(u64::from(q)))).filter(|p| p["exe"].as_str().is_none_or(|n| n.is_empty() || n == "unknown")).collect();
+    let unnamed: Vec<&Value> = procs
+        .iter()
+        .filter(|p| pids.iter().any(|&q| p["pid"].as_u64() == Some(u64::from(q))))
+        .filter(|p| p["exe"].as_str().is_none_or(|n| n.is_empty() || n == "unknown"))
+        .collect();
     assert!(unnamed.is_empty(), "{} of 50 short processes have no name: {unnamed:#?}", unnamed.len());
 }
 
@@ -303,7 +334,13 @@ fn an_annotated_executable_is_probed_at_its_first_exec_and_later_processes_are_e
     for _ in 0..4 {
         let state = unique("simcuda-state");
         std::fs::create_dir_all(&state).expect("state");
-        let child = Command::new(&exe).arg("frag-oom").env("LD_LIBRARY_PATH", simcuda_dir()).env("SIMCUDA_STATE_DIR", &state).stdout(Stdio::null()).spawn().expect("workload copy");
+        let child = Command::new(&exe)
+            .arg("frag-oom")
+            .env("LD_LIBRARY_PATH", simcuda_dir())
+            .env("SIMCUDA_STATE_DIR", &state)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("workload copy");
         pids.push(child.id());
         assert!(child.wait_with_output().expect("workload copy").status.success());
         std::thread::sleep(Duration::from_millis(1000));
@@ -311,16 +348,31 @@ fn an_annotated_executable_is_probed_at_its_first_exec_and_later_processes_are_e
     let (s, log) = stop(agent);
     let notes = s["notes"].to_string();
     assert!(notes.contains("gpufrag annotation USDT probes") && notes.contains("annotated-workload"), "{notes}\n{log}");
-    let exact = |pid: u32| s["coverage"].as_array().expect("coverage").iter().filter(|c| c["pid"].as_u64() == Some(u64::from(pid))).all(|c| c["exact"] == Value::Bool(true));
+    let exact = |pid: u32| {
+        s["coverage"]
+            .as_array()
+            .expect("coverage")
+            .iter()
+            .filter(|c| c["pid"].as_u64() == Some(u64::from(pid)))
+            .all(|c| c["exact"] == Value::Bool(true))
+    };
     assert!(!exact(pids[0]), "the first process ran before its announcements were probed: {:#}", s["coverage"]);
     let mut exact_seen = 0;
     for &pid in &pids {
         if exact(pid) {
             exact_seen += 1;
             let o = oom_of(&s, pid);
-            assert_eq!((o["verdict"].as_str(), u(&o, "stranded"), u(&o, "largest_free_block")), (Some("fragmentation"), FRAG_STRANDED, FRAG_LARGEST_FREE_BLOCK), "pid {pid} claimed exact: {o:#}");
+            assert_eq!(
+                (o["verdict"].as_str(), u(&o, "stranded"), u(&o, "largest_free_block")),
+                (Some("fragmentation"), FRAG_STRANDED, FRAG_LARGEST_FREE_BLOCK),
+                "pid {pid} claimed exact: {o:#}"
+            );
             assert_exact(&s, pid, &log);
         }
     }
-    assert!(exact_seen >= 1 && exact(pids[3]), "of 4 processes, only {exact_seen} traced from their first call once the executable was probed: {:#}\n{log}", s["coverage"]);
+    assert!(
+        exact_seen >= 1 && exact(pids[3]),
+        "of 4 processes, only {exact_seen} traced from their first call once the executable was probed: {:#}\n{log}",
+        s["coverage"]
+    );
 }

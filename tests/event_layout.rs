@@ -11,10 +11,8 @@ use gpufrag::event::{self, Event, EventKind};
 use std::mem::{offset_of, size_of};
 use std::process::Command;
 
-const FIELDS: [&str; 15] = [
-    "ts_ns", "addr", "size", "requested", "handle", "stream", "device_free", "pid", "tid", "kind",
-    "device", "rc", "flags", "op", "_pad",
-];
+const FIELDS: [&str; 15] =
+    ["ts_ns", "addr", "size", "requested", "handle", "stream", "device_free", "pid", "tid", "kind", "device", "rc", "flags", "op", "_pad"];
 
 /// Every flag bit: its C name (after `GPUFRAG_F_`) and the Rust constant.
 const FLAGS: [(&str, u32); 15] = [
@@ -66,9 +64,28 @@ fn c_header_and_rust_struct_have_the_same_layout() {
         c.push_str(&format!("printf(\"%zu\\n\", offsetof(struct gpufrag_event, {f}));\n"));
     }
     let c_names = [
-        "MEM_ALLOC", "MEM_ALLOC_PITCH", "MEM_ALLOC_MANAGED", "MEM_FREE", "ADDRESS_RESERVE", "ADDRESS_FREE",
-        "PHYS_CREATE", "PHYS_RELEASE", "MAP", "UNMAP", "POOL_ALLOC", "POOL_FREE", "POOL_TRIM", "BLOCK_ALLOC",
-        "BLOCK_FREE", "ALLOC_FAILED", "DEVICE_INFO", "PROCESS_EXEC", "PROCESS_EXIT", "DROPPED", "POOL_RESERVED", "ADOPT",
+        "MEM_ALLOC",
+        "MEM_ALLOC_PITCH",
+        "MEM_ALLOC_MANAGED",
+        "MEM_FREE",
+        "ADDRESS_RESERVE",
+        "ADDRESS_FREE",
+        "PHYS_CREATE",
+        "PHYS_RELEASE",
+        "MAP",
+        "UNMAP",
+        "POOL_ALLOC",
+        "POOL_FREE",
+        "POOL_TRIM",
+        "BLOCK_ALLOC",
+        "BLOCK_FREE",
+        "ALLOC_FAILED",
+        "DEVICE_INFO",
+        "PROCESS_EXEC",
+        "PROCESS_EXIT",
+        "DROPPED",
+        "POOL_RESERVED",
+        "ADOPT",
     ];
     for n in c_names {
         c.push_str(&format!("printf(\"%d\\n\", (int)GPUFRAG_EV_{n});\n"));
@@ -110,7 +127,8 @@ fn c_header_and_rust_struct_have_the_same_layout() {
     // Every flag the header defines is in the list above (a new C flag cannot go unchecked), and
     // no two share a bit.
     let header = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/gpufrag_event.h")).expect("header");
-    let defined: Vec<&str> = header.lines().filter_map(|l| l.strip_prefix("#define GPUFRAG_F_")).filter_map(|l| l.split_whitespace().next()).collect();
+    let defined: Vec<&str> =
+        header.lines().filter_map(|l| l.strip_prefix("#define GPUFRAG_F_")).filter_map(|l| l.split_whitespace().next()).collect();
     let listed: Vec<&str> = FLAGS.iter().map(|(n, _)| *n).collect();
     assert_eq!(defined, listed, "the header's GPUFRAG_F_* flags vs the ones this test checks");
     let all = FLAGS.iter().fold(0u32, |acc, (n, f)| {
@@ -128,7 +146,10 @@ fn c_header_and_rust_struct_have_the_same_layout() {
 /// the consumer's definitions.
 #[test]
 fn python_hook_hello_and_frames_match_the_rust_definitions() {
-    use gpufrag::consumer::{PY_ARMED, PY_ARMED_BYTES, PY_BLOCKS_SOURCE, PY_EVENTS, PY_FRAMEWORK_OOM, PY_HEADER_BYTES, PY_MAGIC, PY_OOM, PY_OOM_ALLOWED, PY_OOM_ALLOWED_BYTES, PY_OOM_BYTES, PY_SNAPSHOT, PY_STATS};
+    use gpufrag::consumer::{
+        PY_ARMED, PY_ARMED_BYTES, PY_BLOCKS_SOURCE, PY_EVENTS, PY_FRAMEWORK_OOM, PY_HEADER_BYTES, PY_MAGIC, PY_OOM, PY_OOM_ALLOWED,
+        PY_OOM_ALLOWED_BYTES, PY_OOM_BYTES, PY_SNAPSHOT, PY_STATS,
+    };
     use gpufrag::hello::{Hello, HELLO_BYTES, SOURCE_PYTHON};
     if std::process::Command::new("python3").arg("--version").output().is_err() {
         tool_support::missing("python3", "apt-get install python3");
@@ -165,7 +186,8 @@ fn python_hook_hello_and_frames_match_the_rust_definitions() {
     assert!(h.exe_name().starts_with("python"), "{h:?}");
 
     // Frames: the header format and magic, and each `send(TYPE, struct.pack(FORMAT` with its size.
-    let header = hook.split("struct.pack(\"").filter_map(|r| r.split('"').next()).find(|f| f.contains("4s")).expect("the frame header's format");
+    let header =
+        hook.split("struct.pack(\"").filter_map(|r| r.split('"').next()).find(|f| f.contains("4s")).expect("the frame header's format");
     assert!(hook.contains("b\"GFPY\""), "the hook's frame magic");
     assert_eq!(u32::from_le_bytes(*b"GFPY"), PY_MAGIC);
     let mut sends: Vec<(u32, Option<String>)> = Vec::new();
@@ -192,20 +214,36 @@ fn python_hook_hello_and_frames_match_the_rust_definitions() {
     for (kind, fmt) in &sends {
         seen.push(*kind);
         match (*kind, fmt) {
-            (k, None) => assert!([PY_SNAPSHOT, PY_EVENTS, PY_STATS, PY_FRAMEWORK_OOM, PY_BLOCKS_SOURCE].contains(&k), "frame {k}: only the snapshot, events and JSON frames have bodies that are not struct-packed"),
+            (k, None) => assert!(
+                [PY_SNAPSHOT, PY_EVENTS, PY_STATS, PY_FRAMEWORK_OOM, PY_BLOCKS_SOURCE].contains(&k),
+                "frame {k}: only the snapshot, events and JSON frames have bodies that are not struct-packed"
+            ),
             (k, Some(f)) => {
                 let n = *sized.next().expect("a size per format");
-                let want = if k == PY_OOM { PY_OOM_BYTES } else if k == PY_OOM_ALLOWED { PY_OOM_ALLOWED_BYTES } else if k == PY_ARMED { PY_ARMED_BYTES } else { panic!("frame type {k} ({f}) is not one the consumer reads") };
+                let want = if k == PY_OOM {
+                    PY_OOM_BYTES
+                } else if k == PY_OOM_ALLOWED {
+                    PY_OOM_ALLOWED_BYTES
+                } else if k == PY_ARMED {
+                    PY_ARMED_BYTES
+                } else {
+                    panic!("frame type {k} ({f}) is not one the consumer reads")
+                };
                 assert_eq!(n, want, "frame {k} packs {f:?}: {n} bytes, the consumer reads {want}");
             }
         }
     }
     seen.sort_unstable();
     seen.dedup();
-    assert_eq!(seen, [PY_SNAPSHOT, PY_OOM, PY_ARMED, PY_EVENTS, PY_STATS, PY_FRAMEWORK_OOM, PY_BLOCKS_SOURCE, PY_OOM_ALLOWED], "the frames the hook sends");
+    assert_eq!(
+        seen,
+        [PY_SNAPSHOT, PY_OOM, PY_ARMED, PY_EVENTS, PY_STATS, PY_FRAMEWORK_OOM, PY_BLOCKS_SOURCE, PY_OOM_ALLOWED],
+        "the frames the hook sends"
+    );
     // An events frame carries whole wire events: the hook's EVENT struct is the 80-byte record.
     let event_fmt = hook.split("EVENT = struct.Struct(\"").nth(1).and_then(|r| r.split('"').next()).expect("the hook's EVENT format");
-    let out = Command::new("python3").arg("-c").arg(format!("import struct; print(struct.calcsize({event_fmt:?}))")).output().expect("python3");
+    let out =
+        Command::new("python3").arg("-c").arg(format!("import struct; print(struct.calcsize({event_fmt:?}))")).output().expect("python3");
     let n: usize = String::from_utf8_lossy(&out.stdout).trim().parse().expect("size");
     assert_eq!(n, gpufrag::event::EVENT_SIZE, "the hook's EVENT {event_fmt:?} is {n} bytes");
 }

@@ -6,8 +6,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod tool_support;
 mod export_support;
+mod tool_support;
 
 use export_support::*;
 use gpufrag::export::catalog::{prometheus_name, Kind, ALLOC_SIZE, METRICS};
@@ -77,7 +77,9 @@ fn names_in(text: &str) -> BTreeSet<String> {
             continue;
         }
         let rest = &text[i..];
-        if (rest.starts_with("gpufrag_") || rest.starts_with("hw_gpu_")) && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_' || b[i - 1] == b'.')) {
+        if (rest.starts_with("gpufrag_") || rest.starts_with("hw_gpu_"))
+            && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_' || b[i - 1] == b'.'))
+        {
             let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len());
             out.insert(rest[..end].to_string());
             i += end;
@@ -133,7 +135,9 @@ fn the_daemonset_has_the_privileges_it_documents_and_no_more() {
     assert!(vols.iter().any(|v| v["hostPath"]["path"] == "/sys/kernel/btf"));
     // The downward-API variables the resource reads.
     let env = c["env"].as_array().unwrap();
-    for (var, field) in [("K8S_NODE_NAME", "spec.nodeName"), ("K8S_POD_NAME", "metadata.name"), ("K8S_NAMESPACE_NAME", "metadata.namespace")] {
+    for (var, field) in
+        [("K8S_NODE_NAME", "spec.nodeName"), ("K8S_POD_NAME", "metadata.name"), ("K8S_NAMESPACE_NAME", "metadata.namespace")]
+    {
         let e = env.iter().find(|e| e["name"] == var).unwrap_or_else(|| panic!("{var} missing"));
         assert_eq!(e["valueFrom"]["fieldRef"]["fieldPath"], field);
     }
@@ -201,7 +205,11 @@ fn every_metric_name_used_is_exported_and_documented() {
     let docs = std::fs::read_to_string(root().join("docs/operations.md")).unwrap();
     for m in METRICS {
         assert!(docs.contains(&format!("`{}`", m.name)), "docs/operations.md does not list {}", m.name);
-        assert!(docs.contains(&format!("`{}`", prometheus_name(m.name, m.unit, m.kind, false))), "docs/operations.md lacks the Prometheus name of {}", m.name);
+        assert!(
+            docs.contains(&format!("`{}`", prometheus_name(m.name, m.unit, m.kind, false))),
+            "docs/operations.md lacks the Prometheus name of {}",
+            m.name
+        );
     }
     assert!(docs.contains(&format!("`{ALLOC_SIZE}`")));
 }
@@ -212,7 +220,9 @@ fn kubernetes_validate() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("KUBERNETES_VALIDATE").map(PathBuf::from).filter(|p| p.is_file()) {
         return Some(p);
     }
-    if let Some(p) = std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join("kubernetes-validate")).find(|f| f.is_file())) {
+    if let Some(p) =
+        std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join("kubernetes-validate")).find(|f| f.is_file()))
+    {
         return Some(p);
     }
     Some(PathBuf::from("/opt/gpufrag-ci/kubernetes-validate/bin/kubernetes-validate")).filter(|p| p.is_file())
@@ -224,7 +234,13 @@ const KUBERNETES_VERSIONS: [&str; 5] = ["1.33.0", "1.34.0", "1.35.0", "1.36.0", 
 
 #[test]
 fn manifests_validate_against_current_kubernetes_versions() {
-    let Some(kv) = require("kubernetes-validate", kubernetes_validate(), "python3 -m venv /opt/gpufrag-ci/kubernetes-validate && /opt/gpufrag-ci/kubernetes-validate/bin/pip install kubernetes-validate") else { return };
+    let Some(kv) = require(
+        "kubernetes-validate",
+        kubernetes_validate(),
+        "python3 -m venv /opt/gpufrag-ci/kubernetes-validate && /opt/gpufrag-ci/kubernetes-validate/bin/pip install kubernetes-validate",
+    ) else {
+        return;
+    };
     let dir = root().join("deploy/kubernetes");
     // The built-in kinds (the Prometheus Operator's custom resources have no schema there:
     // checked by the test below).
@@ -233,7 +249,14 @@ fn manifests_validate_against_current_kubernetes_versions() {
         let out = Command::new(&kv).args(["--strict", "-k", v]).args(&manifests).output().unwrap();
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert!(out.status.success() && !text.contains("ERROR"), "kubernetes-validate --strict -k {v}:\n{text}");
-        for kind in ["namespace/gpufrag", "resourcequota/gpufrag-node-critical", "serviceaccount/gpufrag-agent", "daemonset/gpufrag-agent", "deployment/gpufrag-collector", "service/gpufrag-collector"] {
+        for kind in [
+            "namespace/gpufrag",
+            "resourcequota/gpufrag-node-critical",
+            "serviceaccount/gpufrag-agent",
+            "daemonset/gpufrag-agent",
+            "deployment/gpufrag-collector",
+            "service/gpufrag-collector",
+        ] {
             assert!(text.contains(&format!("passed for resource {kind} against version")), "{kind} not validated against {v}:\n{text}");
         }
     }
@@ -264,7 +287,10 @@ fn the_manifests_run_on_gpu_nodes_as_docs_say() {
     // The image is named once and overridden in the kustomization.
     let image = pod["containers"][0]["image"].as_str().unwrap();
     let kust = &yaml_docs(&py, &k.join("kustomization.yaml"))[0];
-    assert!(kust["images"].as_array().unwrap().iter().any(|i| i["name"] == image && i["newName"].is_string() && i["newTag"].is_string()), "{kust}");
+    assert!(
+        kust["images"].as_array().unwrap().iter().any(|i| i["name"] == image && i["newName"].is_string() && i["newTag"].is_string()),
+        "{kust}"
+    );
     // The PrometheusRule carries exactly the rule file's groups, each alert with its runbook_url.
     let rules = &yaml_docs(&py, &root().join("deploy/prometheus/gpufrag-alerts.yaml"))[0];
     let po = k.join("prometheus-operator");

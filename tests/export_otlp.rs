@@ -4,8 +4,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod tool_support;
 mod export_support;
+mod tool_support;
 
 use export_support::*;
 use gpufrag::export::otlp::Protocol;
@@ -14,7 +14,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 fn args(endpoint: String, protocol: Protocol, interval: Duration) -> ExportArgs {
-    ExportArgs { otlp: Some(endpoint), otlp_protocol: Some(protocol), otlp_interval: Some(interval), prometheus: None, nvml_lib: Some("none".into()) }
+    ExportArgs {
+        otlp: Some(endpoint),
+        otlp_protocol: Some(protocol),
+        otlp_interval: Some(interval),
+        prometheus: None,
+        nvml_lib: Some("none".into()),
+    }
 }
 
 fn log_sink() -> (export::otlp::Log, Arc<Mutex<Vec<String>>>) {
@@ -25,7 +31,11 @@ fn log_sink() -> (export::otlp::Log, Arc<Mutex<Vec<String>>>) {
 
 fn value_of(got: &[Received], metric: &str, with: &[(&str, &str)]) -> String {
     let p = points(got, metric, with);
-    assert!(!p.is_empty(), "no {metric} {with:?} arrived; got metrics {:?}", got.iter().map(|r| &r.metric).collect::<std::collections::BTreeSet<_>>());
+    assert!(
+        !p.is_empty(),
+        "no {metric} {with:?} arrived; got metrics {:?}",
+        got.iter().map(|r| &r.metric).collect::<std::collections::BTreeSet<_>>()
+    );
     let last = p.last().unwrap();
     last.value.clone()
 }
@@ -49,7 +59,9 @@ fn exact_values_arrive(protocol: Protocol) {
     assert!(exporter.otlp_delivered() >= 2, "periodic exports and the final one: {}", exporter.otlp_delivered());
     let pid_s = pid.to_string();
     let proc_attrs = [("process.pid", pid_s.as_str()), ("process.executable.name", "sleep"), ("hw.id", "gpu-0")];
-    let got = rotel.wait_for(Duration::from_secs(10), |g| !points(g, "gpufrag.allocation.size", &[]).is_empty() && !points(g, "gpufrag.process.memory.reserved", &proc_attrs).is_empty());
+    let got = rotel.wait_for(Duration::from_secs(10), |g| {
+        !points(g, "gpufrag.allocation.size", &[]).is_empty() && !points(g, "gpufrag.process.memory.reserved", &proc_attrs).is_empty()
+    });
     eprintln!("{} points arrived within {:?}", got.len(), started.elapsed());
     // Per process × device, with its attributes.
     assert_eq!(value_of(&got, "gpufrag.process.memory.reserved", &proc_attrs), RESERVED.to_string());
@@ -85,7 +97,12 @@ fn exact_values_arrive(protocol: Protocol) {
     // Device-level points carry no process attributes; no point carries more than the bounded set.
     for r in &got {
         for k in r.attrs.keys() {
-            assert!(["process.pid", "process.executable.name", "hw.id", "hw.type", "gpufrag.verdict", "gpufrag.level", "gpufrag.framework"].contains(&k.as_str()), "unexpected attribute {k} on {}", r.metric);
+            assert!(
+                ["process.pid", "process.executable.name", "hw.id", "hw.type", "gpufrag.verdict", "gpufrag.level", "gpufrag.framework"]
+                    .contains(&k.as_str()),
+                "unexpected attribute {k} on {}",
+                r.metric
+            );
         }
     }
     assert!(points(&got, "gpufrag.memory.reserved", &[]).iter().all(|r| !r.attrs.contains_key("process.pid")));
@@ -140,7 +157,8 @@ fn export_resumes_by_itself_when_the_collector_comes_up() {
     let rotel = Rotel::start(&bin, &dir, grpc, http);
     let came_up = Instant::now();
     let pid_s = pid.to_string();
-    let got = rotel.wait_for(Duration::from_secs(10), |g| !points(g, "gpufrag.process.memory.reserved", &[("process.pid", &pid_s)]).is_empty());
+    let got =
+        rotel.wait_for(Duration::from_secs(10), |g| !points(g, "gpufrag.process.memory.reserved", &[("process.pid", &pid_s)]).is_empty());
     let latency = came_up.elapsed();
     assert_eq!(value_of(&got, "gpufrag.process.memory.reserved", &[("process.pid", &pid_s)]), RESERVED.to_string());
     assert!(latency < Duration::from_secs(4), "the first export after the collector came up took {latency:?}");

@@ -6,8 +6,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod tool_support;
 mod export_support;
+mod tool_support;
 
 use export_support::*;
 use gpufrag::event::{Event, EventKind};
@@ -84,7 +84,11 @@ fn start_prometheus(bin: &Path, dir: &Path, target: u16) -> Prom {
     let guard = Guard { child, name: "prometheus" };
     let end = Instant::now() + Duration::from_secs(30);
     while http_get(port, "/-/ready").is_none() {
-        assert!(Instant::now() < end, "prometheus did not get ready; log: {}", std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default());
+        assert!(
+            Instant::now() < end,
+            "prometheus did not get ready; log: {}",
+            std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     Prom { _guard: guard, port }
@@ -143,9 +147,13 @@ fn prometheus_scrapes_exact_figures_and_the_alerts_fire() {
     // The alert rules of deploy/ judge the same series: fragmented (pending: its `for` is 15m),
     // and a fragmentation OOM (firing).
     let end = Instant::now() + Duration::from_secs(10);
-    let state_of = |alerts: &[Value], name: &str| alerts.iter().find(|a| a["labels"]["alertname"] == name).and_then(|a| a["state"].as_str().map(String::from));
+    let state_of = |alerts: &[Value], name: &str| {
+        alerts.iter().find(|a| a["labels"]["alertname"] == name).and_then(|a| a["state"].as_str().map(String::from))
+    };
     let mut alerts = prom.alerts();
-    while (state_of(&alerts, "GPUMemoryFragmented").is_none() || state_of(&alerts, "GPUFragmentationOOM").as_deref() != Some("firing")) && Instant::now() < end {
+    while (state_of(&alerts, "GPUMemoryFragmented").is_none() || state_of(&alerts, "GPUFragmentationOOM").as_deref() != Some("firing"))
+        && Instant::now() < end
+    {
         std::thread::sleep(Duration::from_millis(300));
         alerts = prom.alerts();
     }

@@ -8,8 +8,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod tool_support;
 mod export_support;
+mod tool_support;
 
 use export_support::*;
 use gpufrag::export::prometheus::{Endpoint, HEADER_READ_TIMEOUT, MAX_CONNECTIONS};
@@ -126,7 +126,13 @@ fn scrapes_stay_fast_while_an_idle_connection_and_a_stalled_half_request_are_hel
         ms(during)
     );
     assert!(during < HEADER_READ_TIMEOUT, "the scrapes took {during:?}: the held connections may have been closed before they ended");
-    assert!(max < SCRAPE_BOUND, "a scrape took {:.1} ms with connections held open (bound {:?}, median {:.2} ms)", ms(max), SCRAPE_BOUND, ms(med));
+    assert!(
+        max < SCRAPE_BOUND,
+        "a scrape took {:.1} ms with connections held open (bound {:?}, median {:.2} ms)",
+        ms(max),
+        SCRAPE_BOUND,
+        ms(med)
+    );
     // The held connections were still open while the scrapes ran (none was closed to make room).
     for (name, s) in [("idle", &mut idle), ("half request", &mut half)] {
         assert!(!closed_within(s, Duration::from_millis(10)), "the {name} connection was closed during the scrapes");
@@ -147,7 +153,12 @@ fn an_idle_connection_and_a_stalled_half_request_are_closed_after_the_header_rea
     let idle_at = t.elapsed();
     assert!(closed_within(&mut half, limit), "a stalled half request was still open after {:?}", t.elapsed());
     let half_at = t.elapsed();
-    eprintln!("closed by the server: idle connection after {:.2} s, stalled half request after {:.2} s (header read timeout {:?})", idle_at.as_secs_f64(), half_at.as_secs_f64(), HEADER_READ_TIMEOUT);
+    eprintln!(
+        "closed by the server: idle connection after {:.2} s, stalled half request after {:.2} s (header read timeout {:?})",
+        idle_at.as_secs_f64(),
+        half_at.as_secs_f64(),
+        HEADER_READ_TIMEOUT
+    );
     assert!(idle_at >= HEADER_READ_TIMEOUT - Duration::from_millis(100), "closed after only {idle_at:?}");
     // The endpoint still answers.
     scrape(addr).unwrap();
@@ -187,7 +198,9 @@ fn many_concurrent_scrapes_are_all_answered() {
     );
     assert!(failed.is_empty(), "{} of {clients} scrapes failed: {:?}", failed.len(), &failed[..failed.len().min(5)]);
     // One view per collection: every answer carries the same figures.
-    assert!(bodies.iter().all(|b| b.lines().filter(|l| l.starts_with("gpufrag_memory")).eq(bodies[0].lines().filter(|l| l.starts_with("gpufrag_memory")))));
+    assert!(bodies
+        .iter()
+        .all(|b| b.lines().filter(|l| l.starts_with("gpufrag_memory")).eq(bodies[0].lines().filter(|l| l.starts_with("gpufrag_memory")))));
 }
 
 #[test]

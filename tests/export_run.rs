@@ -8,8 +8,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod tool_support;
 mod export_support;
+mod tool_support;
 
 use export_support::*;
 use serde_json::Value;
@@ -32,8 +32,10 @@ fn built() -> Option<Built> {
     // The other workspace members land next to the gpufrag binary; GPUFRAG_TEST_TARGET_DIR points
     // elsewhere when they were built apart.
     let dir = std::env::var_os("GPUFRAG_TEST_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| gpufrag.parent().unwrap().to_path_buf());
-    let b = Built { gpufrag, workload: dir.join("simcuda-workload"), preload: dir.join("libgpufrag_preload.so"), libs: dir.join("simcuda") };
-    let found = b.workload.is_file() && b.preload.is_file() && b.libs.join("libcuda.so.1").exists() && b.libs.join("libnvidia-ml.so.1").exists();
+    let b =
+        Built { gpufrag, workload: dir.join("simcuda-workload"), preload: dir.join("libgpufrag_preload.so"), libs: dir.join("simcuda") };
+    let found =
+        b.workload.is_file() && b.preload.is_file() && b.libs.join("libcuda.so.1").exists() && b.libs.join("libnvidia-ml.so.1").exists();
     require("the simcuda stand-ins and the shim", found.then(|| b.workload.clone()), "cargo build --workspace --release")?;
     Some(b)
 }
@@ -52,7 +54,13 @@ impl Built {
 
     /// The stand-in GPU 0's UUID, as its NVML reports it.
     fn uuid(&self, state_dir: &Path) -> String {
-        let out = Command::new(&self.workload).arg("nvml").env("SIMCUDA_MEM", "16GiB").env("SIMCUDA_STATE_DIR", state_dir).env("LD_LIBRARY_PATH", &self.libs).output().unwrap();
+        let out = Command::new(&self.workload)
+            .arg("nvml")
+            .env("SIMCUDA_MEM", "16GiB")
+            .env("SIMCUDA_STATE_DIR", state_dir)
+            .env("LD_LIBRARY_PATH", &self.libs)
+            .output()
+            .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         let kv = result_line(&text, "test=nvml").unwrap_or_else(|| panic!("no NVML result: {text}"));
         kv["uuid"].clone()
@@ -113,7 +121,12 @@ fn otlp_run_delivers_the_summary_figures(protocol: &str) {
     assert!(status.code().is_some(), "gpufrag run ended by a signal; stderr: {stderr}");
     assert!(!stderr.contains("failed"), "no export failure expected: {stderr}");
     let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
-    let proc_summary = s["processes"].as_array().unwrap().iter().find(|p| p["reserved"].as_u64().unwrap_or(0) > 0).unwrap_or_else(|| panic!("no process held memory: {s}"));
+    let proc_summary = s["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["reserved"].as_u64().unwrap_or(0) > 0)
+        .unwrap_or_else(|| panic!("no process held memory: {s}"));
     let pid = proc_summary["pid"].as_u64().unwrap().to_string();
     // The name is read from /proc when the process connects. frag-oom can be over by the time
     // its connection is handled: then only the zombie's `comm` is left, which the kernel cuts to
@@ -127,10 +140,17 @@ fn otlp_run_delivers_the_summary_figures(protocol: &str) {
         .unwrap_or_default();
     assert!(["simcuda-workload", "simcuda-workloa", "unknown"].contains(&name.as_str()), "process.executable.name {name:?}");
     let attrs = [("process.pid", pid.as_str()), ("process.executable.name", name.as_str()), ("hw.id", uuid.as_str())];
-    let got = rotel.wait_for(Duration::from_secs(10), |g| !points(g, "gpufrag.process.memory.largest_free_block", &attrs).is_empty() && !points(g, "gpufrag.memory.reserved", &[("hw.id", &uuid)]).is_empty());
+    let got = rotel.wait_for(Duration::from_secs(10), |g| {
+        !points(g, "gpufrag.process.memory.largest_free_block", &attrs).is_empty()
+            && !points(g, "gpufrag.memory.reserved", &[("hw.id", &uuid)]).is_empty()
+    });
     let last = |metric: &str, with: &[(&str, &str)]| -> String {
         let p = points(&got, metric, with);
-        assert!(!p.is_empty(), "{metric} {with:?} did not arrive; rotel got {:?}", got.iter().map(|r| (&r.metric, &r.attrs)).collect::<Vec<_>>());
+        assert!(
+            !p.is_empty(),
+            "{metric} {with:?} did not arrive; rotel got {:?}",
+            got.iter().map(|r| (&r.metric, &r.attrs)).collect::<Vec<_>>()
+        );
         p.last().unwrap().value.clone()
     };
     // The values that arrived are the summary's, to the byte.
@@ -145,7 +165,12 @@ fn otlp_run_delivers_the_summary_figures(protocol: &str) {
         assert_eq!(last(metric, &attrs), u(&proc_summary[field]), "{metric}");
     }
     let dev = &s["devices"][0];
-    for (metric, field) in [("gpufrag.memory.reserved", "reserved"), ("gpufrag.memory.allocated", "allocated"), ("gpufrag.memory.stranded", "stranded"), ("gpufrag.memory.largest_free_block", "largest_free_block")] {
+    for (metric, field) in [
+        ("gpufrag.memory.reserved", "reserved"),
+        ("gpufrag.memory.allocated", "allocated"),
+        ("gpufrag.memory.stranded", "stranded"),
+        ("gpufrag.memory.largest_free_block", "largest_free_block"),
+    ] {
         assert_eq!(last(metric, &[("hw.id", &uuid)]), u(&dev[field]), "{metric}");
     }
     assert_eq!(last("gpufrag.allocations", &attrs), u(&proc_summary["allocs"]));
@@ -205,14 +230,21 @@ fn run_with_prometheus_is_scraped_while_the_workload_runs() {
     };
     let summary = dir.join("summary.json");
     let flags = vec!["--prometheus".to_string(), format!("127.0.0.1:{target}"), "--summary-json".into(), summary.display().to_string()];
-    let mut run = b.run(&dir.join("sim"), &flags, &["hold", "1GiB"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut run = b
+        .run(&dir.join("sim"), &flags, &["hold", "1GiB"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
     let ready = lines.find_map(|l| l.ok().filter(|l| l.starts_with("READY"))).expect("the workload holds its memory");
     let kv = result_line(&ready, "READY").unwrap();
     let (pid, size) = (kv["pid"].clone(), kv["size"].clone());
     let started = Instant::now();
     let query = |q: &str| -> Option<String> {
-        let enc: String = q.bytes().map(|c| if c.is_ascii_alphanumeric() { (c as char).to_string() } else { format!("%{c:02X}") }).collect();
+        let enc: String =
+            q.bytes().map(|c| if c.is_ascii_alphanumeric() { (c as char).to_string() } else { format!("%{c:02X}") }).collect();
         let body = http_get(prom_port, &format!("/api/v1/query?query={enc}"))?;
         let v: Value = serde_json::from_str(&body).ok()?;
         v["data"]["result"][0]["value"][1].as_str().map(String::from)

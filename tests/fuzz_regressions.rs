@@ -64,7 +64,10 @@ fn fuzz_regression_pickle_memo_shared_containers_are_refused_not_expanded() {
 // that no longer exercises the decoder).
 #[test]
 fn fuzz_seed_corpus_entries_decode_and_replay() {
-    for bytes in [&include_bytes!("../fuzz/corpus/snapshot/frag_oom.pickle")[..], &include_bytes!("../fuzz/corpus/snapshot/pinned_splits.pickle")[..]] {
+    for bytes in [
+        &include_bytes!("../fuzz/corpus/snapshot/frag_oom.pickle")[..],
+        &include_bytes!("../fuzz/corpus/snapshot/pinned_splits.pickle")[..],
+    ] {
         let snap = gpufrag::snapshot::from_bytes_unguarded(bytes, Path::new("seed.pickle")).expect("a snapshot");
         after_decoding(&gpufrag::input::replay_snapshot(snap).state);
     }

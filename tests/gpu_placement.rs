@@ -6,9 +6,9 @@
 //! untouched) so that a verdict taken with another GPU's figures cannot pass: each request is
 //! more than its own GPU has free (a true OOM) but less than GPU 0 has (inconclusive there).
 
-mod tool_support;
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
+mod tool_support;
 
 use serde_json::Value;
 use std::process::{Command, Stdio};
@@ -41,7 +41,10 @@ fn own_free(out: &str) -> u64 {
 }
 
 fn oom_of(s: &Value, pid: u32) -> &Value {
-    s["ooms"].as_array().and_then(|o| o.iter().find(|o| o["pid"].as_u64() == Some(u64::from(pid)))).unwrap_or_else(|| panic!("no OOM of pid {pid} in {s:#}"))
+    s["ooms"]
+        .as_array()
+        .and_then(|o| o.iter().find(|o| o["pid"].as_u64() == Some(u64::from(pid))))
+        .unwrap_or_else(|| panic!("no OOM of pid {pid} in {s:#}"))
 }
 
 /// Checks one process's OOM and series against its own GPU.
@@ -50,9 +53,14 @@ fn check(s: &Value, pid: u32, gpu: i64, uuid: &str, free: u64, requested: u64) {
     assert_eq!(o["device"].as_i64(), Some(gpu), "pid {pid} filed under the wrong GPU: {o:#}");
     assert_eq!(o["hw_id"].as_str(), Some(uuid), "pid {pid}: {o:#}");
     assert_eq!(o["requested"].as_u64(), Some(requested * MIB), "{o:#}");
-    assert_eq!(o["device_free"].as_u64(), Some(free), "pid {pid}: the OOM must be judged with GPU {gpu}'s free memory (the process read {free}): {o:#}");
+    assert_eq!(
+        o["device_free"].as_u64(),
+        Some(free),
+        "pid {pid}: the OOM must be judged with GPU {gpu}'s free memory (the process read {free}): {o:#}"
+    );
     assert_eq!(o["verdict"].as_str(), Some("true_oom"), "{o:#}");
-    let procs: Vec<&Value> = s["processes"].as_array().expect("processes").iter().filter(|p| p["pid"].as_u64() == Some(u64::from(pid))).collect();
+    let procs: Vec<&Value> =
+        s["processes"].as_array().expect("processes").iter().filter(|p| p["pid"].as_u64() == Some(u64::from(pid))).collect();
     assert_eq!(procs.len(), 1, "{s:#}");
     assert_eq!((procs[0]["device"].as_i64(), procs[0]["hw_id"].as_str()), (Some(gpu), Some(uuid)), "{:#}", procs[0]);
 }
@@ -91,7 +99,12 @@ fn two_visible_device_remaps_are_placed_on_their_own_gpus_under_run() {
     for (i, (visible, _, requested)) in JOBS.iter().enumerate() {
         let gpu: i64 = visible.parse().expect("index");
         // The pid of job i: the process filed under its GPU.
-        let p = s["processes"].as_array().expect("processes").iter().find(|p| p["device"].as_i64() == Some(gpu)).unwrap_or_else(|| panic!("nothing on GPU {gpu}: {s:#}"));
+        let p = s["processes"]
+            .as_array()
+            .expect("processes")
+            .iter()
+            .find(|p| p["device"].as_i64() == Some(gpu))
+            .unwrap_or_else(|| panic!("nothing on GPU {gpu}: {s:#}"));
         let pid = p["pid"].as_u64().expect("pid") as u32;
         let text = std::fs::read_to_string(&outs[i]).expect("job output");
         check(&s, pid, gpu, &ids[gpu as usize], own_free(&text), *requested);

@@ -44,7 +44,10 @@ fn run_capped(args: &[&str], file: &Path) -> (i32, Duration) {
         2 => {
             let lines: Vec<&str> = stderr.lines().collect();
             assert_eq!(lines.len(), 1, "one line of error: {what}");
-            assert!(lines[0].starts_with("gpufrag: ") && lines[0].contains(&file.display().to_string()), "the error names the file: {what}");
+            assert!(
+                lines[0].starts_with("gpufrag: ") && lines[0].contains(&file.display().to_string()),
+                "the error names the file: {what}"
+            );
         }
         _ => panic!("neither success nor an input error (124/137: hang or killed, 101: panic, 134: abort): {what}"),
     }
@@ -261,7 +264,11 @@ fn hostile_gzip_bomb_is_refused_at_the_inflate_limit() {
         f.write_all(&member).expect("write");
     }
     drop(f);
-    let out = Command::new(env!("CARGO_BIN_EXE_gpufrag")).args(["analyze", "--max-inflated-bytes", "100000000"]).arg(&path).output().expect("run");
+    let out = Command::new(env!("CARGO_BIN_EXE_gpufrag"))
+        .args(["analyze", "--max-inflated-bytes", "100000000"])
+        .arg(&path)
+        .output()
+        .expect("run");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("inflates to more than 100000000 bytes") && stderr.contains("--max-inflated-bytes"), "{stderr}");
@@ -338,7 +345,18 @@ fn zero_size_and_overlapping_events() -> Vec<Event> {
     ];
     // Random events on a handful of addresses and sizes (xorshift64*), so that they collide.
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let kinds = [EventKind::MemAlloc, EventKind::MemFree, EventKind::Map, EventKind::Unmap, EventKind::BlockAlloc, EventKind::BlockFree, EventKind::AddressReserve, EventKind::AddressFree, EventKind::PoolAlloc, EventKind::PoolFree];
+    let kinds = [
+        EventKind::MemAlloc,
+        EventKind::MemFree,
+        EventKind::Map,
+        EventKind::Unmap,
+        EventKind::BlockAlloc,
+        EventKind::BlockFree,
+        EventKind::AddressReserve,
+        EventKind::AddressFree,
+        EventKind::PoolAlloc,
+        EventKind::PoolFree,
+    ];
     let sizes = [0u64, 512, 2 << 20, 4 << 20, u64::MAX, 1 << 63];
     for _ in 0..200_000 {
         x ^= x >> 12;
@@ -348,7 +366,8 @@ fn zero_size_and_overlapping_events() -> Vec<Event> {
         let kind = kinds[(r % kinds.len() as u64) as usize];
         let addr = base + ((r >> 8) % 8) * (2 << 20) + ((r >> 16) % 2) * 512;
         let size = sizes[((r >> 24) % sizes.len() as u64) as usize];
-        let flags = (((r >> 32) & 1) as u32 * gpufrag::event::F_FRAMEWORK_OWNED) | (((r >> 33) & 1) as u32 * gpufrag::event::F_BLOCK_SIZE_KNOWN);
+        let flags =
+            (((r >> 32) & 1) as u32 * gpufrag::event::F_FRAMEWORK_OWNED) | (((r >> 33) & 1) as u32 * gpufrag::event::F_BLOCK_SIZE_KNOWN);
         v.push(Event { requested: size, flags, ..e(kind, addr, size) });
     }
     v

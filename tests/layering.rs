@@ -79,7 +79,9 @@ fn code_only(src: &str) -> String {
                     i += 1;
                 }
             }
-        } else if c == 'r' && (next == Some('"') || (next == Some('#') && !b.get(i.wrapping_sub(1)).is_some_and(|p| p.is_alphanumeric() || *p == '_'))) {
+        } else if c == 'r'
+            && (next == Some('"') || (next == Some('#') && !b.get(i.wrapping_sub(1)).is_some_and(|p| p.is_alphanumeric() || *p == '_')))
+        {
             // Raw string r"..." / r#"..."#.
             let mut j = i + 1;
             let mut hashes = 0;
@@ -265,7 +267,8 @@ fn imports(code: &str, module: &[String]) -> BTreeMap<String, usize> {
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten().map(|e| e.path()).collect();
+    let mut entries: Vec<_> =
+        std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten().map(|e| e.path()).collect();
     entries.sort();
     for p in entries {
         if p.is_dir() {
@@ -307,7 +310,12 @@ fn find_cycle(g: &Graph) -> Option<Vec<String>> {
     for (a, b) in g.keys() {
         next.entry(a).or_default().push(b);
     }
-    fn visit<'a>(n: &'a str, next: &BTreeMap<&'a str, Vec<&'a str>>, state: &mut BTreeMap<&'a str, u8>, stack: &mut Vec<&'a str>) -> Option<Vec<String>> {
+    fn visit<'a>(
+        n: &'a str,
+        next: &BTreeMap<&'a str, Vec<&'a str>>,
+        state: &mut BTreeMap<&'a str, u8>,
+        stack: &mut Vec<&'a str>,
+    ) -> Option<Vec<String>> {
         state.insert(n, 1);
         stack.push(n);
         for &m in next.get(n).map(Vec::as_slice).unwrap_or(&[]) {

@@ -17,10 +17,10 @@
 #[path = "common/naive.rs"]
 mod naive;
 
+use gpufrag::alloc::pytorch::{AllocatorRules, ROUNDUP_INTERVALS};
 use gpufrag::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
 use gpufrag::ingest::State;
 use gpufrag::map::{AddressSpace, Anomaly, SegmentKind};
-use gpufrag::alloc::pytorch::{AllocatorRules, ROUNDUP_INTERVALS};
 use naive::{NaiveSpace, NaiveState};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -155,18 +155,29 @@ impl Step {
     fn apply_real(self, m: &mut AddressSpace) -> Outcome {
         let ok = |r: Result<(), Anomaly>| r.map(|()| 0);
         match self {
-            Step::DriverAlloc { at, size, kind, framework, stream } => ok(m.driver_alloc(BASE.wrapping_add(at), size, kind, framework, stream)),
+            Step::DriverAlloc { at, size, kind, framework, stream } => {
+                ok(m.driver_alloc(BASE.wrapping_add(at), size, kind, framework, stream))
+            }
             Step::DriverFree { at } => ok(m.driver_free(BASE.wrapping_add(at))),
             Step::Reserve { at, size } => ok(m.reserve(BASE.wrapping_add(at), size)),
             Step::ReserveFree { at } => ok(m.reserve_free(BASE.wrapping_add(at))),
-            Step::PhysCreate { handle, size } => { m.phys_create(handle, size); Ok(0) },
+            Step::PhysCreate { handle, size } => {
+                m.phys_create(handle, size);
+                Ok(0)
+            }
             Step::PhysRelease { handle } => ok(m.phys_release(handle)),
             Step::Map { at, size, framework } => ok(m.map(BASE.wrapping_add(at), size, framework)),
             Step::Unmap { at, size } => ok(m.unmap(BASE.wrapping_add(at), size)),
             Step::PoolAlloc { at, size, pool, stream } => ok(m.pool_alloc(BASE.wrapping_add(at), size, pool, stream)),
             Step::PoolFree { at } => ok(m.pool_free(BASE.wrapping_add(at))),
-            Step::PoolTrim { pool, keep } => { m.pool_trim(pool, keep); Ok(0) },
-            Step::PoolReserved { pool, reserved } => { m.pool_reserved(pool, reserved); Ok(0) },
+            Step::PoolTrim { pool, keep } => {
+                m.pool_trim(pool, keep);
+                Ok(0)
+            }
+            Step::PoolReserved { pool, reserved } => {
+                m.pool_reserved(pool, reserved);
+                Ok(0)
+            }
             Step::BlockAlloc { at, requested, known } => m.block_alloc(BASE.wrapping_add(at), requested, known),
             Step::BlockFree { at } => m.block_free(BASE.wrapping_add(at)).map(|b| b.size),
             Step::Adopt { at } => ok(m.adopt_at(BASE.wrapping_add(at))),
@@ -176,18 +187,29 @@ impl Step {
     fn apply_model(self, m: &mut NaiveSpace) -> Outcome {
         let ok = |r: Result<(), Anomaly>| r.map(|()| 0);
         match self {
-            Step::DriverAlloc { at, size, kind, framework, stream } => ok(m.driver_alloc(BASE.wrapping_add(at), size, kind, framework, stream)),
+            Step::DriverAlloc { at, size, kind, framework, stream } => {
+                ok(m.driver_alloc(BASE.wrapping_add(at), size, kind, framework, stream))
+            }
             Step::DriverFree { at } => ok(m.driver_free(BASE.wrapping_add(at))),
             Step::Reserve { at, size } => ok(m.reserve(BASE.wrapping_add(at), size)),
             Step::ReserveFree { at } => ok(m.reserve_free(BASE.wrapping_add(at))),
-            Step::PhysCreate { handle, size } => { m.phys_create(handle, size); Ok(0) },
+            Step::PhysCreate { handle, size } => {
+                m.phys_create(handle, size);
+                Ok(0)
+            }
             Step::PhysRelease { handle } => ok(m.phys_release(handle)),
             Step::Map { at, size, framework } => ok(m.map(BASE.wrapping_add(at), size, framework)),
             Step::Unmap { at, size } => ok(m.unmap(BASE.wrapping_add(at), size)),
             Step::PoolAlloc { at, size, pool, stream } => ok(m.pool_alloc(BASE.wrapping_add(at), size, pool, stream)),
             Step::PoolFree { at } => ok(m.pool_free(BASE.wrapping_add(at))),
-            Step::PoolTrim { pool, keep } => { m.pool_trim(pool, keep); Ok(0) },
-            Step::PoolReserved { pool, reserved } => { m.pool_reserved(pool, reserved); Ok(0) },
+            Step::PoolTrim { pool, keep } => {
+                m.pool_trim(pool, keep);
+                Ok(0)
+            }
+            Step::PoolReserved { pool, reserved } => {
+                m.pool_reserved(pool, reserved);
+                Ok(0)
+            }
             Step::BlockAlloc { at, requested, known } => m.block_alloc(BASE.wrapping_add(at), requested, known),
             Step::BlockFree { at } => m.block_free(BASE.wrapping_add(at)).map(|b| b.size),
             Step::Adopt { at } => ok(m.adopt_at(BASE.wrapping_add(at))),
@@ -215,7 +237,9 @@ impl Step {
             Step::PhysRelease { handle } => Event { handle, ..e(EventKind::PhysRelease) },
             Step::Map { at, size, framework } => Event { addr: BASE.wrapping_add(at), size, flags: owned(framework), ..e(EventKind::Map) },
             Step::Unmap { at, size } => Event { addr: BASE.wrapping_add(at), size, ..e(EventKind::Unmap) },
-            Step::PoolAlloc { at, size, pool, stream } => Event { addr: BASE.wrapping_add(at), size, handle: pool, stream, ..e(EventKind::PoolAlloc) },
+            Step::PoolAlloc { at, size, pool, stream } => {
+                Event { addr: BASE.wrapping_add(at), size, handle: pool, stream, ..e(EventKind::PoolAlloc) }
+            }
             Step::PoolFree { at } => Event { addr: BASE.wrapping_add(at), ..e(EventKind::PoolFree) },
             Step::PoolTrim { pool, keep } => Event { handle: pool, size: keep, ..e(EventKind::PoolTrim) },
             Step::PoolReserved { pool, reserved } => Event { handle: pool, size: reserved, ..e(EventKind::PoolReserved) },
@@ -422,11 +446,24 @@ fn rules() -> impl Strategy<Value = AllocatorRules> {
 /// dense enough that unmaps part segments with live blocks on both sides and maps join them.
 #[derive(Clone, Copy, Debug)]
 enum ExpOp {
-    Map { page: u64, pages: u64 },
+    Map {
+        page: u64,
+        pages: u64,
+    },
     /// Unmap whole pages inside the n-th free run (or at `page` when none fits).
-    UnmapFree { n: usize, page: u64, pages: u64 },
-    Alloc { n: usize, requested: u64, known: Option<u64> },
-    Free { n: usize },
+    UnmapFree {
+        n: usize,
+        page: u64,
+        pages: u64,
+    },
+    Alloc {
+        n: usize,
+        requested: u64,
+        known: Option<u64>,
+    },
+    Free {
+        n: usize,
+    },
 }
 
 impl ExpOp {
@@ -570,13 +607,16 @@ fn event_flags_choose_kind_ownership_and_block_extent() {
     state.apply(&Event { handle: 3, ..ev(EventKind::PoolAlloc, 28 * MIB, 2 * MIB, 0) });
     let m = &state.spaces[&(PID, DEVICE)].map;
     let kinds: Vec<(SegmentKind, bool, u64)> = m.segments().map(|s| (s.kind, s.framework, s.owner)).collect();
-    assert_eq!(kinds, vec![
-        (SegmentKind::Driver, true, 0),
-        (SegmentKind::Driver, false, 0),
-        (SegmentKind::Pitch, false, 0),
-        (SegmentKind::Managed, false, 0),
-        (SegmentKind::Pool, false, 3),
-    ]);
+    assert_eq!(
+        kinds,
+        vec![
+            (SegmentKind::Driver, true, 0),
+            (SegmentKind::Driver, false, 0),
+            (SegmentKind::Pitch, false, 0),
+            (SegmentKind::Managed, false, 0),
+            (SegmentKind::Pool, false, 3),
+        ]
+    );
     let f = m.figures();
     // Allocated: what the caches hand out (no block yet, the live pool allocation), not the raw
     // driver memory.
@@ -637,7 +677,8 @@ fn gpt2_varlen_replay_agrees_with_the_model() {
 /// `wire/src/event.rs` (a changed doc makes this fail, so the meaning is read again).
 #[test]
 fn the_models_event_table_covers_every_kind_and_quotes_the_wire_docs() {
-    let src = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("wire/src/event.rs")).expect("wire/src/event.rs");
+    let src =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("wire/src/event.rs")).expect("wire/src/event.rs");
     let body = &src[src.find("pub enum EventKind {").expect("the enum")..src.find("impl EventKind").expect("its impl")];
     let mut docs = std::collections::BTreeMap::new();
     let mut doc: Vec<&str> = Vec::new();
@@ -742,10 +783,7 @@ fn regression_unmap_through_a_live_block_drops_it_and_frees_what_stays_mapped() 
 // ranges are rejected (`Anomaly::BadRange`), and the search starts strictly after `at`.
 #[test]
 fn regression_zero_size_map_then_unmap_terminates() {
-    run_steps(&[
-        Step::Map { at: 0, size: 0, framework: true },
-        Step::Unmap { at: 0, size: 2 * PAGE },
-    ]);
+    run_steps(&[Step::Map { at: 0, size: 0, framework: true }, Step::Unmap { at: 0, size: 2 * PAGE }]);
     let mut m = AddressSpace::default();
     assert_eq!(m.map(BASE, 0, true), Err(Anomaly::BadRange { addr: BASE, size: 0 }));
     assert_eq!(m.unmap(BASE, 2 * PAGE), Err(Anomaly::UnmapUnknown(BASE)));

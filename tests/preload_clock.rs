@@ -71,7 +71,13 @@ fn periodic_samples_keep_their_period() {
         let t = run.only();
         let allocs: Vec<u64> = t.events.iter().filter(|e| e.kind() == Some(EventKind::MemAlloc)).map(|e| e.ts_ns).collect();
         let (first, last) = (allocs[0], allocs[allocs.len() - 1]);
-        let samples: Vec<u64> = t.events.iter().filter(|e| e.kind() == Some(EventKind::DeviceInfo)).map(|e| e.ts_ns).filter(|&ts| ts > first && ts < last).collect();
+        let samples: Vec<u64> = t
+            .events
+            .iter()
+            .filter(|e| e.kind() == Some(EventKind::DeviceInfo))
+            .map(|e| e.ts_ns)
+            .filter(|&ts| ts > first && ts < last)
+            .collect();
         let ms = (last - first) / 1_000_000;
         eprintln!("{clock}: {} samples in {ms} ms", samples.len());
         assert!(samples.len() as u64 <= ms / 5 + 2, "{clock}: {} samples in {ms} ms", samples.len());

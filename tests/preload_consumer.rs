@@ -68,11 +68,7 @@ fn consumer_that_never_drains() {
     let consumer = Consumer::start(Mode::NeverDrain);
     let out = run_bounded(
         &ARGS,
-        &[
-            ("GPUFRAG_SOCK", consumer.sock().as_os_str()),
-            ("GPUFRAG_RING_CAPACITY", "64".as_ref()),
-            ("GPUFRAG_RING_LANES", "1".as_ref()),
-        ],
+        &[("GPUFRAG_SOCK", consumer.sock().as_os_str()), ("GPUFRAG_RING_CAPACITY", "64".as_ref()), ("GPUFRAG_RING_LANES", "1".as_ref())],
         Duration::from_secs(120),
     );
     assert_same_as_bare(&ARGS, &out);
@@ -85,11 +81,7 @@ fn consumer_that_never_drains() {
     let consumer = Consumer::start(Mode::NeverDrain);
     let out = run_bounded(
         &ARGS,
-        &[
-            ("GPUFRAG_SOCK", consumer.sock().as_os_str()),
-            ("GPUFRAG_RING_CAPACITY", "64".as_ref()),
-            ("GPUFRAG_SAMPLE_MS", "0".as_ref()),
-        ],
+        &[("GPUFRAG_SOCK", consumer.sock().as_os_str()), ("GPUFRAG_RING_CAPACITY", "64".as_ref()), ("GPUFRAG_SAMPLE_MS", "0".as_ref())],
         Duration::from_secs(120),
     );
     assert_same_as_bare(&ARGS, &out);

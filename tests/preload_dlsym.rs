@@ -176,11 +176,7 @@ fn a_fork_child_that_never_calls_cuda_never_connects() {
     let dir = TempDir::new("fork");
     let exe = cc(dir.path(), "fork", FORK_MAIN, &[]);
     let consumer = Consumer::start(Mode::Drain);
-    let out = Command::new(&exe)
-        .env("LD_PRELOAD", &artifacts().shim)
-        .env("GPUFRAG_SOCK", consumer.sock())
-        .output()
-        .expect("run");
+    let out = Command::new(&exe).env("LD_PRELOAD", &artifacts().shim).env("GPUFRAG_SOCK", consumer.sock()).output().expect("run");
     assert!(out.status.success());
     let traced = consumer.finish();
     assert_eq!(traced.len(), 1, "only the parent: {:?}", traced.iter().map(|t| t.hello).collect::<Vec<_>>());

@@ -168,8 +168,7 @@ fn fragmentation_oom_is_recorded_with_the_device_free_bytes() {
     let free_at_oom = num(&oom, "device_free");
     let retries = num(&oom, "num_alloc_retries") as usize;
     let t = run.only();
-    let fails: Vec<&Event> =
-        t.events.iter().filter(|e| e.kind() == Some(AllocFailed) && e.failed_op() == Some(MemAlloc)).collect();
+    let fails: Vec<&Event> = t.events.iter().filter(|e| e.kind() == Some(AllocFailed) && e.failed_op() == Some(MemAlloc)).collect();
     assert_eq!(fails.len(), 1 + retries, "one failed cudaMalloc per attempt");
     for f in &fails {
         assert_eq!(f.failed_op(), Some(MemAlloc));

@@ -43,7 +43,8 @@ fn gpufrag_run_records_a_fragmentation_oom() {
     let replay = Command::new(env!("CARGO_BIN_EXE_gpufrag")).arg("analyze").arg(&record).arg("--json").output().expect("analyze");
     assert!(replay.status.success(), "{}", String::from_utf8_lossy(&replay.stderr));
     let replayed = String::from_utf8_lossy(&replay.stdout);
-    let (lv, rv): (serde_json::Value, serde_json::Value) = (serde_json::from_str(&live).expect("JSON"), serde_json::from_str(&replayed).expect("JSON"));
+    let (lv, rv): (serde_json::Value, serde_json::Value) =
+        (serde_json::from_str(&live).expect("JSON"), serde_json::from_str(&replayed).expect("JSON"));
     assert_eq!(lv["capture"], "shim", "run's summary says how it captured (docs/metrics.md)");
     assert!(rv.get("capture").is_none() && rv.get("coverage").is_none(), "analyze of a file has neither capture nor coverage: {rv}");
     for json in [live.as_str(), &replayed] {
@@ -119,19 +120,30 @@ fn demo_first_screen_shows_live_line_oom_and_verdict_once_and_leaves_no_file_in_
     let all = format!("{stdout}{stderr}");
     assert!(!all.contains("EVENT kind=") && !all.contains("RESULT test="), "the simulator's own lines leak into the demo:\n{all}");
     let first: Vec<&str> = stderr.lines().take(12).collect();
-    let at = |what: &str| first.iter().position(|l| l.contains(what)).unwrap_or_else(|| panic!("{what:?} not on the first screen:\n{}", first.join("\n")));
-    let (live, oom, verdict, fix) = (at("[gpufrag] gpu0: reserved"), at("OOM in pid"), at("fragmentation OOM: 2.50 GiB requested"), at("fix: set PYTORCH_CUDA_ALLOC_CONF"));
+    let at = |what: &str| {
+        first.iter().position(|l| l.contains(what)).unwrap_or_else(|| panic!("{what:?} not on the first screen:\n{}", first.join("\n")))
+    };
+    let (live, oom, verdict, fix) = (
+        at("[gpufrag] gpu0: reserved"),
+        at("OOM in pid"),
+        at("fragmentation OOM: 2.50 GiB requested"),
+        at("fix: set PYTORCH_CUDA_ALLOC_CONF"),
+    );
     assert!(live < oom && oom < verdict && verdict < fix, "order: live {live}, oom {oom}, verdict {verdict}, fix {fix}\n{stderr}");
     for once in ["fragmentation OOM: 2.50 GiB requested", "fix: set PYTORCH_CUDA_ALLOC_CONF"] {
         assert_eq!(stderr.matches(once).count(), 1, "{once:?} should be printed once:\n{stderr}");
     }
     let left: Vec<_> = std::fs::read_dir(&cwd).expect("cwd").flatten().map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "the demo left files in the current directory: {left:?}");
-    let pid: u32 = first[oom].split("OOM in pid ").nth(1).and_then(|r| r.split(' ').next()).and_then(|p| p.parse().ok()).expect("the failed pid");
+    let pid: u32 =
+        first[oom].split("OOM in pid ").nth(1).and_then(|r| r.split(' ').next()).and_then(|p| p.parse().ok()).expect("the failed pid");
     let report = state.join("gpufrag").join(format!("report-{pid}.html"));
     assert!(report.is_file(), "no report at {} (named after the failed process):\n{stderr}", report.display());
     assert!(stderr.contains(&format!("OOM report: {}", report.display())), "{stderr}");
 
     let (stdout, stderr) = demo(&["--program-output"]);
-    assert!(format!("{stdout}{stderr}").contains("RESULT test=frag-oom"), "--program-output shows the program's lines:\n{stdout}\n{stderr}");
+    assert!(
+        format!("{stdout}{stderr}").contains("RESULT test=frag-oom"),
+        "--program-output shows the program's lines:\n{stdout}\n{stderr}"
+    );
 }

@@ -20,7 +20,11 @@ fn hook_brings_blocks_and_the_oom_verdict() {
     let summary = dir.join("summary.json");
     let preload = Path::new(env!("CARGO_BIN_EXE_gpufrag")).with_file_name("libgpufrag_preload.so");
     if !preload.exists() {
-        let st = Command::new(env!("CARGO")).args(["build", "-p", "gpufrag-preload"]).arg(if cfg!(debug_assertions) { "--profile=dev" } else { "--release" }).status().expect("cargo build");
+        let st = Command::new(env!("CARGO"))
+            .args(["build", "-p", "gpufrag-preload"])
+            .arg(if cfg!(debug_assertions) { "--profile=dev" } else { "--release" })
+            .status()
+            .expect("cargo build");
         assert!(st.success());
     }
     let out = Command::new(env!("CARGO_BIN_EXE_gpufrag"))
@@ -115,7 +119,8 @@ fn run_python(script: &str, mem: &str, reserve: &str) -> (Value, String, std::pr
         .output()
         .expect("run gpufrag");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let text = std::fs::read_to_string(&summary).unwrap_or_else(|e| panic!("no summary: {e}\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+    let text =
+        std::fs::read_to_string(&summary).unwrap_or_else(|e| panic!("no summary: {e}\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
     let _ = std::fs::remove_dir_all(&dir);
     (serde_json::from_str(&text).expect("json"), stdout, out.status)
 }
@@ -132,7 +137,8 @@ fn jax_memory_stats_and_the_resource_exhausted_oom_reach_the_summary_in_xlas_ter
     assert_eq!(status.code(), Some(1), "the program dies of its uncaught RESOURCE_EXHAUSTED\n{stdout}");
     let want = printed(&stdout, "STATS");
     let stats = s["framework_stats"].as_array().expect("framework_stats");
-    let oom_read = stats.iter().find(|r| r["framework"] == "xla" && r["when"] == "oom").unwrap_or_else(|| panic!("no stats read at the OOM: {s:#}"));
+    let oom_read =
+        stats.iter().find(|r| r["framework"] == "xla" && r["when"] == "oom").unwrap_or_else(|| panic!("no stats read at the OOM: {s:#}"));
     assert_eq!(oom_read["source"], "jax.Device.memory_stats()");
     for k in ["bytes_in_use", "largest_free_block_bytes", "pool_bytes"] {
         assert_eq!(oom_read["stats"][k].as_u64(), Some(want[k]), "{k}: {s:#}");
@@ -170,7 +176,13 @@ fn cupy_memory_hook_chunks_give_the_pools_used_total_and_free_bytes() {
     assert_eq!(o["allocated"].as_u64(), Some(want["used"]), "used_bytes: {s:#}");
     assert_eq!(o["reserved"].as_u64(), Some(want["total"]), "total_bytes: {s:#}");
     assert_eq!(o["stranded"].as_u64().unwrap_or(0) + o["releasable"].as_u64().unwrap_or(0), want["free"], "free_bytes: {s:#}");
-    let read = s["framework_stats"].as_array().expect("framework_stats").iter().find(|r| r["framework"] == "cupy" && r["when"] == "oom").cloned().expect("cupy stats at the OOM");
+    let read = s["framework_stats"]
+        .as_array()
+        .expect("framework_stats")
+        .iter()
+        .find(|r| r["framework"] == "cupy" && r["when"] == "oom")
+        .cloned()
+        .expect("cupy stats at the OOM");
     assert_eq!(read["source"], "cupy.get_default_memory_pool()");
     for (k, w) in [("used_bytes", "used"), ("total_bytes", "total"), ("free_bytes", "free")] {
         assert_eq!(read["stats"][k].as_u64(), Some(want[w]), "{k}: {read:#}");
@@ -211,15 +223,13 @@ fn a_run_record_holds_the_hooks_blocks_and_replays_to_the_snapshots_blocks() {
         .flat_map(|s| s.blocks.iter().filter(|b| b.state.is_active()).map(move |b| (b.address, b.size, b.requested_size, s.stream)))
         .collect();
     assert!(!want.is_empty());
-    let allocs: BTreeSet<(u64, u64, u64, u64)> = events
-        .iter()
-        .filter(|e| e.kind() == Some(EventKind::BlockAlloc))
-        .map(|e| (e.addr, e.size, e.requested, e.stream))
-        .collect();
+    let allocs: BTreeSet<(u64, u64, u64, u64)> =
+        events.iter().filter(|e| e.kind() == Some(EventKind::BlockAlloc)).map(|e| (e.addr, e.size, e.requested, e.stream)).collect();
     assert_eq!(allocs, want, "the record's BlockAlloc events are not the snapshot's blocks");
     let mut state = State::default();
     state.apply_all(&events);
-    let got: BTreeSet<(u64, u64, u64)> = state.spaces.values().flat_map(|s| s.map.blocks().map(|b| (b.addr, b.size, b.requested))).collect();
+    let got: BTreeSet<(u64, u64, u64)> =
+        state.spaces.values().flat_map(|s| s.map.blocks().map(|b| (b.addr, b.size, b.requested))).collect();
     let want3: BTreeSet<(u64, u64, u64)> = want.iter().map(|&(a, s, r, _)| (a, s, r)).collect();
     assert_eq!(got.len(), want3.len(), "replayed {} blocks, the snapshot has {}", got.len(), want3.len());
     assert_eq!(got, want3, "the replayed blocks differ from the snapshot's");

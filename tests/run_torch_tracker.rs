@@ -43,7 +43,13 @@ impl Scratch {
             .expect("c++ (the tracker tests need a C++ compiler)");
         assert!(out.status.success(), "building the stand-in libc10_cuda.so: {}", String::from_utf8_lossy(&out.stderr));
         std::fs::write(dir.join("c10.c"), "int gpufrag_standin_c10;\n").expect("c10.c");
-        let out = Command::new("cc").args(["-shared", "-fPIC"]).arg(dir.join("c10.c")).arg("-o").arg(dir.join("lib/libc10.so")).output().expect("cc");
+        let out = Command::new("cc")
+            .args(["-shared", "-fPIC"])
+            .arg(dir.join("c10.c"))
+            .arg("-o")
+            .arg(dir.join("lib/libc10.so"))
+            .output()
+            .expect("cc");
         assert!(out.status.success(), "building the stand-in libc10.so: {}", String::from_utf8_lossy(&out.stderr));
         Scratch { dir }
     }
@@ -76,7 +82,9 @@ impl Scratch {
             cmd.env(k, v);
         }
         let out = cmd.output().expect("run gpufrag");
-        let text = std::fs::read_to_string(&summary).unwrap_or_else(|e| panic!("no summary: {e}\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
+        let text = std::fs::read_to_string(&summary).unwrap_or_else(|e| {
+            panic!("no summary: {e}\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+        });
         (serde_json::from_str(&text).expect("summary json"), out)
     }
 
@@ -107,7 +115,8 @@ struct Want {
     largest_free_block: u64,
 }
 
-const WANT: Want = Want { reserved: 22 * MIB, allocated: 512 + 3072 + 5 * MIB, stranded: 22 * MIB - (512 + 3072 + 5 * MIB), largest_free_block: 15 * MIB };
+const WANT: Want =
+    Want { reserved: 22 * MIB, allocated: 512 + 3072 + 5 * MIB, stranded: 22 * MIB - (512 + 3072 + 5 * MIB), largest_free_block: 15 * MIB };
 
 fn assert_tracker_figures(s: &Value, out: &Output) {
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -135,7 +144,8 @@ fn built_tracker_brings_every_block_up_to_exit_not_the_teardowns_frees_and_the_r
     // The record holds one BlockAlloc per ALLOC entry, requested size only (the map applies the
     // rules), with the entry's stream; one BlockFree per FREE_COMPLETED (none for FREE_REQUESTED).
     let events = gpufrag::record::read(&rec).expect("the record").events;
-    let allocs: Vec<(u64, u64, u64)> = events.iter().filter(|e| e.kind() == Some(EventKind::BlockAlloc)).map(|e| (e.size, e.requested, e.stream)).collect();
+    let allocs: Vec<(u64, u64, u64)> =
+        events.iter().filter(|e| e.kind() == Some(EventKind::BlockAlloc)).map(|e| (e.size, e.requested, e.stream)).collect();
     assert_eq!(allocs, vec![(0, 1000, 0x5000), (0, 3000, 0x5000), (0, 512, 0x5000), (0, 5 * MIB, 0x5000)]);
     assert_eq!(events.iter().filter(|e| e.kind() == Some(EventKind::BlockFree)).count(), 1);
     let w = Command::new(env!("CARGO_BIN_EXE_gpufrag")).args(["whatif", "--json"]).arg(&rec).output().expect("whatif");
@@ -159,7 +169,11 @@ fn uncached_auto_run_takes_snapshots_and_builds_in_the_background_for_the_next_r
     // The detached build finishes on its own (temp file + rename: never a half-written library).
     let t0 = std::time::Instant::now();
     while sc.library().is_none() {
-        assert!(t0.elapsed().as_secs() < 120, "no library after 2 minutes; log: {:?}", std::fs::read_dir(sc.cache()).map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>()));
+        assert!(
+            t0.elapsed().as_secs() < 120,
+            "no library after 2 minutes; log: {:?}",
+            std::fs::read_dir(sc.cache()).map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        );
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     let (s, out) = sc.run("second", &[], &[], true);
@@ -169,7 +183,13 @@ fn uncached_auto_run_takes_snapshots_and_builds_in_the_background_for_the_next_r
     // The OOM entry (addr_ = device free, size_ = the request) is the verdict's request and free.
     let stdout = String::from_utf8_lossy(&out.stdout);
     let free: u64 = stdout.split("free=").nth(1).and_then(|t| t.trim().parse().ok()).unwrap_or_else(|| panic!("{stdout}"));
-    let o = s["ooms"].as_array().expect("ooms").iter().find(|o| o["op"] == "block_alloc").cloned().unwrap_or_else(|| panic!("no allocator OOM: {s:#}"));
+    let o = s["ooms"]
+        .as_array()
+        .expect("ooms")
+        .iter()
+        .find(|o| o["op"] == "block_alloc")
+        .cloned()
+        .unwrap_or_else(|| panic!("no allocator OOM: {s:#}"));
     assert_eq!((o["requested"].as_u64(), o["device_free"].as_u64()), (Some(30 * MIB), Some(free)), "{o:#}");
     assert_eq!(o["verdict"], "fragmentation", "{o:#}");
     assert_eq!((o["stranded"].as_u64(), o["largest_free_block"].as_u64()), (Some(WANT.stranded), Some(WANT.largest_free_block)), "{o:#}");
@@ -182,7 +202,8 @@ fn no_compiler_falls_back_to_snapshots_and_says_why() {
     let bin = sc.dir.join("bin");
     std::fs::create_dir_all(&bin).expect("bin");
     // (the interpreter itself: python3 on PATH may be a shell shim, e.g. pyenv's)
-    let py = Command::new("python3").args(["-c", "import os, sys; print(os.path.realpath(sys.executable))"]).output().expect("python3").stdout;
+    let py =
+        Command::new("python3").args(["-c", "import os, sys; print(os.path.realpath(sys.executable))"]).output().expect("python3").stdout;
     let py = String::from_utf8(py).expect("utf-8");
     std::os::unix::fs::symlink(py.trim(), bin.join("python3")).expect("symlink");
     let (s, out) = sc.run("nocc", &["--torch-tracker=build"], &[("PATH", bin.as_os_str())], false);

@@ -44,7 +44,19 @@ struct Naive {
 
 impl Naive {
     fn new(conf: AllocConf, limit: Option<u64>) -> Naive {
-        Naive { conf, limit, segs: vec![], calls: [0; 2], reserved: 0, peak_reserved: 0, allocated: 0, retries: 0, device_alloc: 0, device_free: 0, ops: vec![] }
+        Naive {
+            conf,
+            limit,
+            segs: vec![],
+            calls: [0; 2],
+            reserved: 0,
+            peak_reserved: 0,
+            allocated: 0,
+            retries: 0,
+            device_alloc: 0,
+            device_free: 0,
+            ops: vec![],
+        }
     }
     fn gc_on(&self) -> bool {
         self.limit.is_some() && self.conf.garbage_collection_threshold > 0.0
@@ -180,7 +192,11 @@ impl Naive {
         let target = self.reserved - threshold;
         let calls = self.calls[0];
         let cands = |n: &Naive| -> Vec<(u64, u64)> {
-            n.free_blocks(false).into_iter().filter(|b| n.segs[b.2].blocks.len() == 1).map(|b| (b.1, (calls - n.segs[b.2].blocks[0].gc_base) as u64)).collect()
+            n.free_blocks(false)
+                .into_iter()
+                .filter(|b| n.segs[b.2].blocks.len() == 1)
+                .map(|b| (b.1, (calls - n.segs[b.2].blocks[0].gc_base) as u64))
+                .collect()
         };
         let c = cands(self);
         let mut total_age: u64 = c.iter().map(|x| x.1).sum();
@@ -229,7 +245,8 @@ impl Naive {
         panic!("naive: free of unknown {ptr:#x}");
     }
     fn empty_cache(&mut self) {
-        let whole: Vec<u64> = [false, true].iter().flat_map(|&sm| self.free_blocks(sm)).filter(|b| self.segs[b.2].blocks.len() == 1).map(|b| b.1).collect();
+        let whole: Vec<u64> =
+            [false, true].iter().flat_map(|&sm| self.free_blocks(sm)).filter(|b| self.segs[b.2].blocks.len() == 1).map(|b| b.1).collect();
         for p in whole {
             let si = self.seg_at(p);
             self.release(si);
@@ -244,20 +261,8 @@ enum Op {
     EmptyCache,
 }
 
-const SIZES: [u64; 12] = [
-    1,
-    700,
-    300 << 10,
-    1 << 20,
-    (1 << 20) + 1,
-    3 << 20,
-    9 << 20,
-    12 << 20,
-    (40 << 20) + 4096,
-    100 << 20,
-    300 << 20,
-    600 << 20,
-];
+const SIZES: [u64; 12] =
+    [1, 700, 300 << 10, 1 << 20, (1 << 20) + 1, 3 << 20, 9 << 20, 12 << 20, (40 << 20) + 4096, 100 << 20, 300 << 20, 600 << 20];
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![

@@ -14,8 +14,7 @@ fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
-const FIXTURES: [&str; 4] =
-    ["frag_oom.pickle", "frag_oom_expandable.pickle", "pinned_splits.pickle", "gpt2_varlen.pickle.gz"];
+const FIXTURES: [&str; 4] = ["frag_oom.pickle", "frag_oom_expandable.pickle", "pinned_splits.pickle", "gpt2_varlen.pickle.gz"];
 
 /// xorshift64*: deterministic bytes without a dependency.
 struct Rng(u64);
@@ -126,10 +125,7 @@ fn truncations_of_every_fixture() {
                 continue;
             }
             if f.ends_with(".gz") && cut >= 2 {
-                assert!(
-                    matches!(e.kind(), SnapshotErrorKind::TruncatedGzip | SnapshotErrorKind::CorruptGzip(_)),
-                    "{f} cut at {cut}: {e}"
-                );
+                assert!(matches!(e.kind(), SnapshotErrorKind::TruncatedGzip | SnapshotErrorKind::CorruptGzip(_)), "{f} cut at {cut}: {e}");
             } else if cut > 2 {
                 assert!(matches!(e.kind(), SnapshotErrorKind::TruncatedPickle), "{f} cut at {cut}: {e}");
                 assert_eq!(e.offset(), Some(cut as u64), "{e}");
@@ -196,13 +192,7 @@ fn pickle(v: &Value) -> Vec<u8> {
     serde_pickle::value_to_vec(v, SerOptions::new()).expect("serialize")
 }
 fn alloc(addr: Value, size: Value) -> Value {
-    dict(vec![
-        ("action", s("alloc")),
-        ("addr", addr),
-        ("size", size),
-        ("stream", Value::I64(0)),
-        ("time_us", Value::I64(1)),
-    ])
+    dict(vec![("action", s("alloc")), ("addr", addr), ("size", size), ("stream", Value::I64(0)), ("time_us", Value::I64(1))])
 }
 fn snap(entries: Vec<Value>) -> Value {
     dict(vec![("segments", Value::List(vec![])), ("device_traces", Value::List(vec![Value::List(entries)]))])
@@ -248,25 +238,13 @@ fn fields_of_the_wrong_type_name_the_field_and_the_entry() {
             "`device_traces[0][0].addr`: expected a non-negative integer below 2^64, found int -1",
         ),
         (snap(vec![good(), Value::I64(3)]), "`device_traces[0][1]`: expected a dict, found int 3"),
+        (snap(vec![dict(vec![("action", Value::I64(1))])]), "`device_traces[0][0].action`: expected a str, found int 1"),
+        (snap(vec![dict(vec![("action", s("alloc")), ("size", Value::I64(1))])]), "`device_traces[0][0].addr` is missing"),
         (
-            snap(vec![dict(vec![("action", Value::I64(1))])]),
-            "`device_traces[0][0].action`: expected a str, found int 1",
-        ),
-        (
-            snap(vec![dict(vec![("action", s("alloc")), ("size", Value::I64(1))])]),
-            "`device_traces[0][0].addr` is missing",
-        ),
-        (
-            dict(vec![
-                ("segments", Value::List(vec![dict(vec![("device", Value::I64(0))])])),
-                ("device_traces", Value::List(vec![])),
-            ]),
+            dict(vec![("segments", Value::List(vec![dict(vec![("device", Value::I64(0))])])), ("device_traces", Value::List(vec![]))]),
             "`segments[0].address` is missing",
         ),
-        (
-            dict(vec![("segments", Value::I64(0)), ("device_traces", Value::List(vec![]))]),
-            "`segments`: expected a list, found int 0",
-        ),
+        (dict(vec![("segments", Value::I64(0)), ("device_traces", Value::List(vec![]))]), "`segments`: expected a list, found int 0"),
         (
             dict(vec![
                 ("segments", Value::List(vec![])),
@@ -294,9 +272,5 @@ fn unknown_actions_are_counted_warnings_not_errors() {
     assert_eq!(sn.entry_count(), 4);
     assert_eq!(sn.events().len(), 1);
     assert_eq!(sn.warnings.len(), 2, "{:?}", sn.warnings);
-    assert!(
-        sn.warnings.iter().any(|w| w.contains("3 entries with unknown action \"workspace_snapshot\"")),
-        "{:?}",
-        sn.warnings
-    );
+    assert!(sn.warnings.iter().any(|w| w.contains("3 entries with unknown action \"workspace_snapshot\"")), "{:?}", sn.warnings);
 }

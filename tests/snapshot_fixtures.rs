@@ -196,8 +196,7 @@ struct Model {
 impl Model {
     fn add(&mut self, start: u64, len: u64) {
         let (mut s, mut e) = (start, start + len);
-        let overlapping: Vec<(u64, u64)> =
-            self.ranges.range(..=e).filter(|&(&a, &b)| b >= s && a <= e).map(|(&a, &b)| (a, b)).collect();
+        let overlapping: Vec<(u64, u64)> = self.ranges.range(..=e).filter(|&(&a, &b)| b >= s && a <= e).map(|(&a, &b)| (a, b)).collect();
         for (a, b) in overlapping {
             assert!(b <= s || a >= e, "range [{s:#x},{e:#x}) overlaps held [{a:#x},{b:#x})");
             self.ranges.remove(&a);
@@ -265,12 +264,8 @@ fn seed_events_describe_segments_then_active_blocks() {
     for (_, file, _, _) in FIXTURES {
         let s = load(file);
         let seed = s.seed_events();
-        let active: Vec<_> = s
-            .segments
-            .iter()
-            .flat_map(|g| g.blocks.iter().map(move |b| (g, b)))
-            .filter(|(_, b)| b.state.is_active())
-            .collect();
+        let active: Vec<_> =
+            s.segments.iter().flat_map(|g| g.blocks.iter().map(move |b| (g, b))).filter(|(_, b)| b.state.is_active()).collect();
         assert_eq!(seed.len(), s.segments.len() + active.len(), "{file}");
         let last_ts = s.traces[0].entries.last().map_or(0, |e| e.time_us * 1000);
         for (e, g) in seed.iter().zip(&s.segments) {

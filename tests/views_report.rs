@@ -44,7 +44,16 @@ fn browse(page: &Path, extra: &[&str]) -> Option<String> {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let profile = tmp(&format!("profile{}", N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
     let out = Command::new(bin)
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ])
         .arg(format!("--user-data-dir={}", profile.display()))
         .args(extra)
         .arg(format!("file://{}", page.display()))
@@ -85,9 +94,16 @@ fn frag_oom_report_shows_the_map_the_timeline_and_the_verdict() {
     let dir = tmp("frag");
     let (html, _) = report(&fixture("frag_oom.pickle"), &dir, "frag_oom");
     let text = std::fs::read_to_string(&html).expect("report written");
-    assert!(!text.contains("http://") || text.matches("http://").all(|_| text.contains("xmlns=\"http://www.w3.org/2000/svg\"")), "no network at view time");
+    assert!(
+        !text.contains("http://") || text.matches("http://").all(|_| text.contains("xmlns=\"http://www.w3.org/2000/svg\"")),
+        "no network at view time"
+    );
     assert!(!text.contains("https://") && !text.contains("src=\""), "the report is self-contained");
-    assert!(text.contains("Caching allocator: pid 0: PyTorch&#39;s caching allocator") || text.contains("Caching allocator: pid 0: PyTorch's caching allocator"), "the report names the process's allocator");
+    assert!(
+        text.contains("Caching allocator: pid 0: PyTorch&#39;s caching allocator")
+            || text.contains("Caching allocator: pid 0: PyTorch's caching allocator"),
+        "the report names the process's allocator"
+    );
     let Some(dom) = browse(&html, &["--dump-dom"]) else { return };
 
     let body = attrs(&dom, "data-schema=");

@@ -150,7 +150,10 @@ fn replay_shows_the_frag_oom_numbers_and_q_restores_the_terminal() {
         assert!(row.contains(want), "{want} in the device row {row:?}");
     }
     assert!(s.contains("OOM pid 0 gpu 0: 2.50 GiB requested: fragmentation"), "{s}");
-    let prow = s.lines().find(|l| l.contains("pid 0") && l.contains("gpu 0") && l.contains("9.77 GiB")).unwrap_or_else(|| panic!("a process row:\n{s}"));
+    let prow = s
+        .lines()
+        .find(|l| l.contains("pid 0") && l.contains("gpu 0") && l.contains("9.77 GiB"))
+        .unwrap_or_else(|| panic!("a process row:\n{s}"));
     assert!(prow.contains("pytorch"), "the process row names its allocator: {prow:?}");
     let title = s.lines().next().unwrap_or_default();
     assert!(title.contains(" replay ") && !title.contains(" live "), "a replay is labelled as one: {title:?}");
@@ -204,14 +207,19 @@ fn regression_a_panic_in_replay_or_drawing_is_one_line_exit_2_with_the_terminal_
         return;
     }
     let file = fixture("frag_oom.pickle");
-    for (tag, env) in [("panic-draw", ("GPUFRAG_TOP_TEST_PANIC_AFTER_MS", "300")), ("panic-replay", ("GPUFRAG_TOP_TEST_REPLAY_PANIC_AFTER", "5"))] {
+    for (tag, env) in
+        [("panic-draw", ("GPUFRAG_TOP_TEST_PANIC_AFTER_MS", "300")), ("panic-replay", ("GPUFRAG_TOP_TEST_REPLAY_PANIC_AFTER", "5"))]
+    {
         let dir = tmp(tag);
         let top = format!("{} top --replay {} --speed 0", bin(), file.display());
         let t = Tmux::start(tag, &wrapped_stderr(&dir, &top), &[env]);
         assert_restored(&t, &dir, "2");
         let err = std::fs::read_to_string(dir.join("stderr")).expect("stderr");
         assert_eq!(err.lines().count(), 1, "{tag}: one line: {err:?}");
-        assert!(err.contains(&format!("{}: internal error while reading this input", file.display())) && err.contains("a panic on purpose"), "{tag}: {err:?}");
+        assert!(
+            err.contains(&format!("{}: internal error while reading this input", file.display())) && err.contains("a panic on purpose"),
+            "{tag}: {err:?}"
+        );
         drop(t);
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -244,7 +252,11 @@ fn regression_top_exits_within_2s_without_spinning_when_its_terminal_goes_away()
             _ => Tmux::start(how, &wrapped(&dir, &top), &[]),
         };
         t.wait_for(&["gpufrag top", "event "], 30);
-        let pid = if how == "kill-pane" { t.tmux(&["display", "-p", "-t", "t", "#{pane_pid}"]).trim().parse().expect("pane pid") } else { t.top_pid() };
+        let pid = if how == "kill-pane" {
+            t.tmux(&["display", "-p", "-t", "t", "#{pane_pid}"]).trim().parse().expect("pane pid")
+        } else {
+            t.top_pid()
+        };
         let (before, _) = cpu_ticks(pid).expect("top runs");
         let killed = Instant::now();
         match how {
@@ -262,7 +274,11 @@ fn regression_top_exits_within_2s_without_spinning_when_its_terminal_goes_away()
                     }
                 }
             }
-            assert!(killed.elapsed() < Duration::from_secs(2), "{how}: top (pid {pid}) still runs {:?} after its terminal went, {used} ticks used", killed.elapsed());
+            assert!(
+                killed.elapsed() < Duration::from_secs(2),
+                "{how}: top (pid {pid}) still runs {:?} after its terminal went, {used} ticks used",
+                killed.elapsed()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         let ended = killed.elapsed();

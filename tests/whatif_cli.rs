@@ -129,15 +129,24 @@ fn a_snapshot_without_history_says_how_to_record_one() {
 #[test]
 fn an_unknown_alloc_conf_key_is_named() {
     let f = fixture("frag_oom.pickle");
-    fails_with(&["whatif", f.to_str().unwrap(), "--alloc-conf", "expandable_segments:True,max_spilt_size_mb:256"], &["Unrecognized CachingAllocator option: max_spilt_size_mb"]);
+    fails_with(
+        &["whatif", f.to_str().unwrap(), "--alloc-conf", "expandable_segments:True,max_spilt_size_mb:256"],
+        &["Unrecognized CachingAllocator option: max_spilt_size_mb"],
+    );
 }
 
 #[test]
 fn values_pytorch_rejects_are_rejected_with_its_words() {
     let f = fixture("frag_oom.pickle");
     let p = f.to_str().unwrap();
-    fails_with(&["whatif", p, "--alloc-conf", "max_split_size_mb:8"], &["CachingAllocator option max_split_size_mb too small, must be >= 20"]);
-    fails_with(&["whatif", p, "--alloc-conf", "garbage_collection_threshold:1.2"], &["garbage_collect_threshold is invalid, set it in (0.0, 1.0)"]);
+    fails_with(
+        &["whatif", p, "--alloc-conf", "max_split_size_mb:8"],
+        &["CachingAllocator option max_split_size_mb too small, must be >= 20"],
+    );
+    fails_with(
+        &["whatif", p, "--alloc-conf", "garbage_collection_threshold:1.2"],
+        &["garbage_collect_threshold is invalid, set it in (0.0, 1.0)"],
+    );
     fails_with(&["whatif", p, "--alloc-conf", "roundup_power2_divisions:3"], &["For roundups, the divisions has to be power of 2"]);
     fails_with(&["whatif", p, "--alloc-conf", "expandable_segments:1"], &["Expected a single True/False argument for expandable_segments"]);
     fails_with(&["whatif", p, "--memory-limit", "lots"], &["--memory-limit"]);

@@ -186,7 +186,8 @@ fn the_frag_oom_trace_predicts_its_expandable_twin() {
 fn regression_an_oom_under_the_allowed_bytes_is_simulated_under_the_same_cap() {
     let file = fixture("whatif/frag_s0_lim11g.pickle.gz");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpufrag")).arg("analyze").arg("--json").arg(&file).output().expect("analyze");
-    let mut s: gpufrag::analysis::summary::Summary = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let mut s: gpufrag::analysis::summary::Summary =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
     let runs = truth();
     let own = runs.iter().find(|r| r.tag == "frag_s0_lim11g").expect("the run");
     let allowed = own.allowed.expect("a cap");
@@ -201,7 +202,11 @@ fn regression_an_oom_under_the_allowed_bytes_is_simulated_under_the_same_cap() {
     let fits: Vec<&Run> = runs.iter().filter(|r| r.workload == "frag" && r.allowed == Some(allowed) && !r.oom).collect();
     // The trace ends at its OOM (the program stopped there), so the simulated peak is the peak up
     // to the failing request, not the whole program's: the setting is checked, not the peak.
-    assert!(fits.iter().any(|r| r.alloc_conf == w.best.alloc_conf), "the best setting {w:?} is one that fit under the cap on the H200: {:?}", fits.iter().map(|r| (&r.alloc_conf, r.peak_reserved)).collect::<Vec<_>>());
+    assert!(
+        fits.iter().any(|r| r.alloc_conf == w.best.alloc_conf),
+        "the best setting {w:?} is one that fit under the cap on the H200: {:?}",
+        fits.iter().map(|r| (&r.alloc_conf, r.peak_reserved)).collect::<Vec<_>>()
+    );
     assert!(w.best.peak_reserved <= allowed, "{w:?}");
     let fix = &s.ooms[0].fix;
     assert!(fix.starts_with("Under the allowed 11.00 GiB") && fix.contains(&format!("--memory-limit {allowed}")), "{fix}");

@@ -8,7 +8,15 @@ mod common;
 
 fuzz_target!(|data: &[u8]| {
     gpufrag::snapshot::set_inflate_limit(16 << 20);
-    let hello = gpufrag::hello::Hello { pid: 42, ppid: 1, ring_bytes: 0, start_time: 0, flags: 0, source: gpufrag::hello::SOURCE_PYTHON, exe: [0; 24] };
+    let hello = gpufrag::hello::Hello {
+        pid: 42,
+        ppid: 1,
+        ring_bytes: 0,
+        start_time: 0,
+        flags: 0,
+        source: gpufrag::hello::SOURCE_PYTHON,
+        exe: [0; 24],
+    };
     let mut state = gpufrag::ingest::State::default();
     gpufrag::consumer::python_reader(hello, data, |m| {
         if let gpufrag::source::Msg::Blocks { pid, snapshot } = m {

@@ -252,10 +252,7 @@ impl Timer {
 
 /// The CPUs the parent chose for the worker threads (`GPUFRAG_BENCH_CPUS`), in order.
 fn worker_cpus() -> Vec<usize> {
-    std::env::var("GPUFRAG_BENCH_CPUS")
-        .ok()
-        .map(|v| v.split(',').filter_map(|c| c.parse().ok()).collect())
-        .unwrap_or_default()
+    std::env::var("GPUFRAG_BENCH_CPUS").ok().map(|v| v.split(',').filter_map(|c| c.parse().ok()).collect()).unwrap_or_default()
 }
 
 /// Binds the calling thread to `cpus`.
@@ -287,7 +284,8 @@ fn cpu_plan() -> Option<(usize, Vec<usize>)> {
     };
     let mut cores: Vec<((String, String), usize)> = Vec::new();
     for &c in &allowed {
-        let read = |f: &str| std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu{c}/topology/{f}")).ok().map(|s| s.trim().to_string());
+        let read =
+            |f: &str| std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu{c}/topology/{f}")).ok().map(|s| s.trim().to_string());
         let key = (read("physical_package_id")?, read("core_id")?);
         if !cores.iter().any(|(k, _)| *k == key) {
             cores.push((key, c));
@@ -464,10 +462,7 @@ fn parent(calls: usize) {
             }
             let m = |v: &[Figures], g: fn(&Figures) -> f64| median(v.iter().map(g).collect());
             type Get = fn(&Figures) -> f64;
-            let rows: [(&str, Get, Get); 2] = [
-                ("alloc", |f| f.alloc_p50, |f| f.alloc_p99),
-                ("free", |f| f.free_p50, |f| f.free_p99),
-            ];
+            let rows: [(&str, Get, Get); 2] = [("alloc", |f| f.alloc_p50, |f| f.alloc_p99), ("free", |f| f.free_p50, |f| f.free_p99)];
             // Each round's difference, then their median and range: a drift of the machine
             // between rounds moves both runs of a round alike.
             let added = |g: Get| -> String {
@@ -534,10 +529,7 @@ fn ring_alone() {
         );
     }
     println!("event lanes alone (in process, no consumer running): ns per push, {PER} pushes per thread; ns per event drained");
-    println!(
-        "{:>8} {:>12} {:>12} {:>14} {:>14} {:>14}",
-        "threads", "one ring", "lane each", "lane, no CAS", "drain: pop", "drain: merge"
-    );
+    println!("{:>8} {:>12} {:>12} {:>14} {:>14} {:>14}", "threads", "one ring", "lane each", "lane, no CAS", "drain: pop", "drain: merge");
     for threads in [1u64, 2, 8] {
         let mut row = Vec::new();
         let mut drain = Vec::new();

@@ -69,29 +69,21 @@ pub type CuMemAllocFn = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresul
 pub type CuMemAllocPitchFn = unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult;
 pub type CuMemAllocManagedFn = unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult;
 pub type CuMemFreeFn = unsafe extern "C" fn(CUdeviceptr) -> CUresult;
-pub type CuMemAddressReserveFn =
-    unsafe extern "C" fn(*mut CUdeviceptr, usize, usize, CUdeviceptr, c_ulonglong) -> CUresult;
+pub type CuMemAddressReserveFn = unsafe extern "C" fn(*mut CUdeviceptr, usize, usize, CUdeviceptr, c_ulonglong) -> CUresult;
 pub type CuMemAddressFreeFn = unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult;
-pub type CuMemCreateFn = unsafe extern "C" fn(
-    *mut CUmemGenericAllocationHandle,
-    usize,
-    *const CUmemAllocationPropHead,
-    c_ulonglong,
-) -> CUresult;
+pub type CuMemCreateFn =
+    unsafe extern "C" fn(*mut CUmemGenericAllocationHandle, usize, *const CUmemAllocationPropHead, c_ulonglong) -> CUresult;
 pub type CuMemReleaseFn = unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult;
-pub type CuMemMapFn =
-    unsafe extern "C" fn(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, c_ulonglong) -> CUresult;
+pub type CuMemMapFn = unsafe extern "C" fn(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, c_ulonglong) -> CUresult;
 pub type CuMemUnmapFn = unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult;
 pub type CuMemAllocAsyncFn = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
-pub type CuMemAllocFromPoolAsyncFn =
-    unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
+pub type CuMemAllocFromPoolAsyncFn = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
 pub type CuMemFreeAsyncFn = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
 pub type CuMemPoolTrimToFn = unsafe extern "C" fn(CUmemoryPool, usize) -> CUresult;
 pub type CuMemPoolGetAttributeFn = unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult;
 pub type CuMemGetInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
 pub type CuGetProcAddressFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;
-pub type CuGetProcAddressV2Fn =
-    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
+pub type CuGetProcAddressV2Fn = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
 pub type CuCtxGetDeviceFn = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
 pub type CuDeviceGetMemPoolFn = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
 
@@ -101,14 +93,12 @@ pub type CudaMallocPitchFn = unsafe extern "C" fn(*mut *mut c_void, *mut usize, 
 pub type CudaMalloc3DFn = unsafe extern "C" fn(*mut cudaPitchedPtr, cudaExtent) -> cudaError_t;
 pub type CudaMallocManagedFn = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> cudaError_t;
 pub type CudaMallocAsyncFn = unsafe extern "C" fn(*mut *mut c_void, usize, CUstream) -> cudaError_t;
-pub type CudaMallocFromPoolAsyncFn =
-    unsafe extern "C" fn(*mut *mut c_void, usize, CUmemoryPool, CUstream) -> cudaError_t;
+pub type CudaMallocFromPoolAsyncFn = unsafe extern "C" fn(*mut *mut c_void, usize, CUmemoryPool, CUstream) -> cudaError_t;
 pub type CudaFreeFn = unsafe extern "C" fn(*mut c_void) -> cudaError_t;
 pub type CudaFreeAsyncFn = unsafe extern "C" fn(*mut c_void, CUstream) -> cudaError_t;
 pub type CudaMemPoolTrimToFn = unsafe extern "C" fn(CUmemoryPool, usize) -> cudaError_t;
 pub type CudaMemGetInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> cudaError_t;
-pub type CudaGetDriverEntryPointFn =
-    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_ulonglong, *mut c_int) -> cudaError_t;
+pub type CudaGetDriverEntryPointFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_ulonglong, *mut c_int) -> cudaError_t;
 pub type CudaGetDriverEntryPointByVersionFn =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_uint, c_ulonglong, *mut c_int) -> cudaError_t;
 

@@ -211,15 +211,7 @@ pub unsafe extern "C" fn cuMemMap(
     // SAFETY: the caller's arguments, unchanged.
     let rc = unsafe { real(ptr, size, offset, handle, flags) };
     if let Some(g) = guard {
-        g.record(|| {
-            hook::other(Call {
-                addr: ptr,
-                size: size as u64,
-                requested: offset as u64,
-                handle,
-                ..Call::new(EventKind::Map, rc)
-            })
-        });
+        g.record(|| hook::other(Call { addr: ptr, size: size as u64, requested: offset as u64, handle, ..Call::new(EventKind::Map, rc) }));
     }
     rc
 }
@@ -287,14 +279,7 @@ unsafe fn alloc_from_pool(
             // SAFETY: on success the driver wrote the address.
             let addr = if rc == 0 { unsafe { out(dptr) } } else { 0 };
             let size = bytesize as u64;
-            let c = Call {
-                addr,
-                size,
-                requested: size,
-                handle: pool as u64,
-                stream: stream as u64,
-                ..Call::new(EventKind::PoolAlloc, rc)
-            };
+            let c = Call { addr, size, requested: size, handle: pool as u64, stream: stream as u64, ..Call::new(EventKind::PoolAlloc, rc) };
             hook::alloc(c, None, Pool::Given);
         });
     }

@@ -126,7 +126,8 @@ impl Tables {
             // SAFETY: i is a symbol index taken from this object's own hash table.
             let s = unsafe { &*self.symtab.add(i as usize) };
             let (kind, bind) = (s.info & 0xf, s.info >> 4);
-            if s.shndx == 0 || s.value == 0 || !matches!(kind, STT_FUNC | STT_OBJECT | STT_NOTYPE) || !matches!(bind, STB_GLOBAL | STB_WEAK) {
+            if s.shndx == 0 || s.value == 0 || !matches!(kind, STT_FUNC | STT_OBJECT | STT_NOTYPE) || !matches!(bind, STB_GLOBAL | STB_WEAK)
+            {
                 return None;
             }
             // SAFETY: st_name is an offset into this object's NUL-terminated string table.

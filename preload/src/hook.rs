@@ -420,9 +420,8 @@ fn sample_pools(device: Option<i16>) {
 #[inline]
 fn maybe_sample(ts: u64, device: i16) {
     let bit = if (0..64).contains(&device) { 1u64 << device } else { 0 };
-    let first = bit != 0
-        && SAMPLED_DEVICES.load(Ordering::Relaxed) & bit == 0
-        && SAMPLED_DEVICES.fetch_or(bit, Ordering::Relaxed) & bit == 0;
+    let first =
+        bit != 0 && SAMPLED_DEVICES.load(Ordering::Relaxed) & bit == 0 && SAMPLED_DEVICES.fetch_or(bit, Ordering::Relaxed) & bit == 0;
     let interval = SAMPLE_INTERVAL.load(Ordering::Relaxed);
     let last = LAST_SAMPLE.load(Ordering::Relaxed);
     let due = interval != 0

@@ -21,7 +21,6 @@
 //! exec). The shim never aborts the process: any failure
 //! leaves it a pure pass-through.
 #![warn(missing_docs)]
-
 #![allow(clippy::missing_safety_doc)]
 
 #[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]

@@ -46,12 +46,7 @@ unsafe fn swap_out(pfn: *mut *mut c_void, symbol: *const c_char, cuda_version: i
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuGetProcAddress(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    cudaVersion: c_int,
-    flags: u64,
-) -> CUresult {
+pub unsafe extern "C" fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cudaVersion: c_int, flags: u64) -> CUresult {
     // SAFETY: CuGetProcAddressFn is cuGetProcAddress's C type.
     let Some(real) = (unsafe { real_fn::<CuGetProcAddressFn>(Sym::CuGetProcAddress) }) else {
         return CUDA_ERROR_NOT_FOUND;
@@ -116,9 +111,7 @@ pub unsafe extern "C" fn cudaGetDriverEntryPointByVersion(
     driverStatus: *mut c_int,
 ) -> cudaError_t {
     // SAFETY: CudaGetDriverEntryPointByVersionFn is this function's C type.
-    let Some(real) =
-        (unsafe { real_fn::<CudaGetDriverEntryPointByVersionFn>(Sym::CudaGetDriverEntryPointByVersion) })
-    else {
+    let Some(real) = (unsafe { real_fn::<CudaGetDriverEntryPointByVersionFn>(Sym::CudaGetDriverEntryPointByVersion) }) else {
         return CUDA_ERROR_SYMBOL_NOT_FOUND;
     };
     // SAFETY: the caller's arguments, unchanged.

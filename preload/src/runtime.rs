@@ -184,14 +184,7 @@ unsafe fn malloc_from_pool(
             // SAFETY: on success the runtime wrote the address.
             let addr = if rc == 0 { unsafe { out_ptr(devPtr) } } else { 0 };
             let size = size as u64;
-            let c = Call {
-                addr,
-                size,
-                requested: size,
-                handle: pool as u64,
-                stream: stream as u64,
-                ..Call::new(EventKind::PoolAlloc, rc)
-            };
+            let c = Call { addr, size, requested: size, handle: pool as u64, stream: stream as u64, ..Call::new(EventKind::PoolAlloc, rc) };
             hook::alloc(c, None, Pool::Given);
         });
     }
@@ -262,9 +255,7 @@ pub unsafe extern "C" fn cudaMemPoolTrimTo(memPool: CUmemoryPool, minBytesToKeep
     // SAFETY: the caller's arguments, unchanged.
     let rc = unsafe { real(memPool, minBytesToKeep) };
     if let Some(g) = guard {
-        g.record(|| {
-            hook::other(Call { handle: memPool as u64, size: minBytesToKeep as u64, ..Call::new(EventKind::PoolTrim, rc) })
-        });
+        g.record(|| hook::other(Call { handle: memPool as u64, size: minBytesToKeep as u64, ..Call::new(EventKind::PoolTrim, rc) }));
     }
     rc
 }

@@ -348,9 +348,7 @@ fn arm(cfg: &Config, forked: bool) -> bool {
         return fail("ftruncate", None, Some(memfd));
     }
     // SAFETY: a fresh shared mapping of the whole memfd.
-    let base = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, memfd, 0)
-    };
+    let base = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, memfd, 0) };
     if base == libc::MAP_FAILED {
         return fail("mmap", None, Some(memfd));
     }

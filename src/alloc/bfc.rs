@@ -74,7 +74,11 @@ impl Default for BfcRules {
 impl BfcRules {
     /// The rules of an allocator with this limit and `fragmentation_fraction` (0 = unset).
     pub fn with_fraction(memory_limit: u64, fragmentation_fraction: f64) -> BfcRules {
-        let cap = if fragmentation_fraction > 0.0 { (fragmentation_fraction * memory_limit as f64) as u64 } else { DEFAULT_MAX_INTERNAL_FRAGMENTATION };
+        let cap = if fragmentation_fraction > 0.0 {
+            (fragmentation_fraction * memory_limit as f64) as u64
+        } else {
+            DEFAULT_MAX_INTERNAL_FRAGMENTATION
+        };
         BfcRules { max_internal_fragmentation: cap }
     }
 

@@ -90,7 +90,15 @@ impl FrameworkReport {
             Framework::Pytorch => &[],
         };
         let figs: Vec<String> = keys.iter().filter_map(|k| self.stats.get(*k).map(|v| format!("{k}={v}"))).collect();
-        format!("pid {} device {}: {} ({}, {}): {}", self.pid, self.device, self.framework.allocator(), self.source, self.when, figs.join(" "))
+        format!(
+            "pid {} device {}: {} ({}, {}): {}",
+            self.pid,
+            self.device,
+            self.framework.allocator(),
+            self.source,
+            self.when,
+            figs.join(" ")
+        )
     }
 }
 

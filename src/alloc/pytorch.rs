@@ -236,9 +236,9 @@ impl AllocConf {
                     expect(i + 1, ":")?;
                     i += 2;
                     let tok = value(i)?;
-                    let v: f64 = tok.parse().map_err(|_| {
-                        conf_err(Some(&key), format!("invalid value {tok:?} for CachingAllocator option {key}: stod"))
-                    })?;
+                    let v: f64 = tok
+                        .parse()
+                        .map_err(|_| conf_err(Some(&key), format!("invalid value {tok:?} for CachingAllocator option {key}: stod")))?;
                     if !(v > 0.0 && v < 1.0) {
                         return Err(conf_err(Some(&key), "garbage_collect_threshold is invalid, set it in (0.0, 1.0)".into()));
                     }
@@ -260,10 +260,14 @@ impl AllocConf {
                             let interval = t[i].clone();
                             expect(i + 1, ":")?;
                             i += 2;
-                            let tok = t.get(i).ok_or_else(|| conf_err(Some(&key), "Error parsing roundup_power2_divisions value".into()))?;
+                            let tok =
+                                t.get(i).ok_or_else(|| conf_err(Some(&key), "Error parsing roundup_power2_divisions value".into()))?;
                             let d = parse_uint(&key, tok)?;
                             if d != 0 && !d.is_power_of_two() {
-                                return Err(conf_err(Some(&key), "For roundups, the divisions has to be power of 2 or 0 to disable roundup ".into()));
+                                return Err(conf_err(
+                                    Some(&key),
+                                    "For roundups, the divisions has to be power of 2 or 0 to disable roundup ".into(),
+                                ));
                             }
                             let div = &mut out.rules.roundup_power2_divisions;
                             if interval == ">" {
@@ -298,8 +302,11 @@ impl AllocConf {
                         out.rules.roundup_power2_divisions = [d; ROUNDUP_INTERVALS];
                     }
                 }
-                "expandable_segments" | "release_lock_on_cudamalloc" | "pinned_use_cuda_host_register"
-                | "pinned_use_background_threads" | "graph_capture_record_stream_reuse" => {
+                "expandable_segments"
+                | "release_lock_on_cudamalloc"
+                | "pinned_use_cuda_host_register"
+                | "pinned_use_background_threads"
+                | "graph_capture_record_stream_reuse" => {
                     expect(i + 1, ":")?;
                     i += 2;
                     let v = value(i)?;
@@ -422,7 +429,14 @@ mod tests {
         let l = AllocConf::parse("roundup_power2_divisions:[64:8,128:2,256:4,512:2,1024:4,>:1]").unwrap();
         let mut want = [0u64; ROUNDUP_INTERVALS];
         for (i, w) in want.iter_mut().enumerate() {
-            *w = match i { 0..=6 => 8, 7 => 2, 8 => 4, 9 => 2, 10 => 4, _ => 1 };
+            *w = match i {
+                0..=6 => 8,
+                7 => 2,
+                8 => 4,
+                9 => 2,
+                10 => 4,
+                _ => 1,
+            };
         }
         assert_eq!(l.rules.roundup_power2_divisions, want);
         assert_eq!(AllocConf::parse("max_non_split_rounding_mb:64").unwrap().max_non_split_rounding, 64 << 20);
@@ -433,10 +447,22 @@ mod tests {
         let e = AllocConf::parse("max_split_size_mb:256,foo:1").unwrap_err();
         assert_eq!(e.key.as_deref(), Some("foo"));
         assert_eq!(e.message, "Unrecognized CachingAllocator option: foo");
-        assert_eq!(AllocConf::parse("max_split_size_mb:10").unwrap_err().message, "CachingAllocator option max_split_size_mb too small, must be >= 20");
-        assert_eq!(AllocConf::parse("garbage_collection_threshold:1.5").unwrap_err().message, "garbage_collect_threshold is invalid, set it in (0.0, 1.0)");
-        assert_eq!(AllocConf::parse("roundup_power2_divisions:3").unwrap_err().message, "For roundups, the divisions has to be power of 2 ");
-        assert_eq!(AllocConf::parse("expandable_segments:yes").unwrap_err().message, "Expected a single True/False argument for expandable_segments");
+        assert_eq!(
+            AllocConf::parse("max_split_size_mb:10").unwrap_err().message,
+            "CachingAllocator option max_split_size_mb too small, must be >= 20"
+        );
+        assert_eq!(
+            AllocConf::parse("garbage_collection_threshold:1.5").unwrap_err().message,
+            "garbage_collect_threshold is invalid, set it in (0.0, 1.0)"
+        );
+        assert_eq!(
+            AllocConf::parse("roundup_power2_divisions:3").unwrap_err().message,
+            "For roundups, the divisions has to be power of 2 "
+        );
+        assert_eq!(
+            AllocConf::parse("expandable_segments:yes").unwrap_err().message,
+            "Expected a single True/False argument for expandable_segments"
+        );
         assert!(AllocConf::parse("backend:cudaMallocAsync").is_err());
         assert!(AllocConf::parse("max_split_size_mb").is_err());
     }

@@ -398,7 +398,17 @@ mod tests {
     #[test]
     fn xla_fragmentation_names_jaxs_settings_and_ignores_device_free() {
         let mib = 1u64 << 20;
-        let o = OomInputs { requested: 20 * mib, device_free: 0, device_free_known: true, stranded: 25 * mib, releasable: 0, largest_free_block: 17 * mib, framework: true, allocator: Some(Framework::Xla), ..frag_oom() };
+        let o = OomInputs {
+            requested: 20 * mib,
+            device_free: 0,
+            device_free_known: true,
+            stranded: 25 * mib,
+            releasable: 0,
+            largest_free_block: 17 * mib,
+            framework: true,
+            allocator: Some(Framework::Xla),
+            ..frag_oom()
+        };
         assert_eq!(o.verdict(), Verdict::Fragmentation);
         let fix = o.fix();
         for want in ["XLA_PYTHON_CLIENT_PREALLOCATE=false", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR=platform"] {
@@ -448,7 +458,16 @@ mod tests {
         let gib = 1u64 << 30;
         let total = 150_109_880_320u64;
         let allowed = (0.1144 * total as f64) as u64;
-        let o = OomInputs { requested: 20 * gib, device_free: 132_000_000_000, reserved: 2 * gib, allowed: Some(allowed), device_total: Some(total), stranded: 0, largest_free_block: 0, ..frag_oom() };
+        let o = OomInputs {
+            requested: 20 * gib,
+            device_free: 132_000_000_000,
+            reserved: 2 * gib,
+            allowed: Some(allowed),
+            device_total: Some(total),
+            stranded: 0,
+            largest_free_block: 0,
+            ..frag_oom()
+        };
         assert_eq!(o.verdict(), Verdict::AllowedLimit);
         let why = o.explanation();
         assert!(why.contains(&format!("at most {}", human_bytes(allowed))), "{why}");
@@ -473,7 +492,15 @@ mod tests {
     #[test]
     fn regression_small_pages_make_a_driver_level_fragmentation_verdict() {
         let mib = 1u64 << 20;
-        let driver = OomInputs { framework: false, allocator: None, stranded: 0, releasable: 0, largest_free_block: 0, reserved: 714 * mib, ..frag_oom() };
+        let driver = OomInputs {
+            framework: false,
+            allocator: None,
+            stranded: 0,
+            releasable: 0,
+            largest_free_block: 0,
+            reserved: 714 * mib,
+            ..frag_oom()
+        };
         let o = OomInputs { requested: 2 * mib, device_free: 5 * mib, page_stranded: 714 * mib, ..driver };
         assert_eq!(o.verdict(), Verdict::Fragmentation);
         assert!(o.explanation().contains("714.00 MiB page-stranded"), "{}", o.explanation());

@@ -50,7 +50,15 @@ fn device(out: &mut String, d: &DeviceSummary, title: &str) {
     }
     let a = &d.alloc_sizes;
     if a.count > 0 {
-        let _ = writeln!(out, "  allocation sizes     {} allocations: p50 {}, p90 {}, p99 {}, max {}", a.count, h(a.p50), h(a.p90), h(a.p99), h(a.max));
+        let _ = writeln!(
+            out,
+            "  allocation sizes     {} allocations: p50 {}, p90 {}, p99 {}, max {}",
+            a.count,
+            h(a.p50),
+            h(a.p90),
+            h(a.p99),
+            h(a.max)
+        );
     }
     let r = &d.free_runs;
     if r.count > 0 {
@@ -110,13 +118,22 @@ fn render_ooms(s: &Summary, explain: bool) -> String {
     for (i, o) in s.ooms.iter().enumerate() {
         let ctr = o.container_id.as_deref().map(|c| format!(", container {}", &c[..c.len().min(12)])).unwrap_or_default();
         if !explain {
-            let _ = writeln!(out, "OOM {} on device {} (pid {}{ctr}): {} requested: {} (explained above)", i + 1, o.device, o.pid, h(o.requested), o.verdict.name());
+            let _ = writeln!(
+                out,
+                "OOM {} on device {} (pid {}{ctr}): {} requested: {} (explained above)",
+                i + 1,
+                o.device,
+                o.pid,
+                h(o.requested),
+                o.verdict.name()
+            );
             continue;
         }
         let _ = writeln!(out, "\nOOM {} on device {} (pid {}{ctr}): {} requested", i + 1, o.device, o.pid, h(o.requested));
         let _ = writeln!(out, "  verdict: {}", o.verdict.name());
         if o.driver_failures_before > 0 {
-            let _ = writeln!(out, "  (after {} failed driver allocation(s): the allocator's own tries and retries)", o.driver_failures_before);
+            let _ =
+                writeln!(out, "  (after {} failed driver allocation(s): the allocator's own tries and retries)", o.driver_failures_before);
         }
         let _ = writeln!(out, "  {}", o.explanation);
         let _ = writeln!(out, "  fix: {}", o.fix);

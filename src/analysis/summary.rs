@@ -2,8 +2,8 @@
 //! `attach --summary-json` write. Field names are stable (docs/metrics.md documents them); new
 //! fields may be added, none renamed or removed. All sizes are exact bytes.
 
-use crate::ingest::histogram::{Distribution, SizeStats};
 use super::{fragmentation, largest_allocatable, OomInputs, Verdict};
+use crate::ingest::histogram::{Distribution, SizeStats};
 use crate::ingest::State;
 use crate::map::Figures;
 use serde::{Deserialize, Serialize};
@@ -580,7 +580,7 @@ mod robustness_tests {
     fn regression_largest_allocatable_never_exceeds_the_card() {
         let mut st = State::default();
         let total = 150_110_011_392; // 139.80 GiB
-        // Free sampled before anything was allocated: nearly the whole card.
+                                     // Free sampled before anything was allocated: nearly the whole card.
         st.apply(&Event { size: total, device_free: total - GIB, flags: F_DEVICE_FREE_KNOWN, ..Event::new(EventKind::DeviceInfo, 1, 0) });
         st.apply(&Event { addr: 1 << 40, size: 20 * GIB, flags: F_FRAMEWORK_OWNED, ..Event::new(EventKind::MemAlloc, 1, 0) });
         let d = &Summary::from_state(&st, "t").devices[0];

@@ -130,8 +130,8 @@ fn pod_uid(component: &str) -> Option<String> {
         return None;
     }
     let uid = c[at + 3..].replace('_', "-");
-    let uuid_form = uid.len() == 36
-        && uid.char_indices().all(|(i, ch)| if [8, 13, 18, 23].contains(&i) { ch == '-' } else { ch.is_ascii_hexdigit() });
+    let uuid_form =
+        uid.len() == 36 && uid.char_indices().all(|(i, ch)| if [8, 13, 18, 23].contains(&i) { ch == '-' } else { ch.is_ascii_hexdigit() });
     let static_form = uid.len() == 32 && is_hex(&uid);
     (uuid_form || static_form).then(|| uid.to_ascii_lowercase())
 }
@@ -182,7 +182,11 @@ pub fn parse_path(path: &str) -> Placement {
     if let Some(c) = found {
         return Placement::Container(c);
     }
-    let stray_id = comps.iter().any(|c| !c.ends_with(".mount") && !c.contains("-conmon-") && c.as_bytes().windows(64).any(|w| w.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))));
+    let stray_id = comps.iter().any(|c| {
+        !c.ends_with(".mount")
+            && !c.contains("-conmon-")
+            && c.as_bytes().windows(64).any(|w| w.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b)))
+    });
     if stray_id || pod.is_some() {
         return Placement::Unknown { path: path.to_string(), pod_uid: pod };
     }
@@ -215,21 +219,67 @@ mod tests {
         };
     }
 
-    layout!(podman_cgroupfs_on_hybrid_v1, "podman-cgroupfs-hybrid.txt", "6e5409a5a5c3d7a34c2116f355b471ef9406633e12150fbd063a6de8d6d50dcb", "podman", None);
+    layout!(
+        podman_cgroupfs_on_hybrid_v1,
+        "podman-cgroupfs-hybrid.txt",
+        "6e5409a5a5c3d7a34c2116f355b471ef9406633e12150fbd063a6de8d6d50dcb",
+        "podman",
+        None
+    );
     layout!(podman_systemd_v2, "podman-systemd-v2.txt", "9d4c0e5c7fe6a9bd3ddbf5e8a32f7c0f1c8ed1c7c4d70a0f0a1f5f8b2c0e6a11", "podman", None);
-    layout!(podman_rootless_split_v2, "podman-rootless-split-v2.txt", "1b2f0b6cbe0a4c1ad0c4b0a4b42c9f4ef3b7bc2b6ccf1b3f64b5bbf7b44a7c61", "podman", None);
-    layout!(docker_cgroupfs_v1, "docker-cgroupfs-v1.txt", "3f1d2c6e1a49c2f2e3c4c89e3a8b0c7d4a9f8e1d2c3b4a5f6e7d8c9b0a1f2e3d", "docker", None);
+    layout!(
+        podman_rootless_split_v2,
+        "podman-rootless-split-v2.txt",
+        "1b2f0b6cbe0a4c1ad0c4b0a4b42c9f4ef3b7bc2b6ccf1b3f64b5bbf7b44a7c61",
+        "podman",
+        None
+    );
+    layout!(
+        docker_cgroupfs_v1,
+        "docker-cgroupfs-v1.txt",
+        "3f1d2c6e1a49c2f2e3c4c89e3a8b0c7d4a9f8e1d2c3b4a5f6e7d8c9b0a1f2e3d",
+        "docker",
+        None
+    );
     layout!(docker_systemd_v2, "docker-systemd-v2.txt", "c0ffee00d15ea5e5c0ffee00d15ea5e5c0ffee00d15ea5e5c0ffee00d15ea5e5", "docker", None);
     layout!(containerd_systemd_v2, "containerd-systemd-v2.txt", ID, "containerd", Some("c704ef4c297ab11032b83ce52cbfc87b"));
-    layout!(containerd_cgroupfs_v1, "containerd-cgroupfs-v1.txt", "8e7f3c2a1b0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f", "kubernetes", Some("5d7a5a2e-8c3b-4c5e-9a6b-2f7e3b1c0d4a"));
+    layout!(
+        containerd_cgroupfs_v1,
+        "containerd-cgroupfs-v1.txt",
+        "8e7f3c2a1b0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f",
+        "kubernetes",
+        Some("5d7a5a2e-8c3b-4c5e-9a6b-2f7e3b1c0d4a")
+    );
     layout!(crio_systemd_v2, "crio-systemd-v2.txt", ID, "cri-o", Some("b3922967-14e1-4867-9388-461bac94b37e"));
-    layout!(crio_systemd_v1, "crio-systemd-v1.txt", "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90", "cri-o", Some("0e8e9f3a-2b4c-4d6e-8f0a-1b3c5d7e9f02"));
-    layout!(guaranteed_pod_cgroupfs_v2, "containerd-guaranteed-cgroupfs-v2.txt", ID, "kubernetes", Some("0e8e9f3a-2b4c-4d6e-8f0a-1b3c5d7e9f02"));
-    layout!(docker_in_podman_innermost_wins, "dind-podman-docker-v1.txt", "1575e8b4a92a9c340a657f3df4ddc0f6a6305c200879f3898b26368ad019b503", "docker", Some("a2acd1bccd50fd7790183537181f658e"));
+    layout!(
+        crio_systemd_v1,
+        "crio-systemd-v1.txt",
+        "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90",
+        "cri-o",
+        Some("0e8e9f3a-2b4c-4d6e-8f0a-1b3c5d7e9f02")
+    );
+    layout!(
+        guaranteed_pod_cgroupfs_v2,
+        "containerd-guaranteed-cgroupfs-v2.txt",
+        ID,
+        "kubernetes",
+        Some("0e8e9f3a-2b4c-4d6e-8f0a-1b3c5d7e9f02")
+    );
+    layout!(
+        docker_in_podman_innermost_wins,
+        "dind-podman-docker-v1.txt",
+        "1575e8b4a92a9c340a657f3df4ddc0f6a6305c200879f3898b26368ad019b503",
+        "docker",
+        Some("a2acd1bccd50fd7790183537181f658e")
+    );
 
     #[test]
     fn host_processes_are_on_the_host() {
-        for f in [include_str!("../../tests/fixtures/cgroup/host-hybrid-plain.txt"), include_str!("../../tests/fixtures/cgroup/host-systemd-v2.txt"), "0::/\n"] {
+        for f in [
+            include_str!("../../tests/fixtures/cgroup/host-hybrid-plain.txt"),
+            include_str!("../../tests/fixtures/cgroup/host-systemd-v2.txt"),
+            "0::/\n",
+        ] {
             assert_eq!(parse_file(f).unwrap(), Placement::Host, "{f}");
         }
     }
@@ -240,12 +290,21 @@ mod tests {
         assert!(matches!(parse_file(t).unwrap(), Placement::Unknown { pod_uid: None, .. }), "{:?}", parse_file(t));
         // A pod's group without a container id in it.
         let p = parse_path("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podb3922967_14e1_4867_9388_461bac94b37e.slice");
-        assert_eq!(p, Placement::Unknown { path: "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podb3922967_14e1_4867_9388_461bac94b37e.slice".into(), pod_uid: Some("b3922967-14e1-4867-9388-461bac94b37e".into()) });
+        assert_eq!(
+            p,
+            Placement::Unknown {
+                path: "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podb3922967_14e1_4867_9388_461bac94b37e.slice".into(),
+                pod_uid: Some("b3922967-14e1-4867-9388-461bac94b37e".into())
+            }
+        );
     }
 
     #[test]
     fn mount_units_and_conmon_are_not_containers() {
-        assert_eq!(parse_path(&format!("/system.slice/run-containerd-io.containerd.runtime.v2.task-k8s.io-{ID}-rootfs.mount")), Placement::Host);
+        assert_eq!(
+            parse_path(&format!("/system.slice/run-containerd-io.containerd.runtime.v2.task-k8s.io-{ID}-rootfs.mount")),
+            Placement::Host
+        );
         assert_eq!(parse_path(&format!("/machine.slice/libpod-conmon-{ID}.scope")), Placement::Host);
         assert_eq!(parse_path(&format!("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podb3922967_14e1_4867_9388_461bac94b37e.slice/crio-conmon-{ID}.scope")), Placement::Unknown { path: format!("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podb3922967_14e1_4867_9388_461bac94b37e.slice/crio-conmon-{ID}.scope"), pod_uid: Some("b3922967-14e1-4867-9388-461bac94b37e".into()) });
     }

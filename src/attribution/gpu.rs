@@ -197,7 +197,11 @@ mod tests {
         assert_eq!(g.resolve(&env(None, Some("2")), 0).unwrap().uuid.as_deref(), Some("GPU-00000002-1111-2222-3333-444455556662"));
         assert_eq!(idx(&g, &env(None, Some("GPU-00000003")), 0), Ok(3), "a UUID prefix");
         assert_eq!(idx(&g, &env(None, Some("00000001-1111")), 0), Ok(1), "GPU- is optional");
-        assert_eq!(idx(&g, &env(None, Some("2,9,1")), 1), Err(Unresolved::Beyond { ordinal: 1, visible: 1 }), "the list ends at a device that does not exist");
+        assert_eq!(
+            idx(&g, &env(None, Some("2,9,1")), 1),
+            Err(Unresolved::Beyond { ordinal: 1, visible: 1 }),
+            "the list ends at a device that does not exist"
+        );
     }
 
     #[test]

@@ -20,9 +20,9 @@ pub mod gpu;
 use gpu::{NodeGpus, VisibleEnv};
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
-use std::path::PathBuf;
 #[cfg(test)]
 use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// How many gaps are kept verbatim (all are counted).
@@ -183,7 +183,14 @@ pub struct Attribution {
 impl Attribution {
     /// Over `/proc` (or a copy of its layout, for tests) with the node's GPUs `gpus`.
     pub fn new(proc_root: impl Into<PathBuf>, gpus: NodeGpus) -> Attribution {
-        let mut a = Attribution { proc_root: proc_root.into(), gpus, known: HashMap::new(), prefetched: HashMap::new(), gaps: BTreeMap::new(), kept: Vec::new() };
+        let mut a = Attribution {
+            proc_root: proc_root.into(),
+            gpus,
+            known: HashMap::new(),
+            prefetched: HashMap::new(),
+            gaps: BTreeMap::new(),
+            kept: Vec::new(),
+        };
         if a.gpus.uuids.is_none() {
             a.gap(GapKind::NvmlAbsent, 0, "NVML absent: GPUs are known by index only (hw.id gpu-N), and a CUDA_VISIBLE_DEVICES entry given as a UUID cannot be placed".into());
         }
@@ -243,7 +250,11 @@ impl Attribution {
                 }
                 Ok(cgroup::Placement::Unknown { path, pod_uid }) => {
                     id.pod_uid = pod_uid;
-                    self.gap(GapKind::CgroupUnknown, pid, format!("/proc/{pid}/cgroup: path {path:?} is of no form gpufrag knows: container unknown"));
+                    self.gap(
+                        GapKind::CgroupUnknown,
+                        pid,
+                        format!("/proc/{pid}/cgroup: path {path:?} is of no form gpufrag knows: container unknown"),
+                    );
                 }
                 Err(e) => self.gap(GapKind::CgroupUnknown, pid, format!("/proc/{pid}/cgroup: {e}: container unknown")),
             },
@@ -251,7 +262,11 @@ impl Attribution {
         let env = match read.environ {
             Ok(bytes) => Some(parse_environ(&bytes)),
             Err(e) => {
-                self.gap(GapKind::EnvironUnreadable, pid, format!("/proc/{pid}/environ: {e}: its CUDA ordinals are taken as node GPU indices, and its pod's names are unknown"));
+                self.gap(
+                    GapKind::EnvironUnreadable,
+                    pid,
+                    format!("/proc/{pid}/environ: {e}: its CUDA ordinals are taken as node GPU indices, and its pod's names are unknown"),
+                );
                 None
             }
         };
@@ -269,7 +284,8 @@ impl Attribution {
                 // The kubelet sets HOSTNAME to the pod's name (unless the pod sets spec.hostname).
                 id.pod_name = get(&["HOSTNAME"]);
             }
-            visible = Some(VisibleEnv { nvidia: env.get("NVIDIA_VISIBLE_DEVICES").cloned(), cuda: env.get("CUDA_VISIBLE_DEVICES").cloned() });
+            visible =
+                Some(VisibleEnv { nvidia: env.get("NVIDIA_VISIBLE_DEVICES").cloned(), cuda: env.get("CUDA_VISIBLE_DEVICES").cloned() });
         }
         if id.pod_uid.is_some() && id.namespace.is_none() {
             // Every pod with a service account has its namespace in a file of its own root.
@@ -440,7 +456,18 @@ mod tests {
     fn a_pod_process_is_named_from_its_cgroup_and_environment() {
         let d = tmp("pod");
         let cg = format!("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podb3922967_14e1_4867_9388_461bac94b37e.slice/cri-containerd-{ID}.scope\n");
-        fake_proc(&d, 42, Some(&cg), Some(&[("HOSTNAME", "trainer-0"), ("POD_NAMESPACE", "ml"), ("CUDA_VISIBLE_DEVICES", "2"), ("KUBERNETES_SERVICE_HOST", "10.0.0.1")])).unwrap();
+        fake_proc(
+            &d,
+            42,
+            Some(&cg),
+            Some(&[
+                ("HOSTNAME", "trainer-0"),
+                ("POD_NAMESPACE", "ml"),
+                ("CUDA_VISIBLE_DEVICES", "2"),
+                ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+            ]),
+        )
+        .unwrap();
         let mut a = Attribution::new(&d, four());
         let id = a.identify(42);
         assert_eq!(id.container_id.as_deref(), Some(ID));
@@ -459,7 +486,13 @@ mod tests {
         fake_proc(&d, 7, None, None).unwrap();
         // An unknown form, and a pod whose root is gone (no root link in the fake /proc).
         fake_proc(&d, 8, Some(&format!("0::/weird/{ID}\n")), Some(&[("PATH", "/bin")])).unwrap();
-        fake_proc(&d, 9, Some(&format!("0::/kubepods/besteffort/pod0e8e9f3a-2b4c-4d6e-8f0a-1b3c5d7e9f02/{ID}\n")), Some(&[("CUDA_VISIBLE_DEVICES", "MIG-0e8e9f3a-2b4c-4d6e-8f0a-1b3c5d7e9f02")])).unwrap();
+        fake_proc(
+            &d,
+            9,
+            Some(&format!("0::/kubepods/besteffort/pod0e8e9f3a-2b4c-4d6e-8f0a-1b3c5d7e9f02/{ID}\n")),
+            Some(&[("CUDA_VISIBLE_DEVICES", "MIG-0e8e9f3a-2b4c-4d6e-8f0a-1b3c5d7e9f02")]),
+        )
+        .unwrap();
         let mut a = Attribution::new(&d, four());
         let seven = a.identify(7);
         assert_eq!((seven.exe.as_str(), seven.container_id.as_deref()), ("worker", None));

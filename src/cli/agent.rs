@@ -53,5 +53,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         eprintln!("[gpufrag] agent: tracing every GPU process ({} probes)", session.link_count());
     }
     let duration = args.duration.filter(|d| d.is_finite() && *d > 0.0).map(Duration::from_secs_f64);
-    trace(session, live, LoopOptions { summary_json: args.out.summary_json.as_deref(), quiet: args.out.quiet, source: "agent".into(), duration })
+    trace(
+        session,
+        live,
+        LoopOptions { summary_json: args.out.summary_json.as_deref(), quiet: args.out.quiet, source: "agent".into(), duration },
+    )
 }

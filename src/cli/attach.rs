@@ -7,9 +7,9 @@
 //! The loop itself ([`trace`]) is shared with `gpufrag agent`.
 
 use crate::analysis::render::render_after_live;
-use crate::live::Live;
 use crate::ebpf::session::{Session, SessionOptions, Target};
 use crate::ebpf::ProbeError;
+use crate::live::Live;
 use anyhow::Context;
 use std::io::IsTerminal;
 use std::path::PathBuf;

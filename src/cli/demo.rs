@@ -40,7 +40,12 @@ fn simcuda_dir() -> anyhow::Result<(PathBuf, PathBuf)> {
     let libs = dir.join("simcuda");
     let workload = dir.join("simcuda-workload");
     if !libs.join("libcuda.so.1").exists() || !workload.is_file() {
-        bail!("the simcuda stand-ins are not built next to {} (expected {} and {}); run `cargo build --release --workspace`", exe.display(), libs.display(), workload.display());
+        bail!(
+            "the simcuda stand-ins are not built next to {} (expected {} and {}); run `cargo build --release --workspace`",
+            exe.display(),
+            libs.display(),
+            workload.display()
+        );
     }
     Ok((libs, workload))
 }

@@ -4,12 +4,12 @@
 
 pub mod agent;
 pub mod analyze;
-pub mod demo;
 pub mod attach;
+pub mod demo;
+pub mod outputs;
 pub mod report;
 pub mod run;
 pub mod top;
-pub mod outputs;
 pub mod whatif;
 
 use crate::input::UnusableInput;

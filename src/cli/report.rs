@@ -44,7 +44,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let oom = report::pick_oom(&data.summary, args.oom);
     if let Some(k) = args.oom {
         if oom != Some(k.wrapping_sub(1)) {
-            return Err(crate::input::UnusableInput(format!("--oom {k}: the input has {} failed allocation(s)", data.summary.ooms.len())).into());
+            return Err(
+                crate::input::UnusableInput(format!("--oom {k}: the input has {} failed allocation(s)", data.summary.ooms.len())).into()
+            );
         }
     }
     let mut out = std::io::stdout().lock();
@@ -60,12 +62,17 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if let Some(p) = &args.svg {
         let svgs = report::map_svgs(&data, oom);
         let first = svgs.into_iter().next().unwrap_or_default();
-        std::fs::write(p, format!("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n{first}")).with_context(|| format!("writing {}", p.display()))?;
+        std::fs::write(p, format!("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n{first}"))
+            .with_context(|| format!("writing {}", p.display()))?;
         writeln!(out, "map: {}", p.display())?;
     }
     if let Some(p) = &args.memviz {
         let Some(state) = &data.state else {
-            return Err(crate::input::UnusableInput(format!("{}: a summary JSON holds no blocks or events to export; use a record file or a snapshot", args.input.display())).into());
+            return Err(crate::input::UnusableInput(format!(
+                "{}: a summary JSON holds no blocks or events to export; use a record file or a snapshot",
+                args.input.display()
+            ))
+            .into());
         };
         for f in memviz::export_all(state, data.log.as_ref(), p).context("writing the memory_viz snapshot")? {
             writeln!(out, "memory_viz snapshot: {}", f.display())?;

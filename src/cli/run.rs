@@ -98,13 +98,18 @@ pub fn find_preload(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("locating this executable")?;
     let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut tried = Vec::new();
-    for cand in [dir.join("libgpufrag_preload.so"), dir.join("../deps/libgpufrag_preload.so"), dir.join("../lib/gpufrag/libgpufrag_preload.so")] {
+    for cand in
+        [dir.join("libgpufrag_preload.so"), dir.join("../deps/libgpufrag_preload.so"), dir.join("../lib/gpufrag/libgpufrag_preload.so")]
+    {
         if cand.is_file() {
             return Ok(cand.canonicalize().unwrap_or(cand));
         }
         tried.push(cand.display().to_string());
     }
-    bail!("libgpufrag_preload.so not found (looked at {}); build it with `cargo build --release --workspace` or pass --preload", tried.join(", "))
+    bail!(
+        "libgpufrag_preload.so not found (looked at {}); build it with `cargo build --release --workspace` or pass --preload",
+        tried.join(", ")
+    )
 }
 
 static CHILD: AtomicI32 = AtomicI32::new(0);
@@ -159,7 +164,14 @@ fn check_args(args: &Args) -> anyhow::Result<()> {
         ("--record", args.out.record.clone()),
         ("--summary-json", args.out.summary_json.clone()),
         ("--memviz", views.memviz.clone()),
-        ("--report", if views.no_report { None } else { crate::views::postmortem::report_path(views.report.as_deref(), args.out.summary_json.as_deref()) }),
+        (
+            "--report",
+            if views.no_report {
+                None
+            } else {
+                crate::views::postmortem::report_path(views.report.as_deref(), args.out.summary_json.as_deref())
+            },
+        ),
         ("--feed", views.feed.clone()),
     ];
     for (flag, path) in outputs {
@@ -201,7 +213,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if !args.no_python_hook {
         let dir = consumer.dir().join("python");
         let hook = dir.join("sitecustomize.py");
-        std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&hook, PYTHON_HOOK)).with_context(|| format!("writing the Python hook {}", hook.display()))?;
+        std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(&hook, PYTHON_HOOK))
+            .with_context(|| format!("writing the Python hook {}", hook.display()))?;
         for (name, text) in TORCH_TRACKER {
             let file = dir.join(name);
             std::fs::write(&file, text).with_context(|| format!("writing the Python hook {}", file.display()))?;

@@ -5,8 +5,8 @@
 //! sweep of `sim::sweep_confs` and a ranked recommendation. The baseline (the trace's own
 //! settings) is always the first row.
 
-use crate::input::UnusableInput;
 use crate::alloc::pytorch::AllocConf;
+use crate::input::UnusableInput;
 use crate::sim::{self, Limits, Outcome, RequestStream, Scenario};
 use crate::units::{human_bytes, parse_bytes};
 use serde_json::{json, Value};
@@ -78,7 +78,8 @@ pub fn evaluate(stream: RequestStream, confs: &[String], memory_limit: Option<u6
         limits.device_total = dm;
     }
     let own = stream.conf.clone();
-    let mut outcomes = vec![sim::simulate(&stream, &Scenario { alloc_conf: own.conf.clone(), conf: own.clone(), limits: limits.clone() }, true)];
+    let mut outcomes =
+        vec![sim::simulate(&stream, &Scenario { alloc_conf: own.conf.clone(), conf: own.clone(), limits: limits.clone() }, true)];
     for (s, c) in parsed {
         outcomes.push(sim::simulate(&stream, &Scenario { alloc_conf: s, conf: c, limits: limits.clone() }, false));
     }
@@ -174,11 +175,9 @@ pub fn render(w: &WhatIf, file: &Path) -> String {
             "self-check: faithful (the simulation under the trace's own settings reproduces its {} driver calls and {} block addresses)\n",
             c.ops_compared, c.blocks_compared
         )),
-        Some(d) => s.push_str(&format!(
-            "self-check: NOT faithful{}: {}\n",
-            d.entry.map(|e| format!(" at entry {e}")).unwrap_or_default(),
-            d.what
-        )),
+        Some(d) => {
+            s.push_str(&format!("self-check: NOT faithful{}: {}\n", d.entry.map(|e| format!(" at entry {e}")).unwrap_or_default(), d.what))
+        }
     }
     for n in &w.stream.notes {
         s.push_str(&format!("note: {n}\n"));
@@ -187,7 +186,10 @@ pub fn render(w: &WhatIf, file: &Path) -> String {
     for x in &w.ranked {
         rank[x.index] = x.rank;
     }
-    s.push_str(&format!("\n{:>4}  {:<56} {:>14} {:>14} {:>8} {:>12}  {}\n", "rank", "setting", "peak reserved", "peak alloc", "retries", "stranded", "OOM"));
+    s.push_str(&format!(
+        "\n{:>4}  {:<56} {:>14} {:>14} {:>8} {:>12}  {}\n",
+        "rank", "setting", "peak reserved", "peak alloc", "retries", "stranded", "OOM"
+    ));
     for (i, o) in w.outcomes.iter().enumerate() {
         let name = if o.alloc_conf.is_empty() { "\"\" (defaults)".to_string() } else { o.alloc_conf.clone() };
         let name = if i == 0 { format!("{name} [baseline]") } else { name };
@@ -210,7 +212,11 @@ pub fn render(w: &WhatIf, file: &Path) -> String {
         s.push_str(&format!("memory limit: {} allowed ({} bytes)\n", human_bytes(l), l));
     }
     if let Some(d) = w.device_memory {
-        s.push_str(&format!("device memory: {} ({} outside the caching allocator counted)\n", human_bytes(d), human_bytes(w.stream.non_framework_peak)));
+        s.push_str(&format!(
+            "device memory: {} ({} outside the caching allocator counted)\n",
+            human_bytes(d),
+            human_bytes(w.stream.non_framework_peak)
+        ));
     }
     s.push_str(&format!("\n{}\n", w.recommendation));
     s
@@ -220,11 +226,8 @@ pub fn render(w: &WhatIf, file: &Path) -> String {
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let memory_limit = args.memory_limit.as_deref().map(|v| size_arg("--memory-limit", v)).transpose()?;
     let device_memory = args.device_memory.as_deref().map(|v| size_arg("--device-memory", v)).transpose()?;
-    let confs: Vec<String> = if args.alloc_conf.is_empty() {
-        sim::sweep_confs().into_iter().map(String::from).collect()
-    } else {
-        args.alloc_conf.clone()
-    };
+    let confs: Vec<String> =
+        if args.alloc_conf.is_empty() { sim::sweep_confs().into_iter().map(String::from).collect() } else { args.alloc_conf.clone() };
     // parse before reading the trace, so that a bad setting fails fast
     for c in &confs {
         AllocConf::parse(c).map_err(|e| UnusableInput(format!("--alloc-conf {c:?}: {e}")))?;

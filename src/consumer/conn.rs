@@ -14,10 +14,10 @@ use crate::hello::{Hello, HELLO_BYTES, HELLO_ENV_MAX, HELLO_F_ENV, HELLO_F_TSC, 
 use gpufrag_wire::clock::{self, Converter};
 use gpufrag_wire::lanes::{Lanes, Merge, Prefault, SPARE_LANES};
 use std::io::{self, Read};
-use std::sync::Arc;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::Arc;
 
 /// A shim's event region, mapped.
 pub struct RingConn {
@@ -157,7 +157,8 @@ fn peer_uid(s: &UnixStream) -> io::Result<u32> {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: SO_PEERCRED fills one ucred we own, of the length we pass.
-    let r = unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len) };
+    let r =
+        unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len) };
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -210,7 +211,10 @@ fn recv_env(mut s: &UnixStream, pid: u32) -> io::Result<Vec<u8>> {
     s.read_exact(&mut len)?;
     let len = usize::from(u16::from_le_bytes(len));
     if len > HELLO_ENV_MAX {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("pid {pid}: environment block of {len} bytes, more than {HELLO_ENV_MAX}")));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("pid {pid}: environment block of {len} bytes, more than {HELLO_ENV_MAX}"),
+        ));
     }
     let mut env = vec![0u8; len];
     s.read_exact(&mut env)?;
@@ -243,10 +247,14 @@ pub fn handshake(stream: UnixStream) -> io::Result<Accepted> {
             }
             let len = st.st_size as usize;
             if len as u64 != hello.ring_bytes || len == 0 || len > (1 << 32) {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("pid {}: ring of {len} bytes, hello says {}", hello.pid, hello.ring_bytes)));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("pid {}: ring of {len} bytes, hello says {}", hello.pid, hello.ring_bytes),
+                ));
             }
             // SAFETY: maps the whole memfd shared; the result is checked before use.
-            let base = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+            let base =
+                unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
             if base == libc::MAP_FAILED {
                 return Err(io::Error::last_os_error());
             }
@@ -367,7 +375,13 @@ pub fn python_reader(hello: Hello, mut stream: impl Read, mut emit: impl FnMut(c
                     u64::from_le_bytes(w)
                 };
                 let allowed = if body.len() == PY_OOM_BYTES { Some(q(32)).filter(|&a| a > 0) } else { None };
-                emit(crate::source::Msg::PyOom { pid: hello.pid, device: q(0) as i64 as i16, requested: q(8), device_free: q(24), allowed });
+                emit(crate::source::Msg::PyOom {
+                    pid: hello.pid,
+                    device: q(0) as i64 as i16,
+                    requested: q(8),
+                    device_free: q(24),
+                    allowed,
+                });
             }
             PY_OOM_ALLOWED if body.len() == PY_OOM_ALLOWED_BYTES => {
                 let q = |o: usize| {
@@ -389,7 +403,10 @@ pub fn python_reader(hello: Hello, mut stream: impl Read, mut emit: impl FnMut(c
                     let block = matches!(e.kind(), Some(crate::event::EventKind::BlockAlloc | crate::event::EventKind::BlockFree))
                         || (e.kind() == Some(crate::event::EventKind::Adopt) && e.addr == 0);
                     if !block || e.flags & crate::event::F_ALLOC_CUPY == 0 {
-                        emit(crate::source::Msg::Warning(format!("{name}: an event frame held a {} event; only CuPy block events are accepted", e.kind().map_or("unknown", |k| k.name()))));
+                        emit(crate::source::Msg::Warning(format!(
+                            "{name}: an event frame held a {} event; only CuPy block events are accepted",
+                            e.kind().map_or("unknown", |k| k.name())
+                        )));
                         continue;
                     }
                     e.pid = hello.pid;
@@ -419,7 +436,10 @@ pub fn python_reader(hello: Hello, mut stream: impl Read, mut emit: impl FnMut(c
                     let note = f.note.chars().take(400).collect();
                     emit(crate::source::Msg::BlocksSource { pid: hello.pid, tracker: f.blocks == "tracker", note })
                 }
-                Ok(f) => emit(crate::source::Msg::Warning(format!("{name}: unknown block source {:?}", f.blocks.chars().take(40).collect::<String>()))),
+                Ok(f) => emit(crate::source::Msg::Warning(format!(
+                    "{name}: unknown block source {:?}",
+                    f.blocks.chars().take(40).collect::<String>()
+                ))),
                 Err(e) => emit(crate::source::Msg::Warning(format!("{name}: unusable block-source frame: {e}"))),
             },
             t => emit(crate::source::Msg::Warning(format!("{name}: unknown frame type {t}"))),

@@ -10,8 +10,8 @@
 //! traced processes then drop and count, never wait. Python messages are forwarded only after a full drain pass, so a snapshot
 //! never overtakes the driver events that preceded it.
 
-mod conn;
 pub mod blocks;
+mod conn;
 /// The Python hook's framing, for the fuzz target of fuzz/.
 pub use conn::python_reader;
 
@@ -27,8 +27,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use conn::{RingConn, PY_ARMED, PY_ARMED_BYTES, PY_BLOCKS_SOURCE, PY_EVENTS, PY_FRAMEWORK_OOM, PY_HEADER_BYTES, PY_MAGIC, PY_OOM, PY_OOM_ALLOWED, PY_OOM_ALLOWED_BYTES, PY_OOM_BYTES, PY_SNAPSHOT, PY_STATS};
 use crate::source::{now_ns, Msg};
+pub use conn::{
+    RingConn, PY_ARMED, PY_ARMED_BYTES, PY_BLOCKS_SOURCE, PY_EVENTS, PY_FRAMEWORK_OOM, PY_HEADER_BYTES, PY_MAGIC, PY_OOM, PY_OOM_ALLOWED,
+    PY_OOM_ALLOWED_BYTES, PY_OOM_BYTES, PY_SNAPSHOT, PY_STATS,
+};
 
 struct Shared {
     stop: AtomicBool,
@@ -85,7 +88,9 @@ impl Consumer {
         {
             let shared = Arc::clone(&shared);
             let tx = tx.clone();
-            threads.push(std::thread::Builder::new().name("gpufrag-accept".into()).spawn(move || accept_loop(listener, shared, tx, prefault_tx))?);
+            threads.push(
+                std::thread::Builder::new().name("gpufrag-accept".into()).spawn(move || accept_loop(listener, shared, tx, prefault_tx))?,
+            );
         }
         {
             let shared = Arc::clone(&shared);
@@ -171,13 +176,13 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>, tx: Sender<Msg>, pre
                     }
                     Ok(conn::Accepted::Python(hello, stream)) => {
                         let shared = Arc::clone(&shared);
-                        let _ = std::thread::Builder::new()
-                            .name("gpufrag-python".into())
-                            .spawn(move || conn::python_reader(hello, stream, |m| {
+                        let _ = std::thread::Builder::new().name("gpufrag-python".into()).spawn(move || {
+                            conn::python_reader(hello, stream, |m| {
                                 if let Ok(mut p) = shared.pending.lock() {
                                     p.push_back(m);
                                 }
-                            }));
+                            })
+                        });
                     }
                     Err(e) => {
                         let _ = tx.send(Msg::Warning(format!("refused a connection: {e}")));
@@ -231,8 +236,13 @@ fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
     let mut idle = 0u32;
     loop {
         let stopping = shared.stop.load(Ordering::Acquire);
-        let (hellos, pending): (Vec<Msg>, Vec<Msg>) =
-            shared.pending.lock().map(|mut p| p.drain(..).collect::<Vec<Msg>>()).unwrap_or_default().into_iter().partition(|m| matches!(m, Msg::Connected { .. }));
+        let (hellos, pending): (Vec<Msg>, Vec<Msg>) = shared
+            .pending
+            .lock()
+            .map(|mut p| p.drain(..).collect::<Vec<Msg>>())
+            .unwrap_or_default()
+            .into_iter()
+            .partition(|m| matches!(m, Msg::Connected { .. }));
         // A process's hello goes before its events (who it is, and which GPUs it sees, decide
         // where its events are filed).
         for m in hellos {

@@ -227,13 +227,20 @@ impl Probes {
         }
         let skel = open.load().map_err(|e| classify(&e, what))?;
         let mut links = Vec::new();
-        for (prog, tp) in [(&skel.progs.on_fork, "sched_process_fork"), (&skel.progs.on_exec, "sched_process_exec"), (&skel.progs.on_exit, "sched_process_exit")] {
+        for (prog, tp) in [
+            (&skel.progs.on_fork, "sched_process_fork"),
+            (&skel.progs.on_exec, "sched_process_exec"),
+            (&skel.progs.on_exit, "sched_process_exit"),
+        ] {
             links.push(prog.attach_raw_tracepoint(tp).map_err(|e| classify(&e, what))?);
         }
         // Every file mmap goes through these (the first argument is the file); the first one
         // this kernel lets us probe is used.
-        let kprobes = Path::new("/sys/bus/event_source/devices/kprobe").exists() || Path::new("/sys/kernel/tracing/kprobe_events").exists() || Path::new("/sys/kernel/debug/tracing/kprobe_events").exists();
-        let mut mmap_probe_error = (!kprobes).then(|| "this kernel offers no kprobes (no kprobe PMU, no tracefs kprobe_events)".to_string());
+        let kprobes = Path::new("/sys/bus/event_source/devices/kprobe").exists()
+            || Path::new("/sys/kernel/tracing/kprobe_events").exists()
+            || Path::new("/sys/kernel/debug/tracing/kprobe_events").exists();
+        let mut mmap_probe_error =
+            (!kprobes).then(|| "this kernel offers no kprobes (no kprobe PMU, no tracefs kprobe_events)".to_string());
         for func in MMAP_FUNCTIONS.iter().filter(|_| kprobes) {
             match skel.progs.on_mmap_file.attach_kprobe(false, func) {
                 Ok(l) => {
@@ -410,7 +417,8 @@ impl Probes {
                         (&self.skel.progs.torch_malloc_return, *malloc, true),
                         (&self.skel.progs.torch_free_entry, *free, false),
                     ] {
-                        let link = prog.attach_uprobe(retprobe, -1, path, offset as usize).map_err(|e| classify(&e, "attaching uprobes"))?;
+                        let link =
+                            prog.attach_uprobe(retprobe, -1, path, offset as usize).map_err(|e| classify(&e, "attaching uprobes"))?;
                         self.links.push(link);
                     }
                 }
@@ -467,7 +475,9 @@ impl Probes {
             }
             for name in &present {
                 let Some(prog) = self.program(&format!("gf_{name}")) else { continue };
-                let link = prog.attach_usdt(-1, path, "gpufrag", name).map_err(|e| classify(&e, &format!("attaching USDT gpufrag:{name} in {}", path.display())))?;
+                let link = prog
+                    .attach_usdt(-1, path, "gpufrag", name)
+                    .map_err(|e| classify(&e, &format!("attaching USDT gpufrag:{name} in {}", path.display())))?;
                 self.links.push(link);
             }
             self.files.insert(id, (path.to_path_buf(), Attached::Annotations { probes: present.len() }));
@@ -526,14 +536,22 @@ impl Probes {
 
     /// Attaches one driver function's real pair only (for the benchmark).
     pub fn attach_function(&mut self, path: &Path, func: &str) -> Result<(), ProbeError> {
-        let pair = DRIVER_FUNCTIONS.iter().find(|(f, _)| *f == func).map(|(_, p)| *p).ok_or_else(|| ProbeError::Other(format!("{func} is not probed")))?;
+        let pair = DRIVER_FUNCTIONS
+            .iter()
+            .find(|(f, _)| *f == func)
+            .map(|(_, p)| *p)
+            .ok_or_else(|| ProbeError::Other(format!("{func} is not probed")))?;
         let off = *Self::offsets(path)?.get(func).ok_or_else(|| ProbeError::Other(format!("{} has no {func}", path.display())))?;
         self.attach_pair(path, func, off, pair)
     }
 
     /// Reports `tgid`'s events from now on.
     pub fn trace(&self, tgid: u32) -> Result<(), ProbeError> {
-        self.skel.maps.traced.update(&tgid.to_ne_bytes(), &[1u8], MapFlags::ANY).map_err(|e| ProbeError::Other(format!("tracing {tgid}: {e}")))
+        self.skel
+            .maps
+            .traced
+            .update(&tgid.to_ne_bytes(), &[1u8], MapFlags::ANY)
+            .map_err(|e| ProbeError::Other(format!("tracing {tgid}: {e}")))
     }
 
     /// Stops reporting `tgid`.
@@ -545,7 +563,9 @@ impl Probes {
     pub fn lost(&self) -> u64 {
         let key = 0u32.to_ne_bytes();
         match self.skel.maps.lost.lookup_percpu(&key, MapFlags::ANY) {
-            Ok(Some(per_cpu)) => per_cpu.iter().filter_map(|v| v.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok())).map(u64::from_ne_bytes).sum(),
+            Ok(Some(per_cpu)) => {
+                per_cpu.iter().filter_map(|v| v.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok())).map(u64::from_ne_bytes).sum()
+            }
             _ => 0,
         }
     }

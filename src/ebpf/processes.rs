@@ -194,7 +194,8 @@ impl ProcessTable {
                 out.push(Action::Forget(pid));
             }
         }
-        self.procs.insert(pid, Incarnation { pid, start_time, name, exact, exited: false, last_device: None, handle_device: HashMap::new() });
+        self.procs
+            .insert(pid, Incarnation { pid, start_time, name, exact, exited: false, last_device: None, handle_device: HashMap::new() });
         out.push(Action::Apply(Event { ts_ns, ..Event::new(EventKind::ProcessExec, pid, -1) }));
         out
     }

@@ -83,7 +83,8 @@ pub fn parse_maps(text: &str) -> Vec<MapsEntry> {
             continue;
         }
         let mut d = dev.split(':');
-        let (Some(Ok(maj)), Some(Ok(min))) = (d.next().map(|x| u32::from_str_radix(x, 16)), d.next().map(|x| u32::from_str_radix(x, 16))) else {
+        let (Some(Ok(maj)), Some(Ok(min))) = (d.next().map(|x| u32::from_str_radix(x, 16)), d.next().map(|x| u32::from_str_radix(x, 16)))
+        else {
             continue;
         };
         out.push(MapsEntry { dev: (maj, min), ino, path: path.trim_end_matches(" (deleted)").to_string() });
@@ -122,7 +123,8 @@ pub enum Unreadable {
 /// `/proc/PID/maps` as text.
 fn read_maps(pid: u32) -> Result<String, Unreadable> {
     std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) || !Path::new(&format!("/proc/{pid}")).exists() {
+        if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) || !Path::new(&format!("/proc/{pid}")).exists()
+        {
             Unreadable::Gone
         } else {
             Unreadable::Denied(e.to_string())
@@ -141,7 +143,8 @@ pub fn maps_file(pid: u32, id: FileId) -> bool {
     let Ok(text) = read_maps(pid) else { return false };
     parse_maps(&text).iter().any(|e| {
         e.ino == id.ino
-            && (libc::makedev(e.dev.0, e.dev.1) == id.dev || std::fs::metadata(reachable(pid, &e.path)).is_ok_and(|m| m.dev() == id.dev && m.ino() == id.ino))
+            && (libc::makedev(e.dev.0, e.dev.1) == id.dev
+                || std::fs::metadata(reachable(pid, &e.path)).is_ok_and(|m| m.dev() == id.dev && m.ino() == id.ino))
     })
 }
 
@@ -190,7 +193,11 @@ pub fn node_libcuda(host_root: Option<&Path>) -> Vec<PathBuf> {
         for d in dirs {
             let dir = root.join(d.trim_start_matches('/'));
             let Ok(entries) = std::fs::read_dir(&dir) else { continue };
-            let mut names: Vec<PathBuf> = entries.flatten().filter(|e| LibKind::of(&e.file_name().to_string_lossy()) == Some(LibKind::Cuda)).map(|e| e.path()).collect();
+            let mut names: Vec<PathBuf> = entries
+                .flatten()
+                .filter(|e| LibKind::of(&e.file_name().to_string_lossy()) == Some(LibKind::Cuda))
+                .map(|e| e.path())
+                .collect();
             names.sort();
             for p in names {
                 if let Ok(id) = file_id(&p) {
@@ -220,10 +227,22 @@ fn ld_so_conf_dirs(root: &Path) -> Vec<String> {
         for line in text.lines().map(|l| l.split('#').next().unwrap_or("").trim()) {
             if let Some(pat) = line.strip_prefix("include").map(str::trim) {
                 let pat = if pat.starts_with('/') { root.join(pat.trim_start_matches('/')) } else { f.parent().unwrap_or(root).join(pat) };
-                let (dir, glob) = (pat.parent().map(Path::to_path_buf).unwrap_or_default(), pat.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+                let (dir, glob) = (
+                    pat.parent().map(Path::to_path_buf).unwrap_or_default(),
+                    pat.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+                );
                 let (pre, post) = glob.split_once('*').unwrap_or((&glob, ""));
                 if let Ok(rd) = std::fs::read_dir(&dir) {
-                    let mut found: Vec<PathBuf> = rd.flatten().map(|e| e.path()).filter(|p| p.file_name().is_some_and(|n| { let n = n.to_string_lossy(); n.starts_with(pre) && n.ends_with(post) && n.len() >= pre.len() + post.len() })).collect();
+                    let mut found: Vec<PathBuf> = rd
+                        .flatten()
+                        .map(|e| e.path())
+                        .filter(|p| {
+                            p.file_name().is_some_and(|n| {
+                                let n = n.to_string_lossy();
+                                n.starts_with(pre) && n.ends_with(post) && n.len() >= pre.len() + post.len()
+                            })
+                        })
+                        .collect();
                     found.sort();
                     files.extend(found);
                 }
@@ -242,7 +261,10 @@ fn ld_cache_dirs(root: &Path) -> Vec<String> {
     if !cache.is_file() {
         return Vec::new();
     }
-    let Ok(out) = std::process::Command::new("ldconfig").arg("-C").arg(&cache).arg("-p").stderr(std::process::Stdio::null()).output() else { return Vec::new() };
+    let Ok(out) = std::process::Command::new("ldconfig").arg("-C").arg(&cache).arg("-p").stderr(std::process::Stdio::null()).output()
+    else {
+        return Vec::new();
+    };
     let mut dirs = Vec::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         if let Some((_, path)) = line.split_once("=> ") {
@@ -372,7 +394,9 @@ pub fn libcuda_candidates(pid: u32) -> Vec<PathBuf> {
             }
         }
     }
-    for d in ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/cuda/lib64", "/usr/lib/wsl/lib"] {
+    for d in
+        ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/cuda/lib64", "/usr/lib/wsl/lib"]
+    {
         dirs.push(d.to_string());
     }
     let mut out: Vec<PathBuf> = Vec::new();

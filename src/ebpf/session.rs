@@ -29,9 +29,9 @@ use super::nvml::DeviceMonitor;
 use super::processes::{coverage, Action, Coverage, ProcFs, ProcessTable};
 use super::procfs::{self, FileId, LibKind};
 use super::{Attached, ProbeError, ProbeOptions, Probes};
+use crate::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_SRC_EBPF, F_SRC_NVML};
 use crate::ingest::State;
 use crate::source::{now_ns, Msg};
-use crate::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_SRC_EBPF, F_SRC_NVML};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -256,7 +256,9 @@ impl Session {
                 Attached::Driver { functions } => format!("driver level: uprobes on {functions} functions of {}", path.display()),
                 Attached::Torch(blocks, oom) => {
                     let blocks = match blocks {
-                        super::symbols::TorchProbes::Usdt => format!("PyTorch blocks: USDT probes pytorch:malloc/free in {}", path.display()),
+                        super::symbols::TorchProbes::Usdt => {
+                            format!("PyTorch blocks: USDT probes pytorch:malloc/free in {}", path.display())
+                        }
                         super::symbols::TorchProbes::Symbols { .. } => {
                             format!("PyTorch blocks: no USDT probes in {}; uprobes on NativeCachingAllocator::malloc and Native::local_raw_delete from .symtab", path.display())
                         }
@@ -281,7 +283,9 @@ impl Session {
                 Attached::Bfc(super::symbols::BfcProbes::None(why)) => {
                     format!("XLA BFC blocks not traced: {why}; XLA's pool is seen at the segment level only (one mapping, in use in full)")
                 }
-                Attached::Annotations { probes } => format!("allocator blocks: {probes} gpufrag annotation USDT probes (include/gpufrag_annotate.h) in {}", path.display()),
+                Attached::Annotations { probes } => {
+                    format!("allocator blocks: {probes} gpufrag annotation USDT probes (include/gpufrag_annotate.h) in {}", path.display())
+                }
             };
             self.notes.push(note);
         }
@@ -406,7 +410,9 @@ impl Session {
                 }
                 continue;
             }
-            let found = procfs::cuda_libs(m.pid).into_iter().find(|l| l.id == m.id || l.path.file_name().is_some_and(|n| n.to_string_lossy() == m.name) && !self.probes.has_file(&l.id));
+            let found = procfs::cuda_libs(m.pid).into_iter().find(|l| {
+                l.id == m.id || l.path.file_name().is_some_and(|n| n.to_string_lossy() == m.name) && !self.probes.has_file(&l.id)
+            });
             match found {
                 Some(lib) => {
                     if let Err(e) = self.attach_file(lib.kind, &lib.path) {
@@ -414,7 +420,10 @@ impl Session {
                     }
                 }
                 None if tries < 50 && procfs::alive(m.pid) => self.mapped_pending.push((m, tries + 1)),
-                None => self.notes.push(format!("pid {} mapped {} (not probed yet) and was gone before it could be found in /proc/{}/maps", m.pid, m.name, m.pid)),
+                None => self.notes.push(format!(
+                    "pid {} mapped {} (not probed yet) and was gone before it could be found in /proc/{}/maps",
+                    m.pid, m.name, m.pid
+                )),
             }
         }
     }
@@ -434,13 +443,20 @@ impl Session {
             let start = self.table.get(e.pid).map(|p| p.start_time);
             let ts = now_ns();
             let Some((total, free)) = n.device_memory(gpu) else { continue };
-            let alive = procfs::stat(e.pid).is_some_and(|st| st.state != 'Z' && st.state != 'X' && start.is_none_or(|s| s == st.start_time));
+            let alive =
+                procfs::stat(e.pid).is_some_and(|st| st.state != 'Z' && st.state != 'X' && start.is_none_or(|s| s == st.start_time));
             if !alive {
                 self.failures_after_exit += 1;
                 continue;
             }
             self.nvml_reads_at_failure += 1;
-            out.push(Event { ts_ns: ts, size: total, device_free: free, flags: F_DEVICE_FREE_KNOWN | F_SRC_EBPF | F_SRC_NVML, ..Event::new(EventKind::DeviceInfo, e.pid, device) });
+            out.push(Event {
+                ts_ns: ts,
+                size: total,
+                device_free: free,
+                flags: F_DEVICE_FREE_KNOWN | F_SRC_EBPF | F_SRC_NVML,
+                ..Event::new(EventKind::DeviceInfo, e.pid, device)
+            });
         }
         out
     }
@@ -566,7 +582,9 @@ impl Session {
             let unchecked = &self.unchecked_exec;
             // A process gone before its first event is handled has no start time (0): then any
             // holder of its pid that used a file before its probes were in makes it inexact.
-            let exact_if_new = |pid: u32, start: u64| !pre.contains(&(pid, start)) && !(start == 0 && (unchecked.contains(&pid) || pre.iter().any(|&(p, _)| p == pid)));
+            let exact_if_new = |pid: u32, start: u64| {
+                !pre.contains(&(pid, start)) && !(start == 0 && (unchecked.contains(&pid) || pre.iter().any(|&(p, _)| p == pid)))
+            };
             let acts = self.table.on_event(ev, &lookup, &exact_if_new);
             self.apply(out, acts);
         }
@@ -599,7 +617,13 @@ impl Session {
         }
         for d in 0..n.device_count() {
             if let Some((total, free)) = n.device_memory(d as i16) {
-                let e = Event { ts_ns: now_ns(), size: total, device_free: free, flags: F_DEVICE_FREE_KNOWN | F_SRC_EBPF, ..Event::new(EventKind::DeviceInfo, 0, d as i16) };
+                let e = Event {
+                    ts_ns: now_ns(),
+                    size: total,
+                    device_free: free,
+                    flags: F_DEVICE_FREE_KNOWN | F_SRC_EBPF,
+                    ..Event::new(EventKind::DeviceInfo, 0, d as i16)
+                };
                 out.push(Msg::Event(e));
             }
         }
@@ -656,16 +680,27 @@ impl Session {
             }
         }
         for (pid, n) in &self.table.assumed {
-            notes.push(format!("pid {pid}: {n} allocation(s) attributed to device 0 (no CUDA context seen since attaching and NVML did not tell)"));
+            notes.push(format!(
+                "pid {pid}: {n} allocation(s) attributed to device 0 (no CUDA context seen since attaching and NVML did not tell)"
+            ));
         }
         if self.unreadable_procs > 0 {
-            notes.push(format!("{} process(es) had /proc entries gpufrag could not read: a gap in coverage (their libraries were not looked for)", self.unreadable_procs));
+            notes.push(format!(
+                "{} process(es) had /proc entries gpufrag could not read: a gap in coverage (their libraries were not looked for)",
+                self.unreadable_procs
+            ));
         }
         if self.failures_after_exit > 0 {
-            notes.push(format!("{} failed allocation(s) were seen only after their process had gone: no NVML figure was taken for them", self.failures_after_exit));
+            notes.push(format!(
+                "{} failed allocation(s) were seen only after their process had gone: no NVML figure was taken for them",
+                self.failures_after_exit
+            ));
         }
         if self.table.let_go > 0 {
-            notes.push(format!("{} exited process(es) beyond --keep-exited-max were let go: their final maps are not in this summary", self.table.let_go));
+            notes.push(format!(
+                "{} exited process(es) beyond --keep-exited-max were let go: their final maps are not in this summary",
+                self.table.let_go
+            ));
         }
         if self.table.reused > 0 {
             notes.push(format!("{} pid(s) were reused by new processes; their earlier holders' state was dropped", self.table.reused));

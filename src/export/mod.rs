@@ -26,11 +26,11 @@ use crate::ingest::State;
 use crate::observe::Observer;
 use anyhow::{bail, Context};
 use otlp::{Config, Log, Pipeline, Protocol};
-use store::{Builder, Reader, Store};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use store::{Builder, Reader, Store};
 
 /// Export interval when neither `--otlp-interval` nor `OTEL_METRIC_EXPORT_INTERVAL` is given.
 /// Shorter than the SDK's 60 s: memory runs out within seconds, and a scrape or export of one
@@ -133,7 +133,9 @@ pub fn otlp_config(args: &ExportArgs) -> anyhow::Result<Option<Config>> {
         },
     };
     let endpoint = match protocol {
-        Protocol::HttpProtobuf if is_base && !url.trim_end_matches('/').ends_with("/v1/metrics") => format!("{}/v1/metrics", url.trim_end_matches('/')),
+        Protocol::HttpProtobuf if is_base && !url.trim_end_matches('/').ends_with("/v1/metrics") => {
+            format!("{}/v1/metrics", url.trim_end_matches('/'))
+        }
         _ => url,
     };
     let timeout = if env_nonempty("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT").is_some() || env_nonempty("OTEL_EXPORTER_OTLP_TIMEOUT").is_some() {

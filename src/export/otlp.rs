@@ -282,10 +282,7 @@ fn register(meter: &Meter, reader: &Arc<Reader>) {
     // (opentelemetry_sdk's `Pipeline::produce`), so what this callback records lands in the same
     // collection. It observes nothing itself.
     let r = reader.clone();
-    meter
-        .u64_observable_gauge("gpufrag.internal.histogram_mirror")
-        .with_callback(move |_| mirror.record(&r.view().alloc_sizes))
-        .build();
+    meter.u64_observable_gauge("gpufrag.internal.histogram_mirror").with_callback(move |_| mirror.record(&r.view().alloc_sizes)).build();
 }
 
 /// A running OTLP pipeline.
@@ -402,7 +399,12 @@ mod tests {
         let l2 = lines.clone();
         let fail = Arc::new(AtomicBool::new(true));
         let reader = Arc::new(Reader::new(Arc::new(super::super::store::Store::default())));
-        let w = Watched::new(Flaky { fail: fail.clone() }, "http://127.0.0.1:1", reader, Arc::new(move |s: &str| l2.lock().unwrap().push(s.to_string())));
+        let w = Watched::new(
+            Flaky { fail: fail.clone() },
+            "http://127.0.0.1:1",
+            reader,
+            Arc::new(move |s: &str| l2.lock().unwrap().push(s.to_string())),
+        );
         let rm = ResourceMetrics::default();
         let run = |w: &Watched<Flaky>| futures_lite_block_on(w.export(&rm));
         for _ in 0..5 {

@@ -62,7 +62,8 @@ fn escape_label(v: &str) -> String {
 }
 
 fn labels(attrs: &[(&str, AttrValue)], extra: Option<(&str, &str)>) -> String {
-    let mut parts: Vec<String> = attrs.iter().map(|(k, v)| format!("{}=\"{}\"", prometheus_label(k), escape_label(&v.to_label()))).collect();
+    let mut parts: Vec<String> =
+        attrs.iter().map(|(k, v)| format!("{}=\"{}\"", prometheus_label(k), escape_label(&v.to_label()))).collect();
     if let Some((k, v)) = extra {
         parts.push(format!("{k}=\"{}\"", escape_label(v)));
     }
@@ -231,7 +232,9 @@ fn respond(page: &Page, method: &Method, path: &str) -> Response<Full<Bytes>> {
             (StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", body)
         }
         (&Method::GET | &Method::HEAD, "/") => (StatusCode::OK, "text/plain; charset=utf-8", "gpufrag: metrics at /metrics\n".to_string()),
-        (&Method::GET | &Method::HEAD, _) => (StatusCode::NOT_FOUND, "text/plain; charset=utf-8", "not found: metrics are at /metrics\n".to_string()),
+        (&Method::GET | &Method::HEAD, _) => {
+            (StatusCode::NOT_FOUND, "text/plain; charset=utf-8", "not found: metrics are at /metrics\n".to_string())
+        }
         _ => (StatusCode::METHOD_NOT_ALLOWED, "text/plain; charset=utf-8", "only GET\n".to_string()),
     };
     let mut r = Response::new(Full::new(Bytes::from(body)));

@@ -9,8 +9,8 @@
 //! process series in one export.
 
 use super::gpu::GpuIds;
-use crate::ingest::histogram::{SizeStats, BUCKET_BOUNDS};
 use crate::analysis::{OomInputs, Verdict};
+use crate::ingest::histogram::{SizeStats, BUCKET_BOUNDS};
 use crate::ingest::State;
 use crate::map::Figures;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -312,7 +312,15 @@ const NO_SIZES: Sizes = Sizes { buckets: [0; BUCKETS], count: 0, sum: 0 };
 impl Builder {
     /// A builder naming GPUs with `gpus`.
     pub fn new(gpus: GpuIds) -> Builder {
-        Builder { gpus, exe: HashMap::new(), exited_at: HashMap::new(), sizes: HashMap::new(), retired: BTreeMap::new(), last: HashMap::new(), seq: 0 }
+        Builder {
+            gpus,
+            exe: HashMap::new(),
+            exited_at: HashMap::new(),
+            sizes: HashMap::new(),
+            retired: BTreeMap::new(),
+            last: HashMap::new(),
+            seq: 0,
+        }
     }
 
     /// Reads the name of `pid` now (called when it starts or execs, while it surely runs: a
@@ -434,7 +442,14 @@ impl Builder {
             .collect();
         let alloc_sizes = hist
             .into_iter()
-            .map(|((device, level), h)| HistPoint { device, hw_id: self.gpus.id(device), level, buckets: h.buckets, count: h.count, sum: h.sum })
+            .map(|((device, level), h)| HistPoint {
+                device,
+                hw_id: self.gpus.id(device),
+                level,
+                buckets: h.buckets,
+                count: h.count,
+                sum: h.sum,
+            })
             .collect();
         Snapshot { seq: self.seq, taken: SystemTime::now(), processes, devices, alloc_sizes, dropped: state.dropped }
     }
@@ -519,7 +534,19 @@ mod tests {
         let r = Reader::new(store.clone());
         let attrs = super::super::catalog::process_attrs(&r.view().processes[0]);
         let keys: Vec<&str> = attrs.iter().map(|(k, _)| *k).collect();
-        assert_eq!(keys, ["process.pid", "process.executable.name", "hw.id", "gpufrag.framework", "container.id", "k8s.pod.uid", "k8s.pod.name", "k8s.namespace.name"]);
+        assert_eq!(
+            keys,
+            [
+                "process.pid",
+                "process.executable.name",
+                "hw.id",
+                "gpufrag.framework",
+                "container.id",
+                "k8s.pod.uid",
+                "k8s.pod.name",
+                "k8s.namespace.name"
+            ]
+        );
         assert_eq!(attrs[1].1.to_label(), "train");
         assert_eq!(attrs[3].1.to_label(), "none", "no caching allocator seen: a bounded value, not an absent attribute");
         r.collected(true);

@@ -158,15 +158,7 @@ impl SizeStats {
             .filter(|(_, &c)| c > 0)
             .map(|(i, &count)| Bucket { le: BUCKET_BOUNDS.get(i).copied().unwrap_or(u64::MAX), count })
             .collect();
-        Distribution {
-            count: self.count(),
-            sum: self.sum,
-            p50: q(0.5),
-            p90: q(0.9),
-            p99: q(0.99),
-            max: self.max,
-            buckets,
-        }
+        Distribution { count: self.count(), sum: self.sum, p50: q(0.5), p90: q(0.9), p99: q(0.99), max: self.max, buckets }
     }
 
     /// The distribution of `values`.
@@ -218,7 +210,12 @@ mod tests {
         assert_eq!(d.sum, 512 + 513 + 1024 + (1 << 31) + 1);
         assert_eq!(
             d.buckets,
-            vec![Bucket { le: 512, count: 1 }, Bucket { le: 1024, count: 2 }, Bucket { le: 1 << 30, count: 1 }, Bucket { le: 1 << 31, count: 1 }]
+            vec![
+                Bucket { le: 512, count: 1 },
+                Bucket { le: 1024, count: 2 },
+                Bucket { le: 1 << 30, count: 1 },
+                Bucket { le: 1 << 31, count: 1 }
+            ]
         );
     }
 
@@ -255,7 +252,19 @@ mod tests {
             }
             for q in [0.5, 0.9, 0.99] {
                 let want = h.median_equivalent(h.value_at_quantile(q)).clamp(few.min, few.max);
-                assert_eq!(few.quantile(q, &{ let mut s = values[..n].to_vec(); s.sort_unstable(); s }, &Histogram::new_with_bounds(1, 2, 3).unwrap()), want, "n {n} q {q}");
+                assert_eq!(
+                    few.quantile(
+                        q,
+                        &{
+                            let mut s = values[..n].to_vec();
+                            s.sort_unstable();
+                            s
+                        },
+                        &Histogram::new_with_bounds(1, 2, 3).unwrap()
+                    ),
+                    want,
+                    "n {n} q {q}"
+                );
             }
         }
         let mut merged = SizeStats::of(values[..10].iter().copied());

@@ -25,10 +25,12 @@
 
 pub mod histogram;
 
-use crate::event::{Event, EventKind, F_ALLOCATOR_OOM, F_ALLOC_XLA_BFC, F_ALLOWED_KNOWN, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED, F_OOM_AMEND, F_SRC_NVML};
-use crate::alloc::Framework;
-use crate::map::{AddressSpace, Anomaly, Figures, SegmentKind};
 use crate::alloc::pytorch::AllocatorRules;
+use crate::alloc::Framework;
+use crate::event::{
+    Event, EventKind, F_ALLOCATOR_OOM, F_ALLOC_XLA_BFC, F_ALLOWED_KNOWN, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED, F_OOM_AMEND, F_SRC_NVML,
+};
+use crate::map::{AddressSpace, Anomaly, Figures, SegmentKind};
 use histogram::SizeStats;
 use std::collections::BTreeMap;
 
@@ -89,7 +91,16 @@ pub struct ProcessDevice {
 
 impl ProcessDevice {
     fn new(pid: u32, device: i16, rules: AllocatorRules) -> ProcessDevice {
-        ProcessDevice { pid, device, map: AddressSpace::new(rules), block_sizes: SizeStats::default(), segment_sizes: SizeStats::default(), allocs: 0, frees: 0, framework: None }
+        ProcessDevice {
+            pid,
+            device,
+            map: AddressSpace::new(rules),
+            block_sizes: SizeStats::default(),
+            segment_sizes: SizeStats::default(),
+            allocs: 0,
+            frees: 0,
+            framework: None,
+        }
     }
 }
 
@@ -358,7 +369,6 @@ impl State {
         self.awaiting.retain(|&i| ooms[i].pid != pid);
     }
 
-
     /// A reading of device free by (or, with `nvml`, for) `pid` on `device`: remembered as the
     /// process's latest, and given to the OOM records it may complete.
     fn reading(&mut self, pid: u32, device: i16, ts_ns: u64, free: u64, nvml: bool) {
@@ -484,7 +494,8 @@ impl State {
                     None => self.space(pid, device).map.figures(),
                 };
                 let space_framework = self.spaces.get(&(pid, device)).and_then(|s| s.framework);
-                let framework = if ev.failed_op() == Some(EventKind::BlockAlloc) { Some(Framework::from_flags(ev.flags)) } else { space_framework };
+                let framework =
+                    if ev.failed_op() == Some(EventKind::BlockAlloc) { Some(Framework::from_flags(ev.flags)) } else { space_framework };
                 let traced = figures.reserved + figures.unmapped_physical;
                 let (device_free, device_free_source, device_free_age_ns) = match ev.device_free() {
                     Some(free) => (Some(free), DeviceFreeSource::FailureEvent, Some(0)),
@@ -504,7 +515,11 @@ impl State {
                     0
                 };
                 let allocator_oom = ev.flags & F_ALLOCATOR_OOM != 0;
-                let pending = if block { self.pending_allowed.remove(&(pid, device)).filter(|&(t, _)| t.abs_diff(ev.ts_ns) <= AMEND_WINDOW_NS).map(|(_, a)| a) } else { None };
+                let pending = if block {
+                    self.pending_allowed.remove(&(pid, device)).filter(|&(t, _)| t.abs_diff(ev.ts_ns) <= AMEND_WINDOW_NS).map(|(_, a)| a)
+                } else {
+                    None
+                };
                 self.ooms.push(OomRecord {
                     allowed: (ev.flags & F_ALLOWED_KNOWN != 0).then_some(ev.size).or(pending),
                     allocator_oom,
@@ -529,7 +544,9 @@ impl State {
             _ if ev.rc != 0 => Ok(()), // a failed call changes nothing; sources send AllocFailed for OOMs
             // free(NULL) is a no-op for the driver and for caching allocators alike.
             EventKind::MemFree | EventKind::PoolFree | EventKind::BlockFree if ev.addr == 0 => Ok(()),
-            EventKind::BlockAlloc | EventKind::BlockFree if ev.flags & F_ALLOC_XLA_BFC != 0 && !self.bfc_device_chunk(pid, device, ev, kind) => {
+            EventKind::BlockAlloc | EventKind::BlockFree
+                if ev.flags & F_ALLOC_XLA_BFC != 0 && !self.bfc_device_chunk(pid, device, ev, kind) =>
+            {
                 self.host_bfc_blocks += 1;
                 Ok(())
             }
@@ -585,7 +602,11 @@ impl State {
                     _ => Err(Anomaly::NotAMapEvent(ev.kind)),
                 };
                 m.debug_check();
-                let segment = r.is_ok() && matches!(kind, EventKind::MemAlloc | EventKind::MemAllocPitch | EventKind::MemAllocManaged | EventKind::PoolAlloc | EventKind::Map);
+                let segment = r.is_ok()
+                    && matches!(
+                        kind,
+                        EventKind::MemAlloc | EventKind::MemAllocPitch | EventKind::MemAllocManaged | EventKind::PoolAlloc | EventKind::Map
+                    );
                 if segment {
                     s.allocs += 1;
                     s.segment_sizes.record(ev.size);
@@ -609,7 +630,8 @@ impl State {
         if ev.handle == 0 || (self.bfc_instances.len() >= MAX_BFC_INSTANCES && !self.bfc_instances.contains_key(&(pid, ev.handle))) {
             return inside;
         }
-        let i = self.bfc_instances.entry((pid, ev.handle)).or_insert(BfcInstance { device_pool: inside, chunks: 0, lo: ev.addr, hi: ev.addr });
+        let i =
+            self.bfc_instances.entry((pid, ev.handle)).or_insert(BfcInstance { device_pool: inside, chunks: 0, lo: ev.addr, hi: ev.addr });
         if kind == EventKind::BlockAlloc {
             i.chunks += 1;
             i.lo = i.lo.min(ev.addr);
@@ -725,7 +747,12 @@ mod process_rules_tests {
         let mut s = State::default();
         let requested = 1_153_434; // 1.1 MiB
         for pid in [7u32, 8] {
-            s.apply(&Event { addr: 0x1000_0000 * u64::from(pid), size: 20 << 20, requested: 20 << 20, ..Event::new(EventKind::MemAlloc, pid, 0) });
+            s.apply(&Event {
+                addr: 0x1000_0000 * u64::from(pid),
+                size: 20 << 20,
+                requested: 20 << 20,
+                ..Event::new(EventKind::MemAlloc, pid, 0)
+            });
             if pid == 7 {
                 // Told after the process's first (driver) event, as the hook's frame arrives.
                 s.set_process_rules(7, conf.rules.clone());
@@ -762,8 +789,15 @@ mod failure_tests {
         assert_eq!(s.failed_call_count, 2);
         let sum = Summary::from_state(&s, "test");
         assert_eq!(sum.ooms.len(), 1);
-        assert_eq!(sum.failed_calls.iter().map(|c| (c.op.as_str(), c.rc)).collect::<Vec<_>>(), vec![("phys_create", 800), ("pool_alloc", 201)]);
-        assert!(sum.notes.iter().any(|n| n.starts_with("2 allocation call(s) failed with codes other than out-of-memory")), "{:?}", sum.notes);
+        assert_eq!(
+            sum.failed_calls.iter().map(|c| (c.op.as_str(), c.rc)).collect::<Vec<_>>(),
+            vec![("phys_create", 800), ("pool_alloc", 201)]
+        );
+        assert!(
+            sum.notes.iter().any(|n| n.starts_with("2 allocation call(s) failed with codes other than out-of-memory")),
+            "{:?}",
+            sum.notes
+        );
         assert!(sum.exact, "a refused call is not a lost event");
     }
 
@@ -773,8 +807,23 @@ mod failure_tests {
     #[test]
     fn regression_an_amendment_gives_the_trackers_oom_its_allowed_bytes_in_either_order() {
         use crate::event::{F_ALLOWED_KNOWN, F_FAILED, F_OOM_AMEND};
-        let oom = |ts_ns| Event { ts_ns, requested: 20 << 30, rc: RC_OUT_OF_MEMORY, op: EventKind::BlockAlloc as u16, flags: F_FAILED, ..Event::new(EventKind::AllocFailed, 7, 0) };
-        let amend = |ts_ns| Event { ts_ns, requested: 20 << 30, size: 16 << 30, rc: RC_OUT_OF_MEMORY, op: EventKind::BlockAlloc as u16, flags: F_FAILED | F_ALLOWED_KNOWN | F_OOM_AMEND, ..Event::new(EventKind::AllocFailed, 7, 0) };
+        let oom = |ts_ns| Event {
+            ts_ns,
+            requested: 20 << 30,
+            rc: RC_OUT_OF_MEMORY,
+            op: EventKind::BlockAlloc as u16,
+            flags: F_FAILED,
+            ..Event::new(EventKind::AllocFailed, 7, 0)
+        };
+        let amend = |ts_ns| Event {
+            ts_ns,
+            requested: 20 << 30,
+            size: 16 << 30,
+            rc: RC_OUT_OF_MEMORY,
+            op: EventKind::BlockAlloc as u16,
+            flags: F_FAILED | F_ALLOWED_KNOWN | F_OOM_AMEND,
+            ..Event::new(EventKind::AllocFailed, 7, 0)
+        };
         for first_oom in [true, false] {
             let mut s = State::default();
             let (a, b) = if first_oom { (oom(1_000), amend(5_000)) } else { (amend(1_000), oom(5_000)) };
@@ -805,7 +854,15 @@ mod device_free_tests {
     }
     fn failure(ts_ns: u64, free: Option<u64>) -> Event {
         let flags = F_FAILED | if free.is_some() { F_DEVICE_FREE_KNOWN } else { 0 };
-        Event { ts_ns, requested: 3 << 30, rc: RC_OUT_OF_MEMORY, op: EventKind::MemAlloc as u16, flags, device_free: free.unwrap_or(0), ..Event::new(EventKind::AllocFailed, 7, 0) }
+        Event {
+            ts_ns,
+            requested: 3 << 30,
+            rc: RC_OUT_OF_MEMORY,
+            op: EventKind::MemAlloc as u16,
+            flags,
+            device_free: free.unwrap_or(0),
+            ..Event::new(EventKind::AllocFailed, 7, 0)
+        }
     }
     fn run(events: &[Event]) -> (Option<u64>, DeviceFreeSource, Option<i64>) {
         let mut s = State::default();
@@ -819,7 +876,8 @@ mod device_free_tests {
 
     #[test]
     fn the_failures_own_figure_comes_first() {
-        let e = [alloc(MS, 0x1000_0000, 2 << 20), reading(2 * MS, 7, 111, false), failure(3 * MS, Some(222)), reading(4 * MS, 7, 333, false)];
+        let e =
+            [alloc(MS, 0x1000_0000, 2 << 20), reading(2 * MS, 7, 111, false), failure(3 * MS, Some(222)), reading(4 * MS, 7, 333, false)];
         assert_eq!(run(&e), (Some(222), DeviceFreeSource::FailureEvent, Some(0)));
     }
 
@@ -853,7 +911,12 @@ mod device_free_tests {
 
     #[test]
     fn readings_of_other_processes_and_late_ones_are_not_taken() {
-        let e = [failure(MS, None), reading(2 * MS, 8, 999, false), reading(2 * MS, 0, 998, false), reading(MS + READING_WINDOW_NS + 1, 7, 111, false)];
+        let e = [
+            failure(MS, None),
+            reading(2 * MS, 8, 999, false),
+            reading(2 * MS, 0, 998, false),
+            reading(MS + READING_WINDOW_NS + 1, 7, 111, false),
+        ];
         assert_eq!(run(&e), (None, DeviceFreeSource::NotMeasured, None));
     }
 

@@ -36,10 +36,10 @@ mod tiling;
 
 pub use pages::PageOccupancy;
 
-use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
 use crate::alloc::bfc::BfcRules;
-use crate::alloc::Framework;
 use crate::alloc::pytorch::{AllocatorRules, DRIVER_PAGE};
+use crate::alloc::Framework;
+use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound::Excluded;
 use tiling::{Spot, Tiling};
@@ -455,7 +455,10 @@ impl AddressSpace {
             if s.framework {
                 let (blocks, bytes) = self.tiling.check(slot, s.start, s.end())?;
                 if (blocks, bytes) != (s.live_blocks, s.live_bytes) {
-                    return Err(format!("segment at {start:#x}: counts {} blocks / {} B, its list {blocks} / {bytes} B", s.live_blocks, s.live_bytes));
+                    return Err(format!(
+                        "segment at {start:#x}: counts {} blocks / {} B, its list {blocks} / {bytes} B",
+                        s.live_blocks, s.live_bytes
+                    ));
                 }
                 entries += self.tiling.blocks_of(slot).count();
                 runs += self.tiling.runs_in(s.start, s.end()).count();
@@ -470,7 +473,16 @@ impl AddressSpace {
         let t = &self.totals;
         let (a, b) = (
             (t.segment_bytes, t.cache_bytes, t.cache_segments, t.raw, t.live_bytes, t.live_blocks, t.stranded, t.releasable),
-            (totals.segment_bytes, totals.cache_bytes, totals.cache_segments, totals.raw, totals.live_bytes, totals.live_blocks, totals.stranded, totals.releasable),
+            (
+                totals.segment_bytes,
+                totals.cache_bytes,
+                totals.cache_segments,
+                totals.raw,
+                totals.live_bytes,
+                totals.live_blocks,
+                totals.stranded,
+                totals.releasable,
+            ),
         );
         if a != b {
             return Err(format!("totals {a:?}, recounted {b:?}"));
@@ -509,8 +521,7 @@ impl AddressSpace {
 
     /// Whether `addr` falls in anything this map holds: a segment or a reserved range.
     pub fn holds(&self, addr: u64) -> bool {
-        self.segment_at(addr).is_some()
-            || self.reservations.range(..=addr).next_back().is_some_and(|(&s, &l)| addr < s + l)
+        self.segment_at(addr).is_some() || self.reservations.range(..=addr).next_back().is_some_and(|(&s, &l)| addr < s + l)
     }
 
     /// Whether this map holds the physical handle.
@@ -708,7 +719,17 @@ impl AddressSpace {
     pub fn map(&mut self, addr: u64, size: u64, framework: bool) -> Result<(), Anomaly> {
         check_range(addr, size)?;
         let owner = self.reservation_of(addr);
-        let seg = Segment { start: addr, size, kind: SegmentKind::Mapped, framework, bfc_pool: false, live_blocks: 0, live_bytes: 0, owner, stream: 0 };
+        let seg = Segment {
+            start: addr,
+            size,
+            kind: SegmentKind::Mapped,
+            framework,
+            bfc_pool: false,
+            live_blocks: 0,
+            live_bytes: 0,
+            owner,
+            stream: 0,
+        };
         let r = self.insert_segment(seg);
         self.mapped_bytes += size;
         let left = self.index.range(..addr).next_back().map(|(_, &i)| self.slots[i as usize].clone());
@@ -746,7 +767,13 @@ impl AddressSpace {
         let l = self.slots[li as usize].clone();
         self.totals.sub(&r);
         self.totals.sub(&l);
-        let joined = Segment { size: l.size + r.size, live_blocks: l.live_blocks + r.live_blocks, live_bytes: l.live_bytes + r.live_bytes, bfc_pool: l.bfc_pool || r.bfc_pool, ..l };
+        let joined = Segment {
+            size: l.size + r.size,
+            live_blocks: l.live_blocks + r.live_blocks,
+            live_bytes: l.live_bytes + r.live_bytes,
+            bfc_pool: l.bfc_pool || r.bfc_pool,
+            ..l
+        };
         let keep = if joined.framework { self.tiling.concat(li, ri) } else { li };
         self.spare_slots.push(if keep == li { ri } else { li });
         self.totals.add(&joined);
@@ -811,7 +838,9 @@ impl AddressSpace {
                     } else {
                         ((kept_blocks, kept_bytes), (moved.blocks, moved.bytes))
                     };
-                    for (s, start, end, (live_blocks, live_bytes)) in [(left_slot, old.start, lo, left_live), (right_slot, hi, old.end(), right_live)] {
+                    for (s, start, end, (live_blocks, live_bytes)) in
+                        [(left_slot, old.start, lo, left_live), (right_slot, hi, old.end(), right_live)]
+                    {
                         if end > start {
                             let piece = Segment { start, size: end - start, live_blocks, live_bytes, ..old.clone() };
                             self.totals.add(&piece);
@@ -874,7 +903,17 @@ impl AddressSpace {
         check_range(addr, size)?;
         // The segments it overlaps go first, so that bytes in use never count twice (the sum of
         // live pool allocations then never passes 2^64: they do not overlap).
-        let seg = Segment { start: addr, size, kind: SegmentKind::Pool, framework: false, bfc_pool: false, live_blocks: 0, live_bytes: 0, owner: pool, stream };
+        let seg = Segment {
+            start: addr,
+            size,
+            kind: SegmentKind::Pool,
+            framework: false,
+            bfc_pool: false,
+            live_blocks: 0,
+            live_bytes: 0,
+            owner: pool,
+            stream,
+        };
         let r = self.insert_segment(seg);
         let p = self.pools.entry(pool).or_default();
         let reuse = p.cached.min(size);

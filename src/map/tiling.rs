@@ -344,7 +344,13 @@ impl Tiling {
             self.link(i, b);
             self.at.insert(addr, b);
             if after < re {
-                let r = self.new_node(Node { block: Block { addr: after, size: re - after, requested: 0 }, free: true, seg, prev: NIL, next: NIL });
+                let r = self.new_node(Node {
+                    block: Block { addr: after, size: re - after, requested: 0 },
+                    free: true,
+                    seg,
+                    prev: NIL,
+                    next: NIL,
+                });
                 self.link(b, r);
                 self.at.insert(after, r);
                 self.runs.insert(re, r);
@@ -520,7 +526,13 @@ impl Tiling {
         // What the run had outside the cut stays free, at the end of the left side and the start
         // of the right one.
         let add_run = |t: &mut Tiling, slot: u32, after: u32, start: u64, end: u64| {
-            let k = t.new_node(Node { block: Block { addr: start, size: end - start, requested: 0 }, free: true, seg: slot, prev: NIL, next: NIL });
+            let k = t.new_node(Node {
+                block: Block { addr: start, size: end - start, requested: 0 },
+                free: true,
+                seg: slot,
+                prev: NIL,
+                next: NIL,
+            });
             t.link(after, k);
             t.at.insert(start, k);
             t.runs.insert(end, k);
@@ -550,7 +562,10 @@ impl Tiling {
             }
             let n = &self.nodes[i as usize];
             if n.seg != seg || n.prev != prev || n.block.addr != at || n.block.size == 0 {
-                return Err(format!("segment slot {seg}: entry {i} {:?} (seg {}, prev {}) breaks the tiling at {at:#x}", n.block, n.seg, n.prev));
+                return Err(format!(
+                    "segment slot {seg}: entry {i} {:?} (seg {}, prev {}) breaks the tiling at {at:#x}",
+                    n.block, n.seg, n.prev
+                ));
             }
             if self.at.get(&n.block.addr) != Some(&i) {
                 return Err(format!("segment slot {seg}: entry at {:#x} not indexed by start", n.block.addr));

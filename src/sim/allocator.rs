@@ -485,15 +485,7 @@ impl Allocator {
         }
     }
 
-    fn alloc_block(
-        &mut self,
-        small: bool,
-        stream: u64,
-        size: u64,
-        alloc_size: u64,
-        retry: bool,
-        limit: &mut OomLimit,
-    ) -> Option<u32> {
+    fn alloc_block(&mut self, small: bool, stream: u64, size: u64, alloc_size: u64, retry: bool, limit: &mut OomLimit) -> Option<u32> {
         if retry {
             self.counters.num_alloc_retries += 1;
         }

@@ -100,7 +100,9 @@ pub fn self_check(stream: &RequestStream, limits: &Limits) -> Check {
                     oom = Some(e);
                 }
             },
-            Request::FreeRequested { .. } | Request::FreeCompleted { .. } | Request::EmptyCache { .. } => super::release(&mut a, &ptrs, req),
+            Request::FreeRequested { .. } | Request::FreeCompleted { .. } | Request::EmptyCache { .. } => {
+                super::release(&mut a, &ptrs, req)
+            }
         }
         let ops = a.take_ops();
         if let Some(d) = compare_ops(stream, r, &ops, recorded) {
@@ -182,7 +184,9 @@ fn sequence_check(stream: &RequestStream, limits: &Limits) -> Check {
     for req in &stream.requests {
         match *req {
             Request::Alloc { size, stream: s, .. } => ptrs.push(a.malloc(size, s).unwrap_or(0)),
-            Request::FreeRequested { .. } | Request::FreeCompleted { .. } | Request::EmptyCache { .. } => super::release(&mut a, &ptrs, req),
+            Request::FreeRequested { .. } | Request::FreeCompleted { .. } | Request::EmptyCache { .. } => {
+                super::release(&mut a, &ptrs, req)
+            }
         }
         sim_ops.extend(a.take_ops().into_iter().map(|o| (o, req.entry())));
     }
@@ -194,9 +198,19 @@ fn sequence_check(stream: &RequestStream, limits: &Limits) -> Check {
             continue;
         }
         let what = match (s, t) {
-            (Some((s, _)), Some(t)) => format!("driver call {k}: the record has {} of {} bytes, the simulation {} of {} bytes", t.name(), t.extent().1, s.name(), s.extent().1),
-            (None, Some(t)) => format!("driver call {k}: the record has {} of {} bytes, the simulation no more calls", t.name(), t.extent().1),
-            (Some((s, _)), None) => format!("driver call {k}: the simulation makes {} of {} bytes, the record no more calls", s.name(), s.extent().1),
+            (Some((s, _)), Some(t)) => format!(
+                "driver call {k}: the record has {} of {} bytes, the simulation {} of {} bytes",
+                t.name(),
+                t.extent().1,
+                s.name(),
+                s.extent().1
+            ),
+            (None, Some(t)) => {
+                format!("driver call {k}: the record has {} of {} bytes, the simulation no more calls", t.name(), t.extent().1)
+            }
+            (Some((s, _)), None) => {
+                format!("driver call {k}: the simulation makes {} of {} bytes, the record no more calls", s.name(), s.extent().1)
+            }
             (None, None) => unreachable!(),
         };
         return Check {

@@ -19,8 +19,8 @@
 //! is refused with a message saying so.
 
 use super::allocator::DeviceOp;
-use crate::event::{Event, EventKind, F_FRAMEWORK_OWNED};
 use crate::alloc::pytorch::AllocConf;
+use crate::event::{Event, EventKind, F_FRAMEWORK_OWNED};
 use crate::snapshot::{Action, Snapshot};
 use std::collections::{BTreeMap, HashMap};
 
@@ -184,7 +184,9 @@ impl Builder {
             }
             DeviceOp::SegmentFree { addr, size } => {
                 if self.segments.remove(&addr).is_none() {
-                    return Err(StreamError::Truncated(format!("entry {entry} frees the segment at {addr:#x}, which the trace never allocated")));
+                    return Err(StreamError::Truncated(format!(
+                        "entry {entry} frees the segment at {addr:#x}, which the trace never allocated"
+                    )));
                 }
                 self.reserved = self.reserved.saturating_sub(size);
             }
@@ -281,11 +283,8 @@ pub fn snapshot_conf(snap: &Snapshot) -> AllocConf {
 
 /// The request stream of a snapshot's busiest device.
 pub fn from_snapshot(snap: &Snapshot) -> Result<RequestStream, StreamError> {
-    let trace = snap
-        .traces
-        .iter()
-        .max_by_key(|t| t.entries.iter().filter(|e| e.action == Action::Alloc).count())
-        .filter(|t| !t.entries.is_empty());
+    let trace =
+        snap.traces.iter().max_by_key(|t| t.entries.iter().filter(|e| e.action == Action::Alloc).count()).filter(|t| !t.entries.is_empty());
     let Some(trace) = trace else {
         return Err(if snap.segments.is_empty() { StreamError::Empty } else { StreamError::NoHistory });
     };
@@ -342,7 +341,9 @@ pub fn from_events(events: &[Event]) -> Result<RequestStream, StreamError> {
             "the record holds no caching-allocator block events (BlockAlloc); record the program with gpufrag run --record, which sees PyTorch's blocks".into(),
         ));
     };
-    if events.iter().any(|e| e.pid == pid && e.device == device && e.kind == EventKind::BlockAlloc as u16 && e.flags & crate::event::F_BLOCK_SIZE_KNOWN != 0) {
+    if events.iter().any(|e| {
+        e.pid == pid && e.device == device && e.kind == EventKind::BlockAlloc as u16 && e.flags & crate::event::F_BLOCK_SIZE_KNOWN != 0
+    }) {
         return Err(StreamError::Sampled);
     }
     // segments that ever held a block, or that the allocator claimed, are the allocator's

@@ -9,8 +9,8 @@
 //! fix.
 
 use super::{rank, recommendation, self_check, simulate, sweep_confs, Limits, Outcome, RequestStream, Scenario};
-use crate::analysis::summary::{ScenarioBrief, Summary, WhatIfSummary};
 use crate::alloc::pytorch::AllocConf;
+use crate::analysis::summary::{ScenarioBrief, Summary, WhatIfSummary};
 
 fn brief(o: &Outcome) -> ScenarioBrief {
     ScenarioBrief {
@@ -32,7 +32,10 @@ pub fn apply_to_summary(summary: &mut Summary, stream: impl FnOnce() -> Result<R
     // The simulation is PyTorch's caching allocator: an OOM of XLA's BFC pool or CuPy's pool keeps
     // the advice in its own allocator's terms.
     if let Some(f) = summary.ooms.iter().find_map(|o| o.framework.filter(|f| *f != crate::alloc::Framework::Pytorch)) {
-        summary.notes.push(format!("no simulated fix: the simulation models PyTorch's caching allocator, and this trace's OOM is {}'s", f.allocator()));
+        summary.notes.push(format!(
+            "no simulated fix: the simulation models PyTorch's caching allocator, and this trace's OOM is {}'s",
+            f.allocator()
+        ));
         return;
     }
     let stream = match stream() {
@@ -65,7 +68,11 @@ pub fn apply_to_summary(summary: &mut Summary, stream: impl FnOnce() -> Result<R
         sentence = format!("Under the allowed {} (set_per_process_memory_fraction): {sentence}", crate::units::human_bytes(a));
     }
     for o in summary.ooms.iter_mut().filter(|o| o.device == stream.device) {
-        let simulated = format!("{sentence} (simulated over {} allocator settings: gpufrag whatif FILE{})", outcomes.len(), allowed.map_or(String::new(), |a| format!(" --memory-limit {a}")));
+        let simulated = format!(
+            "{sentence} (simulated over {} allocator settings: gpufrag whatif FILE{})",
+            outcomes.len(),
+            allowed.map_or(String::new(), |a| format!(" --memory-limit {a}"))
+        );
         // The cap's own fix (the fraction that would allow the request) stays beside the simulated one.
         o.fix = if o.verdict == crate::analysis::Verdict::AllowedLimit { format!("{simulated}; or {}", o.fix) } else { simulated };
     }

@@ -15,9 +15,7 @@ use std::io::{self, Read};
 use std::path::Path;
 
 use super::error::{OffsetIn, SnapshotError, SnapshotErrorKind};
-use super::model::{
-    Action, AllocatorSettings, BlockState, DeviceTrace, Pool, SnapBlock, SnapSegment, Snapshot, TraceEntry,
-};
+use super::model::{Action, AllocatorSettings, BlockState, DeviceTrace, Pool, SnapBlock, SnapSegment, Snapshot, TraceEntry};
 use super::pickle::{self, Container, Kind, Pickle, PV};
 
 /// The two bytes every gzip member starts with.
@@ -215,12 +213,7 @@ impl<'p> Walker<'p> {
     }
 
     fn missing(&self, at: Loc<'_>, owner: &Container) -> SnapshotError {
-        SnapshotError::at(
-            self.path,
-            SnapshotErrorKind::MissingField { field: at.to_string() },
-            owner.offset,
-            self.offset_in,
-        )
+        SnapshotError::at(self.path, SnapshotErrorKind::MissingField { field: at.to_string() }, owner.offset, self.offset_in)
     }
 
     fn not_snapshot(&self, why: String) -> SnapshotError {
@@ -288,11 +281,7 @@ impl<'p> Walker<'p> {
                     describe(self.pk, root)
                 )))
             }
-            _ => {
-                return Err(
-                    self.not_snapshot(format!("the pickle holds {} where {SHAPE} belongs", describe(self.pk, root)))
-                )
-            }
+            _ => return Err(self.not_snapshot(format!("the pickle holds {} where {SHAPE} belongs", describe(self.pk, root)))),
         };
         let [segments, traces, settings] = pick(d, ["segments", "device_traces", "allocator_settings"]);
         let (Some(segments), Some(traces)) = (segments, traces) else {
@@ -320,9 +309,7 @@ impl<'p> Walker<'p> {
         let mut warnings = Vec::new();
         let settings = match settings {
             Some(PV::None) | None => {
-                warnings.push(
-                    "no `allocator_settings` (a snapshot from PyTorch before 2.1?): assuming defaults".to_string(),
-                );
+                warnings.push("no `allocator_settings` (a snapshot from PyTorch before 2.1?): assuming defaults".to_string());
                 AllocatorSettings::default()
             }
             Some(v) => self.settings(v, d)?,
@@ -341,10 +328,7 @@ impl<'p> Walker<'p> {
         let mut out_traces = Vec::with_capacity(tr_list.items.len());
         for (dev, t) in tr_list.items.iter().enumerate() {
             let Ok(device) = i16::try_from(dev) else {
-                return Err(self.not_snapshot(format!(
-                    "{} device traces, more than a device ordinal can number",
-                    tr_list.items.len()
-                )));
+                return Err(self.not_snapshot(format!("{} device traces, more than a device ordinal can number", tr_list.items.len())));
             };
             out_traces.push(self.trace(t, device, Loc::Index(&tr_loc, dev), tr_list, &mut warnings)?);
         }
@@ -390,13 +374,7 @@ impl<'p> Walker<'p> {
             None | Some(PV::None) => Vec::new(),
             Some(v) => self.roundup(v, Loc::Key(&at, "roundup_power2_divisions"), d)?,
         };
-        Ok(AllocatorSettings {
-            expandable_segments,
-            max_split_size,
-            roundup_power2_divisions,
-            garbage_collection_threshold,
-            conf,
-        })
+        Ok(AllocatorSettings { expandable_segments, max_split_size, roundup_power2_divisions, garbage_collection_threshold, conf })
     }
 
     /// `{"1": d, "2": d, ..., "32768": d}` (keys are MiB interval starts), or a plain list of the
@@ -411,8 +389,7 @@ impl<'p> Walker<'p> {
                         other => as_u64(other),
                     }
                     .ok_or_else(|| self.wrong(at, "keys that are MiB counts such as \"1\" or \"32768\"", &kv[0], c))?;
-                    let div =
-                        as_u64(&kv[1]).ok_or_else(|| self.wrong(at, "non-negative division counts", &kv[1], c))?;
+                    let div = as_u64(&kv[1]).ok_or_else(|| self.wrong(at, "non-negative division counts", &kv[1], c))?;
                     out.push((AllocatorSettings::interval_start(mib), div));
                 }
             }
@@ -429,38 +406,29 @@ impl<'p> Walker<'p> {
         Ok(out)
     }
 
-    fn segment(
-        &self,
-        v: &PV,
-        at: Loc<'_>,
-        owner: &Container,
-        warnings: &mut Vec<String>,
-    ) -> Result<SnapSegment, SnapshotError> {
+    fn segment(&self, v: &PV, at: Loc<'_>, owner: &Container, warnings: &mut Vec<String>) -> Result<SnapSegment, SnapshotError> {
         let d = self.dict(v, at, owner)?;
-        let [device, address, total_size, allocated, active, requested, stream, seg_type, pool_id, expandable, blocks, driver_only] =
-            pick(
-                d,
-                [
-                    "device",
-                    "address",
-                    "total_size",
-                    "allocated_size",
-                    "active_size",
-                    "requested_size",
-                    "stream",
-                    "segment_type",
-                    "segment_pool_id",
-                    "is_expandable",
-                    "blocks",
-                    "gpufrag_driver_only",
-                ],
-            );
+        let [device, address, total_size, allocated, active, requested, stream, seg_type, pool_id, expandable, blocks, driver_only] = pick(
+            d,
+            [
+                "device",
+                "address",
+                "total_size",
+                "allocated_size",
+                "active_size",
+                "requested_size",
+                "stream",
+                "segment_type",
+                "segment_pool_id",
+                "is_expandable",
+                "blocks",
+                "gpufrag_driver_only",
+            ],
+        );
         let dev_at = Loc::Key(&at, "device");
         let device = match device {
             None => return Err(self.missing(dev_at, d)),
-            Some(v) => as_i64(v)
-                .and_then(|n| i16::try_from(n).ok())
-                .ok_or_else(|| self.wrong(dev_at, "a device ordinal", v, d))?,
+            Some(v) => as_i64(v).and_then(|n| i16::try_from(n).ok()).ok_or_else(|| self.wrong(dev_at, "a device ordinal", v, d))?,
         };
         let address = self.u64_req(address, Loc::Key(&at, "address"), d)?;
         let total_size = self.u64_req(total_size, Loc::Key(&at, "total_size"), d)?;
@@ -504,9 +472,8 @@ impl<'p> Walker<'p> {
         let allocated_size = self
             .u64_opt(allocated, Loc::Key(&at, "allocated_size"), d)?
             .unwrap_or_else(|| sum(|b| b.state == BlockState::ActiveAllocated, |b| b.size));
-        let active_size = self
-            .u64_opt(active, Loc::Key(&at, "active_size"), d)?
-            .unwrap_or_else(|| sum(|b| b.state.is_active(), |b| b.size));
+        let active_size =
+            self.u64_opt(active, Loc::Key(&at, "active_size"), d)?.unwrap_or_else(|| sum(|b| b.state.is_active(), |b| b.size));
         let requested_size = self
             .u64_opt(requested, Loc::Key(&at, "requested_size"), d)?
             .unwrap_or_else(|| sum(|b| b.state.is_active(), |b| b.requested_size));
@@ -555,14 +522,7 @@ impl<'p> Walker<'p> {
         Ok(SnapBlock { address, size, requested_size, state })
     }
 
-    fn trace(
-        &self,
-        v: &PV,
-        device: i16,
-        at: Loc<'_>,
-        owner: &Container,
-        warnings: &mut Vec<String>,
-    ) -> Result<DeviceTrace, SnapshotError> {
+    fn trace(&self, v: &PV, device: i16, at: Loc<'_>, owner: &Container, warnings: &mut Vec<String>) -> Result<DeviceTrace, SnapshotError> {
         let list = self.list(v, at, owner)?;
         self.spend(list.items.len(), list)?;
         let mut entries = Vec::with_capacity(list.items.len());
@@ -590,9 +550,7 @@ impl<'p> Walker<'p> {
             let frames = match frames {
                 None | Some(PV::None) => 0,
                 Some(f) => match self.pk.container(f) {
-                    Some(c) if matches!(c.kind, Kind::List | Kind::Tuple) => {
-                        u32::try_from(c.items.len()).unwrap_or(u32::MAX)
-                    }
+                    Some(c) if matches!(c.kind, Kind::List | Kind::Tuple) => u32::try_from(c.items.len()).unwrap_or(u32::MAX),
                     _ => return Err(self.wrong(Loc::Key(&e_at, "frames"), "a list of frames", f, d)),
                 },
             };
@@ -608,10 +566,7 @@ impl<'p> Walker<'p> {
             });
         }
         for (name, n) in unknown {
-            warnings.push(format!(
-                "{at}: {n} entr{} with unknown action {name:?} (kept, no event)",
-                if n == 1 { "y" } else { "ies" }
-            ));
+            warnings.push(format!("{at}: {n} entr{} with unknown action {name:?} (kept, no event)", if n == 1 { "y" } else { "ies" }));
         }
         Ok(DeviceTrace { device, entries })
     }

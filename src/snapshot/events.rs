@@ -90,9 +90,7 @@ impl TraceEntry {
             Action::SegmentFree => (EventKind::MemAlloc, self.size, 0),
             Action::SegmentMap => (EventKind::Unmap, self.size, 0),
             Action::SegmentUnmap => (EventKind::Map, self.size, 0),
-            Action::FreeRequested | Action::Snapshot | Action::UserDefined | Action::Oom | Action::Unknown => {
-                return None
-            }
+            Action::FreeRequested | Action::Snapshot | Action::UserDefined | Action::Oom | Action::Unknown => return None,
         };
         let mut e = base(kind, device, self.time_us, self.stream);
         e.addr = self.addr;
@@ -126,9 +124,7 @@ impl Snapshot {
     /// ring, which is what a truncated ring (history recording started late, or the ring wrapped)
     /// needs before it can be replayed forward.
     pub fn reverse_events(&self, device: i16) -> Vec<Event> {
-        self.trace(device)
-            .map(|t| t.entries.iter().rev().filter_map(|e| e.reverse_event(device)).collect())
-            .unwrap_or_default()
+        self.trace(device).map(|t| t.entries.iter().rev().filter_map(|e| e.reverse_event(device)).collect()).unwrap_or_default()
     }
 
     /// The final state described by `segments`, as events: first one per segment (a `MemAlloc` of

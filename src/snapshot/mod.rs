@@ -22,9 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use error::{SnapshotError, SnapshotErrorKind};
 pub use events::CUDA_ERROR_OUT_OF_MEMORY;
-pub use model::{
-    Action, AllocatorSettings, BlockState, DeviceTrace, Pool, SnapBlock, SnapSegment, Snapshot, TraceEntry,
-};
+pub use model::{Action, AllocatorSettings, BlockState, DeviceTrace, Pool, SnapBlock, SnapSegment, Snapshot, TraceEntry};
 pub use stats::{DeviceStats, OomEntry, PoolStats};
 
 /// Default for [`inflate_limit`]: 1 GiB of decompressed pickle (PyTorch's snapshots of 100 k
@@ -47,11 +45,7 @@ pub fn set_inflate_limit(bytes: u64) {
 /// Loads a snapshot file, `.pickle` or gzipped (detected by content).
 pub fn load(path: &Path) -> Result<Snapshot, SnapshotError> {
     let bytes = std::fs::read(path).map_err(|e| {
-        let kind = if e.kind() == std::io::ErrorKind::NotFound {
-            SnapshotErrorKind::NotFound
-        } else {
-            SnapshotErrorKind::Io(e)
-        };
+        let kind = if e.kind() == std::io::ErrorKind::NotFound { SnapshotErrorKind::NotFound } else { SnapshotErrorKind::Io(e) };
         SnapshotError::new(path, kind)
     })?;
     from_bytes(&bytes, path)
@@ -139,10 +133,7 @@ mod tests {
                     ("max_split_size", i(-1)),
                     ("expandable_segments", Value::Bool(false)),
                     ("garbage_collection_threshold", Value::F64(0.0)),
-                    (
-                        "roundup_power2_divisions",
-                        dict(vec![("1", i(0)), ("2", i(0)), ("256", i(1)), ("512", i(4)), ("32768", i(4))]),
-                    ),
+                    ("roundup_power2_divisions", dict(vec![("1", i(0)), ("2", i(0)), ("256", i(1)), ("512", i(4)), ("32768", i(4))])),
                 ]),
             ),
         ])
@@ -166,13 +157,7 @@ mod tests {
             entry("user_defined", 0, 0, 9),
             entry("workspace_snapshot", 0, 0, 10),
         ];
-        entries.push(dict(vec![
-            ("action", s("oom")),
-            ("device_free", i(123)),
-            ("size", i(4096)),
-            ("stream", i(7)),
-            ("time_us", i(11)),
-        ]));
+        entries.push(dict(vec![("action", s("oom")), ("device_free", i(123)), ("size", i(4096)), ("stream", i(7)), ("time_us", i(11))]));
         let snap = load_value(&tiny(entries)).expect("load");
         let actions: Vec<Action> = snap.traces[0].entries.iter().map(|e| e.action).collect();
         assert_eq!(actions.len(), 11);
@@ -214,14 +199,7 @@ mod tests {
         let kinds: Vec<EventKind> = rev.iter().filter_map(|e| e.kind()).collect();
         assert_eq!(
             kinds,
-            vec![
-                EventKind::Map,
-                EventKind::Unmap,
-                EventKind::MemAlloc,
-                EventKind::BlockAlloc,
-                EventKind::BlockFree,
-                EventKind::MemFree,
-            ]
+            vec![EventKind::Map, EventKind::Unmap, EventKind::MemAlloc, EventKind::BlockAlloc, EventKind::BlockFree, EventKind::MemFree,]
         );
         assert_eq!((rev[0].addr, rev[0].size), (0x2000_0000, 0x20_0000));
         assert_eq!((rev[3].requested, rev[3].size), (1000, 0));
@@ -304,10 +282,7 @@ mod tests {
             ),
         ]);
         let entry = dict(vec![("action", s("alloc")), ("addr", i(4096)), ("size", i(1000))]);
-        let top = dict(vec![
-            ("segments", Value::List(vec![seg])),
-            ("device_traces", Value::List(vec![Value::List(vec![entry])])),
-        ]);
+        let top = dict(vec![("segments", Value::List(vec![seg])), ("device_traces", Value::List(vec![Value::List(vec![entry])]))]);
         let snap = load_value(&top).expect("load");
         assert_eq!(snap.segments[0].blocks[1].address, 4096 + 1024);
         assert_eq!(snap.segments[0].allocated_size, 1024);

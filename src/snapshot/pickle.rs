@@ -228,8 +228,7 @@ mod op {
 
 /// Decodes one pickle from `data`.
 pub(crate) fn decode(data: &[u8]) -> Result<Pickle, PickleError> {
-    Vm { data, pos: 0, op_at: 0, stack: Vec::new(), marks: Vec::new(), memo: Memo::default(), containers: Vec::new() }
-        .run()
+    Vm { data, pos: 0, op_at: 0, stack: Vec::new(), marks: Vec::new(), memo: Memo::default(), containers: Vec::new() }.run()
 }
 
 struct Vm<'a> {
@@ -415,9 +414,7 @@ impl<'a> Vm<'a> {
         let digits = text.strip_suffix('L').unwrap_or(text);
         match digits.parse::<i128>() {
             Ok(n) => Ok(PV::from_int(n)),
-            Err(_)
-                if !digits.is_empty() && digits.trim_start_matches(['-', '+']).bytes().all(|b| b.is_ascii_digit()) =>
-            {
+            Err(_) if !digits.is_empty() && digits.trim_start_matches(['-', '+']).bytes().all(|b| b.is_ascii_digit()) => {
                 Ok(PV::HugeInt { bytes: digits.len() / 2 })
             }
             Err(_) => self.fail(format!("invalid integer literal {:?}", String::from_utf8_lossy(line))),
@@ -570,11 +567,7 @@ impl<'a> Vm<'a> {
                     self.stack.push(v);
                 }
                 op::BINSTRING | op::SHORT_BINSTRING => {
-                    let n = if code == op::SHORT_BINSTRING {
-                        u64::from(self.byte()?)
-                    } else {
-                        self.le_len()?
-                    };
+                    let n = if code == op::SHORT_BINSTRING { u64::from(self.byte()?) } else { self.le_len()? };
                     let b = self.counted(n)?;
                     // Python 2 str: Python 3 decodes it as ASCII by default; be lenient.
                     self.stack.push(PV::Str(text(&String::from_utf8_lossy(b))));
@@ -684,15 +677,12 @@ impl<'a> Vm<'a> {
                 }
 
                 op::INST | op::OBJ | op::NEWOBJ | op::NEWOBJ_EX | op::BUILD => {
-                    return self.fail(format!(
-                        "opcode {:?} builds a class instance; a memory snapshot holds plain dicts and lists",
-                        code as char
-                    ))
+                    return self
+                        .fail(format!("opcode {:?} builds a class instance; a memory snapshot holds plain dicts and lists", code as char))
                 }
                 op::PERSID | op::BINPERSID | op::EXT1 | op::EXT2 | op::EXT4 | op::NEXT_BUFFER | op::READONLY_BUFFER => {
-                    return self.fail(format!(
-                        "opcode 0x{code:02x} (persistent ids, extension registry or out-of-band buffers) is not supported"
-                    ))
+                    return self
+                        .fail(format!("opcode 0x{code:02x} (persistent ids, extension registry or out-of-band buffers) is not supported"))
                 }
                 other => return self.fail(format!("unknown opcode 0x{other:02x}")),
             }
@@ -705,9 +695,7 @@ impl<'a> Vm<'a> {
             return self.fail("REDUCE of something that is not a global");
         };
         let first = match &args {
-            PV::Container(i) => {
-                self.containers.get(*i as usize).filter(|c| c.kind == Kind::Tuple).map(|c| c.items.first().cloned())
-            }
+            PV::Container(i) => self.containers.get(*i as usize).filter(|c| c.kind == Kind::Tuple).map(|c| c.items.first().cloned()),
             _ => None,
         };
         let Some(first) = first else {
@@ -731,9 +719,7 @@ impl<'a> Vm<'a> {
                 Some(PV::Bytes(n)) => PV::Bytes(n),
                 _ => PV::Bytes(0),
             }),
-            _ => self.fail(format!(
-                "unsupported global {name}: this pickle holds Python objects, not a memory snapshot's plain data"
-            )),
+            _ => self.fail(format!("unsupported global {name}: this pickle holds Python objects, not a memory snapshot's plain data")),
         }
     }
 

@@ -117,8 +117,7 @@ impl DeviceStats {
     /// (peaks, cumulative counts, retries).
     pub fn current(&self, key: &str) -> Option<u64> {
         let mut parts = key.split('.');
-        let (Some(name), Some(pool), Some("current"), None) = (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
+        let (Some(name), Some(pool), Some("current"), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
             return None;
         };
         let pool = match pool {
@@ -156,8 +155,7 @@ impl Snapshot {
 
     /// Every device the snapshot mentions (with a trace or a segment), ascending.
     pub fn devices(&self) -> Vec<i16> {
-        let mut d: Vec<i16> =
-            self.traces.iter().map(|t| t.device).chain(self.segments.iter().map(|s| s.device)).collect();
+        let mut d: Vec<i16> = self.traces.iter().map(|t| t.device).chain(self.segments.iter().map(|s| s.device)).collect();
         d.sort_unstable();
         d.dedup();
         d

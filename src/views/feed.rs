@@ -126,7 +126,8 @@ fn peer_uid(s: &UnixStream) -> std::io::Result<u32> {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: SO_PEERCRED fills one ucred we own, of the length we pass.
-    let r = unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len) };
+    let r =
+        unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len) };
     if r != 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -164,7 +165,10 @@ impl FeedServer {
         if let Ok(md) = std::fs::symlink_metadata(path) {
             use std::os::unix::fs::FileTypeExt;
             if !md.file_type().is_socket() {
-                return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "the path exists and is not a socket; it is left as it is"));
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    "the path exists and is not a socket; it is left as it is",
+                ));
             }
             if UnixStream::connect(path).is_ok() {
                 return Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, "another feed is served on this socket"));
@@ -178,7 +182,15 @@ impl FeedServer {
         let stop = Arc::new(AtomicBool::new(false));
         let (c2, s2) = (clients.clone(), stop.clone());
         std::thread::Builder::new().name("gpufrag-feed".into()).spawn(move || accept_loop(listener, c2, s2))?;
-        Ok(FeedServer { path: path.to_path_buf(), bound, source: source.to_string(), clients, stop, seq: 0, missed: Arc::new(AtomicU64::new(0)) })
+        Ok(FeedServer {
+            path: path.to_path_buf(),
+            bound,
+            source: source.to_string(),
+            clients,
+            stop,
+            seq: 0,
+            missed: Arc::new(AtomicU64::new(0)),
+        })
     }
 
     /// Removes the socket, if the path still names the one bound here.

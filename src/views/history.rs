@@ -203,7 +203,13 @@ impl History {
         while self.marks.len() < state.ooms.len() {
             let index = self.marks.len();
             let o = &state.ooms[index];
-            self.marks.push(OomMark { index, t_ns: if o.ts_ns > 0 { o.ts_ns } else { t_ns }, event_index: self.events, device: o.device, requested: o.requested });
+            self.marks.push(OomMark {
+                index,
+                t_ns: if o.ts_ns > 0 { o.ts_ns } else { t_ns },
+                event_index: self.events,
+                device: o.device,
+                requested: o.requested,
+            });
             let capture = OomCapture { index, record: o.clone(), space: state.spaces.get(&(o.pid, o.device)).cloned() };
             if self.captures.len() < KEPT_OOM_MAPS {
                 self.captures.push(capture);

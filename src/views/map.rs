@@ -52,7 +52,14 @@ impl Bars {
         for seg in m.segments().filter(|g| g.stranded() > 0) {
             pieces.extend(m.free_runs_in(seg.start, seg.end()).map(|(_, l)| l));
         }
-        Bars { requested, largest_free_block: f.largest_free_block, device_free, stranded: f.stranded, stranded_pieces: pieces, releasable: f.releasable }
+        Bars {
+            requested,
+            largest_free_block: f.largest_free_block,
+            device_free,
+            stranded: f.stranded,
+            stranded_pieces: pieces,
+            releasable: f.releasable,
+        }
     }
 }
 
@@ -320,7 +327,15 @@ data-releasable=\"{}\" data-reserved=\"{}\" data-allocated=\"{}\" data-device-fr
             }
         }
         if rows_layout {
-            c.text(X0 - 8.0, y + bar_h * 0.78, 11.0, "end", "#333", " font-family=\"DejaVu Sans Mono, monospace\"", &format!("{:#x}  {:>8}", g.start, short_bytes(g.size)));
+            c.text(
+                X0 - 8.0,
+                y + bar_h * 0.78,
+                11.0,
+                "end",
+                "#333",
+                " font-family=\"DejaVu Sans Mono, monospace\"",
+                &format!("{:#x}  {:>8}", g.start, short_bytes(g.size)),
+            );
             let note = if !g.framework {
                 "in use (not the allocator's)".to_string()
             } else if g.live_blocks == 0 {
@@ -337,7 +352,15 @@ data-releasable=\"{}\" data-reserved=\"{}\" data-allocated=\"{}\" data-device-fr
     if !rows_layout {
         for (k, &(y, first)) in row_starts.iter().enumerate() {
             let last = row_starts.get(k + 1).map_or(segs.len(), |r| r.1) - 1;
-            c.text(X0 - 8.0, y + bar_h * 0.85, 11.0, "end", "#333", " font-family=\"DejaVu Sans Mono, monospace\"", &format!("{:#x}", segs[first].start));
+            c.text(
+                X0 - 8.0,
+                y + bar_h * 0.85,
+                11.0,
+                "end",
+                "#333",
+                " font-family=\"DejaVu Sans Mono, monospace\"",
+                &format!("{:#x}", segs[first].start),
+            );
             c.text(NOTE_X, y + bar_h * 0.85, 11.0, "start", "#666", "", &format!("segments {}–{}", first + 1, last + 1));
         }
     }
@@ -374,14 +397,33 @@ data-releasable=\"{}\" data-reserved=\"{}\" data-allocated=\"{}\" data-device-fr
     }
     y += 26.0;
     let ratio = match b.requested {
-        Some(r) if b.largest_free_block > 0 && r > b.largest_free_block => format!(" (the request is {:.1}× larger)", r as f64 / b.largest_free_block as f64),
+        Some(r) if b.largest_free_block > 0 && r > b.largest_free_block => {
+            format!(" (the request is {:.1}× larger)", r as f64 / b.largest_free_block as f64)
+        }
         _ => String::new(),
     };
-    bar(&mut c, "bar-largest-free", y, bh, b.largest_free_block, s::STRANDED, Some(s::REQUEST), "largest free run", &format!("{}{ratio}", short_bytes(b.largest_free_block)));
+    bar(
+        &mut c,
+        "bar-largest-free",
+        y,
+        bh,
+        b.largest_free_block,
+        s::STRANDED,
+        Some(s::REQUEST),
+        "largest free run",
+        &format!("{}{ratio}", short_bytes(b.largest_free_block)),
+    );
     y += 26.0;
     // Stranded pieces side by side.
     c.text(X0 - 8.0, y + bh * 0.75, 12.0, "end", "#222", "", "stranded, all pieces");
-    put(&mut c.out, format_args!("<g id=\"bar-stranded\" data-bytes=\"{}\" data-pieces=\"{}\">\n", b.stranded, b.stranded_pieces.len().max(usize::from(b.stranded > 0))));
+    put(
+        &mut c.out,
+        format_args!(
+            "<g id=\"bar-stranded\" data-bytes=\"{}\" data-pieces=\"{}\">\n",
+            b.stranded,
+            b.stranded_pieces.len().max(usize::from(b.stranded > 0))
+        ),
+    );
     let pieces: Vec<u64> = if b.stranded_pieces.is_empty() && b.stranded > 0 { vec![b.stranded] } else { b.stranded_pieces.clone() };
     let mut x = X0;
     let mut drawn = 0usize;
@@ -396,13 +438,27 @@ data-releasable=\"{}\" data-reserved=\"{}\" data-allocated=\"{}\" data-device-fr
     }
     c.out.push_str("</g>\n");
     let more = if drawn < pieces.len() { format!(" ({} more not drawn)", pieces.len() - drawn) } else { String::new() };
-    let n = if b.stranded_pieces.is_empty() { String::new() } else { format!(" in {} piece{}", pieces.len(), if pieces.len() == 1 { "" } else { "s" }) };
+    let n = if b.stranded_pieces.is_empty() {
+        String::new()
+    } else {
+        format!(" in {} piece{}", pieces.len(), if pieces.len() == 1 { "" } else { "s" })
+    };
     c.text(NOTE_X, y + bh * 0.75, 12.0, "start", "#222", "", &format!("{}{n}{more}", short_bytes(b.stranded)));
     y += 26.0;
     match b.device_free {
         Some(free) => {
             let one = crate::analysis::largest_allocatable(0, free, 0);
-            bar(&mut c, "bar-device-free", y, bh, free, s::DEVICE_FREE, None, "device free (driver)", &format!("{}: a new segment gets at most {}", short_bytes(free), short_bytes(one)));
+            bar(
+                &mut c,
+                "bar-device-free",
+                y,
+                bh,
+                free,
+                s::DEVICE_FREE,
+                None,
+                "device free (driver)",
+                &format!("{}: a new segment gets at most {}", short_bytes(free), short_bytes(one)),
+            );
         }
         None => {
             c.text(X0 - 8.0, y + bh * 0.75, 12.0, "end", "#222", "", "device free (driver)");
@@ -448,7 +504,16 @@ mod tests {
             m.block_free(base + i * 600 * MIB).expect("test setup");
             m.block_alloc(base + i * 600 * MIB, 300 * MIB, None).expect("test setup");
         }
-        ProcessDevice { pid: 0, device: 0, map: m, block_sizes: Default::default(), segment_sizes: Default::default(), allocs: 0, frees: 0, framework: None }
+        ProcessDevice {
+            pid: 0,
+            device: 0,
+            map: m,
+            block_sizes: Default::default(),
+            segment_sizes: Default::default(),
+            allocs: 0,
+            frees: 0,
+            framework: None,
+        }
     }
 
     #[test]

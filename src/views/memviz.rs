@@ -23,10 +23,10 @@
 //! several processes go to one file per process ([`export_all`]).
 
 use super::pickler::Writer;
+use crate::alloc::pytorch::{AllocatorRules, ROUNDUP_INTERVALS, SMALL_BUFFER};
 use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN};
 use crate::ingest::{ProcessDevice, State};
 use crate::map::SegmentKind;
-use crate::alloc::pytorch::{AllocatorRules, ROUNDUP_INTERVALS, SMALL_BUFFER};
 use crate::snapshot::Action;
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -95,7 +95,14 @@ impl Default for TraceLog {
 impl TraceLog {
     /// A log keeping at most `capacity` entries.
     pub fn new(capacity: usize) -> TraceLog {
-        TraceLog { entries: VecDeque::new(), capacity: capacity.max(1), dropped: 0, blocks: HashMap::new(), segments: HashMap::new(), pushed: 0 }
+        TraceLog {
+            entries: VecDeque::new(),
+            capacity: capacity.max(1),
+            dropped: 0,
+            blocks: HashMap::new(),
+            segments: HashMap::new(),
+            pushed: 0,
+        }
     }
 
     /// The sequence number of the oldest entry kept.
@@ -147,7 +154,17 @@ impl TraceLog {
     pub fn observe(&mut self, state: &State, ev: &Event) {
         let Some(kind) = ev.kind() else { return };
         let time_us = ev.ts_ns / 1000;
-        let base = |act, device, addr, size| Entry { pid: ev.pid, device, act, addr, size, stream: ev.stream, time_us, device_free: None, driver_only: false };
+        let base = |act, device, addr, size| Entry {
+            pid: ev.pid,
+            device,
+            act,
+            addr,
+            size,
+            stream: ev.stream,
+            time_us,
+            device_free: None,
+            driver_only: false,
+        };
         match kind {
             EventKind::AllocFailed => {
                 let device = if ev.device >= 0 { ev.device } else { 0 };
@@ -175,8 +192,8 @@ impl TraceLog {
             EventKind::MemAlloc | EventKind::MemAllocPitch | EventKind::MemAllocManaged | EventKind::PoolAlloc => {
                 let device = self.device_of(state, ev, None);
                 // A pool allocation is what a stream-ordered cache hands out: never driver-only.
-                let framework = kind == EventKind::PoolAlloc
-                    || Self::segment_of(state, ev.pid, device, ev.addr).is_some_and(|g| g.framework);
+                let framework =
+                    kind == EventKind::PoolAlloc || Self::segment_of(state, ev.pid, device, ev.addr).is_some_and(|g| g.framework);
                 let seen = SegSeen { device, size: ev.size, seq: self.pushed, framework };
                 self.segments.insert((ev.pid, ev.addr), seen);
                 self.push(base(Action::SegmentAlloc, device, ev.addr, ev.size));
@@ -347,7 +364,8 @@ pub fn snapshot_pickle(state: &State, log: Option<&TraceLog>, pid: Option<u32>) 
     w.begin_dict();
     w.str("segments");
     w.begin_list();
-    let mut segs: Vec<(&ProcessDevice, &crate::map::Segment)> = spaces.iter().flat_map(|s| s.map.segments().map(move |g| (*s, g))).collect();
+    let mut segs: Vec<(&ProcessDevice, &crate::map::Segment)> =
+        spaces.iter().flat_map(|s| s.map.segments().map(move |g| (*s, g))).collect();
     segs.sort_by_key(|(s, g)| (s.device, g.start));
     for (s, g) in segs {
         write_segment(&mut w, s, g);
@@ -477,8 +495,12 @@ mod tests {
             log.observe(&state, ev);
         }
         let acts: Vec<(&str, u64, i16)> = log.entries().map(|e| (e.act.name(), e.size, e.device)).collect();
-        assert_eq!(acts, vec![("segment_alloc", 20 << 20, 0), ("alloc", 1000, 0), ("free_requested", 1000, 0), ("free_completed", 1000, 0)]);
-        let snap = crate::snapshot::from_bytes(&snapshot_pickle(&state, Some(&log), None), Path::new("x.pickle")).expect("our own importer reads it");
+        assert_eq!(
+            acts,
+            vec![("segment_alloc", 20 << 20, 0), ("alloc", 1000, 0), ("free_requested", 1000, 0), ("free_completed", 1000, 0)]
+        );
+        let snap = crate::snapshot::from_bytes(&snapshot_pickle(&state, Some(&log), None), Path::new("x.pickle"))
+            .expect("our own importer reads it");
         assert_eq!(snap.segments.len(), 1);
         assert_eq!(snap.traces[0].entries.len(), 4);
     }

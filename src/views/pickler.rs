@@ -198,7 +198,23 @@ mod tests {
 
     #[test]
     fn ints_of_every_width_round_trip() {
-        for v in [0i128, 1, 255, 256, 65535, 65536, -1, -129, i32::MAX as i128, i32::MIN as i128, 1 << 31, 0x7f3d_7e00_0000, -(1 << 40), i64::MAX as i128, u64::MAX as i128] {
+        for v in [
+            0i128,
+            1,
+            255,
+            256,
+            65535,
+            65536,
+            -1,
+            -129,
+            i32::MAX as i128,
+            i32::MIN as i128,
+            1 << 31,
+            0x7f3d_7e00_0000,
+            -(1 << 40),
+            i64::MAX as i128,
+            u64::MAX as i128,
+        ] {
             let mut w = Writer::new();
             w.int(v);
             let got = read(&w.finish());

@@ -130,7 +130,11 @@ impl Observer for MemvizWriter {
                     eprintln!("[gpufrag] memory_viz snapshot: {}", f.display());
                 }
                 if self.log.dropped > 0 {
-                    eprintln!("[gpufrag] memory_viz trace kept the last {} entries ({} older ones dropped; raise --memviz-entries)", self.log.entries().count(), self.log.dropped);
+                    eprintln!(
+                        "[gpufrag] memory_viz trace kept the last {} entries ({} older ones dropped; raise --memviz-entries)",
+                        self.log.entries().count(),
+                        self.log.dropped
+                    );
                 }
             }
             Err(e) => eprintln!("[gpufrag] could not write the memory_viz snapshot {e}"),

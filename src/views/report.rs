@@ -52,8 +52,8 @@ pub fn is_summary_json(path: &Path) -> bool {
 pub fn load(path: &Path, max_points: usize, log_entries: Option<usize>) -> anyhow::Result<ReportData> {
     if is_summary_json(path) {
         let text = std::fs::read_to_string(path).map_err(|e| UnusableInput(format!("{}: {e}", path.display())))?;
-        let summary: Summary = serde_json::from_str(&text)
-            .map_err(|e| UnusableInput(format!("{}: not a gpufrag summary JSON: {e}", path.display())))?;
+        let summary: Summary =
+            serde_json::from_str(&text).map_err(|e| UnusableInput(format!("{}: not a gpufrag summary JSON: {e}", path.display())))?;
         return Ok(ReportData { summary, state: None, history: None, log: None });
     }
     let loaded = input::load(path)?;
@@ -105,10 +105,22 @@ pub fn map_svgs(data: &ReportData, oom: Option<usize>) -> Vec<String> {
                     short_bytes(f.stranded),
                     short_bytes(f.releasable)
                 );
-                return vec![map::svg(&MapSpec { space: Some(space), title, subtitle, bars: Bars::of_space(space, requested, device_free) })];
+                return vec![map::svg(&MapSpec {
+                    space: Some(space),
+                    title,
+                    subtitle,
+                    bars: Bars::of_space(space, requested, device_free),
+                })];
             }
         }
-        let bars = Bars { requested, largest_free_block: o.largest_free_block, device_free, stranded: o.stranded, stranded_pieces: Vec::new(), releasable: o.releasable };
+        let bars = Bars {
+            requested,
+            largest_free_block: o.largest_free_block,
+            device_free,
+            stranded: o.stranded,
+            stranded_pieces: Vec::new(),
+            releasable: o.releasable,
+        };
         let subtitle = "No address map in this input (a summary): the request against the figures at the failure, to scale.".to_string();
         return vec![map::svg(&MapSpec { space: None, title, subtitle, bars })];
     }
@@ -118,8 +130,20 @@ pub fn map_svgs(data: &ReportData, oom: Option<usize>) -> Vec<String> {
             .iter()
             .take(MAX_MAPS)
             .map(|d| {
-                let bars = Bars { requested: None, largest_free_block: d.largest_free_block, device_free: d.device_free, stranded: d.stranded, stranded_pieces: Vec::new(), releasable: d.releasable };
-                map::svg(&MapSpec { space: None, title: format!("Device {}: free memory, to scale", d.device), subtitle: "No address map in this input (a summary).".into(), bars })
+                let bars = Bars {
+                    requested: None,
+                    largest_free_block: d.largest_free_block,
+                    device_free: d.device_free,
+                    stranded: d.stranded,
+                    stranded_pieces: Vec::new(),
+                    releasable: d.releasable,
+                };
+                map::svg(&MapSpec {
+                    space: None,
+                    title: format!("Device {}: free memory, to scale", d.device),
+                    subtitle: "No address map in this input (a summary).".into(),
+                    bars,
+                })
             })
             .collect();
     };
@@ -199,7 +223,10 @@ fn verdict_section(out: &mut String, s: &Summary, oom: Option<usize>) {
                     v = o.verdict.name()
                 ),
             );
-            put(out, format_args!("<div class=\"tag\">{}</div>\n<h2>{}</h2>\n", esc(&o.verdict.name().replace('_', " ")), esc(&headline(o))));
+            put(
+                out,
+                format_args!("<div class=\"tag\">{}</div>\n<h2>{}</h2>\n", esc(&o.verdict.name().replace('_', " ")), esc(&headline(o))),
+            );
             put(out, format_args!("<p class=\"why\">{}</p>\n", esc(&o.explanation)));
             put(out, format_args!("<p class=\"fix\"><b>What to do:</b> {}</p>\n", esc(&o.fix)));
             put(out, format_args!("<div class=\"cards\">\n"));
@@ -212,10 +239,22 @@ fn verdict_section(out: &mut String, s: &Summary, oom: Option<usize>) {
                 ("device-free", "device free (driver)", free, o.device_free_known.then_some(o.device_free)),
                 ("reserved", "reserved", human_bytes(o.reserved), Some(o.reserved)),
                 ("page-stranded", "page-stranded (partly used 2 MiB driver pages)", human_bytes(o.page_stranded), Some(o.page_stranded)),
-                ("allowed", "allowed (memory fraction)", o.allowed.map_or_else(|| "not set or not seen".to_string(), human_bytes), o.allowed),
+                (
+                    "allowed",
+                    "allowed (memory fraction)",
+                    o.allowed.map_or_else(|| "not set or not seen".to_string(), human_bytes),
+                    o.allowed,
+                ),
             ] {
                 let b = bytes.map(|b| format!(" data-bytes=\"{b}\" title=\"{} B\"", group(b))).unwrap_or_default();
-                put(out, format_args!("<div class=\"card\" id=\"card-{id}\"{b}><div class=\"k\">{}</div><div class=\"v\">{}</div></div>\n", esc(name), esc(&val)));
+                put(
+                    out,
+                    format_args!(
+                        "<div class=\"card\" id=\"card-{id}\"{b}><div class=\"k\">{}</div><div class=\"v\">{}</div></div>\n",
+                        esc(name),
+                        esc(&val)
+                    ),
+                );
             }
             out.push_str("</div>\n");
             if let Some(w) = &s.whatif {
@@ -256,16 +295,47 @@ fn whatif_table(out: &mut String, w: &crate::analysis::summary::WhatIfSummary) {
         _ => "finishes".to_string(),
     };
     put(out, format_args!("<table id=\"whatif\" data-scenarios=\"{}\"><caption>Simulated ({} settings, gpufrag whatif)</caption>\n<tr><th></th><th>this run</th><th>best setting</th></tr>\n", w.scenarios, w.scenarios));
-    put(out, format_args!("<tr><th>setting</th><td>{}</td><td id=\"whatif-best\">{}</td></tr>\n", esc(&name(&w.baseline.alloc_conf)), esc(&name(&w.best.alloc_conf))));
+    put(
+        out,
+        format_args!(
+            "<tr><th>setting</th><td>{}</td><td id=\"whatif-best\">{}</td></tr>\n",
+            esc(&name(&w.baseline.alloc_conf)),
+            esc(&name(&w.best.alloc_conf))
+        ),
+    );
     put(out, format_args!("<tr><th>outcome</th><td>{}</td><td>{}</td></tr>\n", esc(&oom(&w.baseline)), esc(&oom(&w.best))));
-    put(out, format_args!("<tr><th>peak reserved</th><td>{}</td><td data-bytes=\"{}\">{}</td></tr>\n", esc(&human_bytes(w.baseline.peak_reserved)), w.best.peak_reserved, esc(&human_bytes(w.best.peak_reserved))));
-    put(out, format_args!("<tr><th>peak allocated</th><td>{}</td><td>{}</td></tr>\n", esc(&human_bytes(w.baseline.peak_allocated)), esc(&human_bytes(w.best.peak_allocated))));
-    put(out, format_args!("<tr><th>retries</th><td>{}</td><td>{}</td></tr>\n</table>\n", w.baseline.num_alloc_retries, w.best.num_alloc_retries));
+    put(
+        out,
+        format_args!(
+            "<tr><th>peak reserved</th><td>{}</td><td data-bytes=\"{}\">{}</td></tr>\n",
+            esc(&human_bytes(w.baseline.peak_reserved)),
+            w.best.peak_reserved,
+            esc(&human_bytes(w.best.peak_reserved))
+        ),
+    );
+    put(
+        out,
+        format_args!(
+            "<tr><th>peak allocated</th><td>{}</td><td>{}</td></tr>\n",
+            esc(&human_bytes(w.baseline.peak_allocated)),
+            esc(&human_bytes(w.best.peak_allocated))
+        ),
+    );
+    put(
+        out,
+        format_args!("<tr><th>retries</th><td>{}</td><td>{}</td></tr>\n</table>\n", w.baseline.num_alloc_retries, w.best.num_alloc_retries),
+    );
 }
 
 fn device_row(out: &mut String, label: &str, d: &DeviceSummary, id_attr: &str) {
     put(out, format_args!("<tr{id_attr} data-device=\"{}\"><td>{}</td>", d.device, esc(label)));
-    for (f, v) in [("reserved", d.reserved), ("allocated", d.allocated), ("stranded", d.stranded), ("releasable", d.releasable), ("largest_free_block", d.largest_free_block)] {
+    for (f, v) in [
+        ("reserved", d.reserved),
+        ("allocated", d.allocated),
+        ("stranded", d.stranded),
+        ("releasable", d.releasable),
+        ("largest_free_block", d.largest_free_block),
+    ] {
         out.push_str(&bytes_td(f, v));
     }
     match d.device_free {
@@ -297,7 +367,12 @@ fn tables(out: &mut String, s: &Summary) {
         out.push_str("<h3>Per process</h3>\n<table id=\"processes-table\">\n");
         out.push_str(head);
         for p in &s.processes {
-            device_row(out, &format!("{} · device {}", crate::analysis::summary::Summary::process_label(p), p.figures.device), &p.figures, &format!(" data-pid=\"{}\"", p.pid));
+            device_row(
+                out,
+                &format!("{} · device {}", crate::analysis::summary::Summary::process_label(p), p.figures.device),
+                &p.figures,
+                &format!(" data-pid=\"{}\"", p.pid),
+            );
         }
         out.push_str("</table>\n");
     }
@@ -306,7 +381,17 @@ fn tables(out: &mut String, s: &Summary) {
     for d in &s.devices {
         for g in &d.top_stranded_segments {
             any = true;
-            put(out, format_args!("<tr data-address=\"{}\"><td>{}</td><td>{}</td><td class=\"mono\">{:#x}</td><td>{}</td>", g.address, d.device, g.pid, g.address, esc(&g.kind)));
+            put(
+                out,
+                format_args!(
+                    "<tr data-address=\"{}\"><td>{}</td><td>{}</td><td class=\"mono\">{:#x}</td><td>{}</td>",
+                    g.address,
+                    d.device,
+                    g.pid,
+                    g.address,
+                    esc(&g.kind)
+                ),
+            );
             out.push_str(&bytes_td("size", g.size));
             out.push_str(&bytes_td("stranded", g.stranded));
             put(out, format_args!("<td class=\"num\">{}</td>", g.live_blocks));
@@ -319,7 +404,17 @@ fn tables(out: &mut String, s: &Summary) {
     }
     out.push_str("</table>\n<h3>Failed allocations</h3>\n<table id=\"ooms-table\">\n<tr><th>#</th><th>device</th><th>pid</th><th>call</th><th>requested</th><th>largest free block</th><th>stranded</th><th>releasable</th><th>device free</th><th>verdict</th></tr>\n");
     for (i, o) in s.ooms.iter().enumerate() {
-        put(out, format_args!("<tr data-verdict=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td>", o.verdict.name(), i + 1, o.device, o.pid, esc(&o.op)));
+        put(
+            out,
+            format_args!(
+                "<tr data-verdict=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td>",
+                o.verdict.name(),
+                i + 1,
+                o.device,
+                o.pid,
+                esc(&o.op)
+            ),
+        );
         out.push_str(&bytes_td("requested", o.requested));
         out.push_str(&bytes_td("largest_free_block", o.largest_free_block));
         out.push_str(&bytes_td("stranded", o.stranded));

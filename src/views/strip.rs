@@ -152,7 +152,16 @@ mod tests {
         let f = live_fractions(&m, &seg, 2);
         assert!((f[0] - 1.0).abs() < 1e-9 && (f[1] - 0.2).abs() < 1e-9, "{f:?}");
         assert_eq!(largest_free_run(&m), Some(((1 << 40) + 300 * MIB, 200 * MIB)));
-        let space = ProcessDevice { pid: 1, device: 0, map: m, block_sizes: Default::default(), segment_sizes: Default::default(), allocs: 1, frees: 0, framework: None };
+        let space = ProcessDevice {
+            pid: 1,
+            device: 0,
+            map: m,
+            block_sizes: Default::default(),
+            segment_sizes: Default::default(),
+            allocs: 1,
+            frees: 0,
+            framework: None,
+        };
         let s = process_strip(&space);
         assert_eq!(s.segments[0].cells.len(), STRIP_CELLS);
         assert!(s.segments[0].cells.starts_with("8888"));

@@ -51,15 +51,30 @@ data-device=\"{device}\" data-points=\"{}\" data-ooms=\"{}\" data-peak-reserved=
             if by_time { "time" } else { "events" }
         ),
     );
-    put(&mut out, format_args!("<text x=\"16\" y=\"24\" font-size=\"16\" font-weight=\"bold\" fill=\"#111\">Device {device} over the trace</text>\n"));
+    put(
+        &mut out,
+        format_args!("<text x=\"16\" y=\"24\" font-size=\"16\" font-weight=\"bold\" fill=\"#111\">Device {device} over the trace</text>\n"),
+    );
     // Legend.
-    let legend = [("reserved", s::RESERVED, ""), ("allocated", s::LIVE, ""), ("stranded", s::STRANDED, ""), ("device free", s::DEVICE_FREE, " stroke-dasharray=\"5 3\""), ("OOM", s::REQUEST, "")];
+    let legend = [
+        ("reserved", s::RESERVED, ""),
+        ("allocated", s::LIVE, ""),
+        ("stranded", s::STRANDED, ""),
+        ("device free", s::DEVICE_FREE, " stroke-dasharray=\"5 3\""),
+        ("OOM", s::REQUEST, ""),
+    ];
     let mut lx = 16.0;
     for (name, color, dash) in legend {
         put(&mut out, format_args!("<line x1=\"{lx}\" y1=\"42\" x2=\"{:.0}\" y2=\"42\" stroke=\"{color}\" stroke-width=\"2.5\"{dash}/><text x=\"{:.0}\" y=\"46\" font-size=\"12\" fill=\"#333\">{name}</text>\n", lx + 22.0, lx + 27.0));
         lx += 27.0 + name.len() as f64 * 7.0 + 20.0;
     }
-    put(&mut out, format_args!("<text x=\"{:.0}\" y=\"46\" font-size=\"11\" fill=\"#777\">each point is the maximum over its stretch of events</text>\n", lx + 10.0));
+    put(
+        &mut out,
+        format_args!(
+            "<text x=\"{:.0}\" y=\"46\" font-size=\"11\" fill=\"#777\">each point is the maximum over its stretch of events</text>\n",
+            lx + 10.0
+        ),
+    );
     // Axes.
     for t in &ticks {
         let y = y_of(*t);
@@ -73,7 +88,14 @@ data-device=\"{device}\" data-points=\"{}\" data-ooms=\"{}\" data-peak-reserved=
             let x = X0 + t / span.max(1e-12) * (X1 - X0);
             put(&mut out, format_args!("<line x1=\"{x:.1}\" y1=\"{Y1}\" x2=\"{x:.1}\" y2=\"{:.0}\" stroke=\"#888\"/><text x=\"{x:.1}\" y=\"{:.0}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">{}</text>\n", Y1 + 4.0, Y1 + 17.0, esc(&s::seconds_label(t, step))));
         }
-        put(&mut out, format_args!("<text x=\"{:.0}\" y=\"{:.0}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">time since the first event</text>\n", (X0 + X1) / 2.0, Y1 + 34.0));
+        put(
+            &mut out,
+            format_args!(
+                "<text x=\"{:.0}\" y=\"{:.0}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">time since the first event</text>\n",
+                (X0 + X1) / 2.0,
+                Y1 + 34.0
+            ),
+        );
     } else {
         put(&mut out, format_args!("<text x=\"{:.0}\" y=\"{:.0}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">events (no time stamps in this trace)</text>\n", (X0 + X1) / 2.0, Y1 + 24.0));
     }

@@ -14,9 +14,9 @@
 //! and the test and the bench measure exactly the same code.
 #![allow(dead_code)]
 
+use gpufrag::alloc::pytorch::{AllocatorRules, DRIVER_PAGE};
 use gpufrag::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
 use gpufrag::map::{Anomaly, Block, Figures, Segment, SegmentKind};
-use gpufrag::alloc::pytorch::{AllocatorRules, DRIVER_PAGE};
 
 /// A segment as the model keeps it: no counters, only what the driver said.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -333,12 +333,8 @@ impl NaiveSpace {
         let end = addr + size;
         let mut anomaly = false;
         // Holes: any byte of the range that no segment holds.
-        let mut covered: Vec<(u64, u64)> = self
-            .segments
-            .iter()
-            .filter(|s| s.start < end && addr < s.end())
-            .map(|s| (s.start.max(addr), s.end().min(end)))
-            .collect();
+        let mut covered: Vec<(u64, u64)> =
+            self.segments.iter().filter(|s| s.start < end && addr < s.end()).map(|s| (s.start.max(addr), s.end().min(end))).collect();
         covered.sort();
         let mut at = addr;
         for &(lo, hi) in &covered {

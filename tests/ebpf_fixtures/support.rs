@@ -65,12 +65,30 @@ pub fn fixtures() -> &'static Fixtures {
         let s = |p: &str| src.join(p).display().to_string();
         compile("cc", &["-O1", "-g", "-Wall", "-o", &prog.display().to_string(), &s("cuda_prog.c"), "-ldl", "-lpthread"]);
         compile("cc", &["-O1", "-g", "-shared", "-fPIC", "-o", &usdt_lib.display().to_string(), &s("fake_c10_usdt.c")]);
-        compile("c++", &["-O1", "-g", "-shared", "-fPIC", "-fvisibility=hidden", "-o", &symbols_lib.display().to_string(), &s("fake_c10_symbols.cpp")]);
+        compile(
+            "c++",
+            &["-O1", "-g", "-shared", "-fPIC", "-fvisibility=hidden", "-o", &symbols_lib.display().to_string(), &s("fake_c10_symbols.cpp")],
+        );
         // PyTorch's libc10.so beside each libc10_cuda.so: its OOM report.
         for d in ["usdt", "symbols"] {
-            compile("c++", &["-O1", "-g", "-shared", "-fPIC", "-fvisibility=hidden", "-o", &dir.join(d).join("libc10.so").display().to_string(), &s("fake_c10.cpp")]);
+            compile(
+                "c++",
+                &[
+                    "-O1",
+                    "-g",
+                    "-shared",
+                    "-fPIC",
+                    "-fvisibility=hidden",
+                    "-o",
+                    &dir.join(d).join("libc10.so").display().to_string(),
+                    &s("fake_c10.cpp"),
+                ],
+            );
         }
-        compile("c++", &["-O1", "-g", "-shared", "-fPIC", "-fvisibility=hidden", "-o", &xla_lib.display().to_string(), &s("fake_xla_bfc.cpp")]);
+        compile(
+            "c++",
+            &["-O1", "-g", "-shared", "-fPIC", "-fvisibility=hidden", "-o", &xla_lib.display().to_string(), &s("fake_xla_bfc.cpp")],
+        );
         Fixtures { dir, prog, usdt_lib, symbols_lib, xla_lib }
     })
 }

@@ -120,7 +120,10 @@ impl Rotel {
             .spawn()
             .unwrap();
         let guard = Guard { child, name: "rotel-agent" };
-        assert!(wait_listening(grpc, Duration::from_secs(15)) && wait_listening(http, Duration::from_secs(15)), "rotel-agent did not start listening on {grpc}/{http}");
+        assert!(
+            wait_listening(grpc, Duration::from_secs(15)) && wait_listening(http, Duration::from_secs(15)),
+            "rotel-agent did not start listening on {grpc}/{http}"
+        );
         Rotel { guard, grpc, http, out, dir: dir.to_path_buf() }
     }
 
@@ -214,7 +217,16 @@ pub fn parse_rotel(text: &str) -> Vec<Received> {
             sect = Sect::Descriptor;
         } else if t.starts_with("NumberDataPoints #") || t.starts_with("HistogramDataPoints #") {
             out.extend(cur.take());
-            cur = Some(Received { metric: metric.clone(), unit: unit.clone(), data_type: dtype.clone(), attrs: BTreeMap::new(), value: String::new(), count: None, buckets: Vec::new(), resource: resource.clone() });
+            cur = Some(Received {
+                metric: metric.clone(),
+                unit: unit.clone(),
+                data_type: dtype.clone(),
+                attrs: BTreeMap::new(),
+                value: String::new(),
+                count: None,
+                buckets: Vec::new(),
+                resource: resource.clone(),
+            });
             sect = Sect::None;
         } else if t == "Data point attributes:" {
             sect = Sect::PointAttrs;

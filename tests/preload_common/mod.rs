@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use gpufrag_wire::event::{Event, EventKind};
 use gpufrag_wire::clock::{self, Converter};
+use gpufrag_wire::event::{Event, EventKind};
 use gpufrag_wire::hello::{Hello, HELLO_BYTES, HELLO_F_TSC};
 use gpufrag_wire::lanes::{Lanes, Merge, Prefault, SPARE_LANES};
 use std::sync::atomic::AtomicU32;
@@ -88,11 +88,7 @@ pub struct TempDir(PathBuf);
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
         static N: AtomicU64 = AtomicU64::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "gpufrag-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
+        let p = std::env::temp_dir().join(format!("gpufrag-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).expect("create temp dir");
         TempDir(p)
@@ -284,9 +280,7 @@ fn open_conn(stream: UnixStream) -> std::io::Result<Conn> {
     let (hello, fd) = read_hello(&stream)?;
     let len = hello.ring_bytes as usize;
     // SAFETY: mapping the memfd the producer sized to `len` bytes.
-    let map = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0)
-    };
+    let map = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
     if map == libc::MAP_FAILED {
         return Err(std::io::Error::last_os_error());
     }
@@ -540,12 +534,7 @@ pub fn lines_with(stdout: &str, tag: &str) -> Vec<Vec<(String, String)>> {
     stdout
         .lines()
         .filter(|l| l.split_whitespace().next() == Some(tag))
-        .map(|l| {
-            l.split_whitespace()
-                .skip(1)
-                .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
-                .collect()
-        })
+        .map(|l| l.split_whitespace().skip(1).filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))).collect())
         .collect()
 }
 

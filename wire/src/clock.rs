@@ -95,7 +95,9 @@ pub fn invariant_tsc() -> bool {
         // extended leaf, and 0x80000007 is read only when it exists. (`__cpuid` is a safe
         // function in newer Rust, unsafe in older.)
         #[allow(unused_unsafe)]
-        unsafe { __cpuid(0x8000_0000).eax >= 0x8000_0007 && __cpuid(0x8000_0007).edx & (1 << 8) != 0 }
+        unsafe {
+            __cpuid(0x8000_0000).eax >= 0x8000_0007 && __cpuid(0x8000_0007).edx & (1 << 8) != 0
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

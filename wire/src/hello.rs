@@ -121,7 +121,15 @@ impl Hello {
         };
         let mut exe = [0u8; 24];
         exe.copy_from_slice(&b[40..64]);
-        Some(Hello { pid: u32_at(8), ppid: u32_at(12), ring_bytes: u64_at(16), start_time: u64_at(24), flags: u32_at(32), source: u32_at(36), exe })
+        Some(Hello {
+            pid: u32_at(8),
+            ppid: u32_at(12),
+            ring_bytes: u64_at(16),
+            start_time: u64_at(24),
+            flags: u32_at(32),
+            source: u32_at(36),
+            exe,
+        })
     }
 
     /// The executable name as text.

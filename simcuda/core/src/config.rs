@@ -62,9 +62,7 @@ impl Config {
         let reserve = size("SIMCUDA_RESERVE", 615 * MIB)?;
         let slack = size("SIMCUDA_SLACK", 4 * MIB)?;
         if total < GRANULARITY || reserve >= total {
-            return Err(format!(
-                "SIMCUDA_MEM ({total} bytes) must be at least 2 MiB and above SIMCUDA_RESERVE ({reserve} bytes)"
-            ));
+            return Err(format!("SIMCUDA_MEM ({total} bytes) must be at least 2 MiB and above SIMCUDA_RESERVE ({reserve} bytes)"));
         }
         let state_dir = match get("SIMCUDA_STATE_DIR") {
             Some(d) if !d.is_empty() => PathBuf::from(d),
@@ -107,9 +105,7 @@ pub fn visible_devices(value: &str, devices: u32) -> Vec<u32> {
             None
         } else {
             let want = e.strip_prefix("GPU-").unwrap_or(e).to_ascii_lowercase();
-            let matches: Vec<u32> = (0..devices)
-                .filter(|&i| crate::device_uuid_string(i)["GPU-".len()..].starts_with(&want))
-                .collect();
+            let matches: Vec<u32> = (0..devices).filter(|&i| crate::device_uuid_string(i)["GPU-".len()..].starts_with(&want)).collect();
             (matches.len() == 1).then(|| matches[0])
         };
         match found {

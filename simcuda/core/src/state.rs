@@ -81,16 +81,7 @@ impl SharedState {
                 }
             }
             // SAFETY: mapping FILE_LEN bytes of a file at least that long, shared, read-write.
-            let base = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    FILE_LEN,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    fd,
-                    0,
-                )
-            };
+            let base = unsafe { libc::mmap(std::ptr::null_mut(), FILE_LEN, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
             if base == libc::MAP_FAILED {
                 return Err(io::Error::last_os_error());
             }
@@ -220,8 +211,7 @@ impl SharedState {
         self.slots_in_use()
             .filter_map(|s| {
                 let pid = s.pid.load(Ordering::SeqCst);
-                (pid != 0 && s.device.load(Ordering::SeqCst) == device)
-                    .then(|| ProcessUsage { pid, used: s.used.load(Ordering::SeqCst) })
+                (pid != 0 && s.device.load(Ordering::SeqCst) == device).then(|| ProcessUsage { pid, used: s.used.load(Ordering::SeqCst) })
             })
             .collect()
     }

@@ -12,7 +12,7 @@ use simcuda_core::ffi::*;
 use simcuda_core::{write_c_string, DEVICE_NAME, DRIVER_VERSION, GRANULARITY};
 
 use crate::{
-    check_device, config, context_of, initialized, ordinal_of, current_device, device_of_context, entry, init, model, put, CURRENT,
+    check_device, config, context_of, current_device, device_of_context, entry, init, initialized, model, ordinal_of, put, CURRENT,
     PRIMARY_REFS,
 };
 
@@ -391,12 +391,7 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemSetAccess(
-    ptr: CUdeviceptr,
-    size: usize,
-    desc: *const CUmemAccessDesc,
-    count: usize,
-) -> CUresult {
+pub unsafe extern "C" fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult {
     entry("cuMemSetAccess", || {
         let m = model()?;
         if desc.is_null() || count == 0 {
@@ -405,10 +400,8 @@ pub unsafe extern "C" fn cuMemSetAccess(
         // SAFETY: the caller passes `count` descriptors at `desc` (non-null, count > 0).
         let descs = unsafe { std::slice::from_raw_parts(desc, count) };
         for d in descs {
-            let flags_ok = matches!(
-                d.flags,
-                CU_MEM_ACCESS_FLAGS_PROT_NONE | CU_MEM_ACCESS_FLAGS_PROT_READ | CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-            );
+            let flags_ok =
+                matches!(d.flags, CU_MEM_ACCESS_FLAGS_PROT_NONE | CU_MEM_ACCESS_FLAGS_PROT_READ | CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
             if d.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE || !flags_ok {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
@@ -446,11 +439,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    _hStream: CUstream,
-) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, _hStream: CUstream) -> CUresult {
     entry("cuMemAllocAsync_ptsz", || alloc_async(dptr, bytesize))
 }
 
@@ -506,10 +495,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut CUmemoryPool, poolProps: *co
         let mut m = model()?;
         // SAFETY: null or a valid CUmemPoolProps per the C contract.
         let props = unsafe { poolProps.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        if pool.is_null()
-            || props.alloc_type != CU_MEM_ALLOCATION_TYPE_PINNED
-            || props.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE
-        {
+        if pool.is_null() || props.alloc_type != CU_MEM_ALLOCATION_TYPE_PINNED || props.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let d = check_device(props.location.id)?;
@@ -557,7 +543,13 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: c_int, 
                 | CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES
         );
         // SAFETY: non-null; an int for REUSE_*, a cuuint64_t otherwise, per the C contract.
-        let v = unsafe { if reuse { value.cast::<c_int>().read() as u64 } else { value.cast::<u64>().read() } };
+        let v = unsafe {
+            if reuse {
+                value.cast::<c_int>().read() as u64
+            } else {
+                value.cast::<u64>().read()
+            }
+        };
         model()?.pool_set_attr(pool_key(pool)?, attr, v)
     })
 }

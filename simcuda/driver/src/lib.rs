@@ -74,10 +74,7 @@ fn init() -> Result<()> {
         TRACE.store(std::env::var_os("SIMCUDA_TRACE").is_some_and(|v| v != "0"), Ordering::Relaxed);
         let shared = SHARED.get_or_init(|| {
             SharedState::open(&cfg.state_dir).unwrap_or_else(|e| {
-                eprintln!(
-                    "simcuda: cannot use {}: {e}; device memory is not shared with other processes",
-                    cfg.state_dir.display()
-                );
+                eprintln!("simcuda: cannot use {}: {e}; device memory is not shared with other processes", cfg.state_dir.display());
                 SharedState::anonymous()
             })
         });

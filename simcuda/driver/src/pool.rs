@@ -109,8 +109,7 @@ impl Pool {
     /// Releases wholly free chunks, lowest address first, while more than `keep` bytes are
     /// reserved; returns the released chunks `(va, size)`.
     pub fn trim(&mut self, keep: u64) -> Vec<(u64, u64)> {
-        let idle: Vec<(u64, u64)> =
-            self.chunks.iter().filter(|(_, c)| c.used == 0).map(|(&va, c)| (va, c.size)).collect();
+        let idle: Vec<(u64, u64)> = self.chunks.iter().filter(|(_, c)| c.used == 0).map(|(&va, c)| (va, c.size)).collect();
         let mut released = Vec::new();
         for (va, size) in idle {
             if self.reserved <= keep {

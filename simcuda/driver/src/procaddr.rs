@@ -29,12 +29,7 @@ macro_rules! v {
         Version { since: $since, symbol: stringify!($f), func: $f as *mut c_void, per_thread: None }
     };
     ($since:expr, $f:ident, $pt:ident) => {
-        Version {
-            since: $since,
-            symbol: stringify!($f),
-            func: $f as *mut c_void,
-            per_thread: Some((stringify!($pt), $pt as *mut c_void)),
-        }
+        Version { since: $since, symbol: stringify!($f), func: $f as *mut c_void, per_thread: Some((stringify!($pt), $pt as *mut c_void)) }
     };
 }
 
@@ -94,11 +89,7 @@ pub fn resolve(name: &str, version: c_int, flags: u64) -> Result<(&'static str, 
     if all.is_empty() {
         return Err(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
     }
-    let v = all
-        .into_iter()
-        .rev()
-        .find(|v| v.since <= version)
-        .ok_or(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT)?;
+    let v = all.into_iter().rev().find(|v| v.since <= version).ok_or(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT)?;
     match v.per_thread {
         Some(pt) if flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0 => Ok(pt),
         _ => Ok((v.symbol, v.func)),
@@ -136,12 +127,7 @@ fn get_proc_address(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuGetProcAddress(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    cudaVersion: c_int,
-    flags: u64,
-) -> CUresult {
+pub unsafe extern "C" fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cudaVersion: c_int, flags: u64) -> CUresult {
     entry("cuGetProcAddress", || get_proc_address(symbol, pfn, cudaVersion, flags, std::ptr::null_mut()))
 }
 

@@ -183,10 +183,7 @@ pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
 #[no_mangle]
 pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
     nvml("nvmlShutdown", || {
-        INIT_COUNT
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-            .map(drop)
-            .map_err(|_| NVML_ERROR_UNINITIALIZED)
+        INIT_COUNT.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).map(drop).map_err(|_| NVML_ERROR_UNINITIALIZED)
     })
 }
 
@@ -327,10 +324,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory_ou
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
-    device: nvmlDevice_t,
-    memory_out: *mut nvmlMemory_v2_t,
-) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory_out: *mut nvmlMemory_v2_t) -> nvmlReturn_t {
     nvml("nvmlDeviceGetMemoryInfo_v2", || {
         let (total, reserved, free, used) = memory(device)?;
         if memory_out.is_null() {
@@ -347,12 +341,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
 
 /// The compute processes of `device` into `infos` (capacity `*infoCount`), NVML's way: when they
 /// do not fit, `*infoCount` becomes the number needed and the result NVML_ERROR_INSUFFICIENT_SIZE.
-fn processes<T>(
-    device: nvmlDevice_t,
-    infoCount: *mut c_uint,
-    infos: *mut T,
-    make: impl Fn(u32, u64) -> T,
-) -> Result<()> {
+fn processes<T>(device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut T, make: impl Fn(u32, u64) -> T) -> Result<()> {
     let i = device_index(device)?;
     let (_, shared) = system()?;
     if infoCount.is_null() {

@@ -29,11 +29,7 @@ pub const ERRORS: &[(cudaError_t, &str, &str)] = &[
     (cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation\0", "out of memory\0"),
     (cudaErrorInitializationError, "cudaErrorInitializationError\0", "initialization error\0"),
     (cudaErrorCudartUnloading, "cudaErrorCudartUnloading\0", "driver shutting down\0"),
-    (
-        cudaErrorInsufficientDriver,
-        "cudaErrorInsufficientDriver\0",
-        "CUDA driver version is insufficient for CUDA runtime version\0",
-    ),
+    (cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver\0", "CUDA driver version is insufficient for CUDA runtime version\0"),
     (cudaErrorNoDevice, "cudaErrorNoDevice\0", "no CUDA-capable device is detected\0"),
     (cudaErrorInvalidDevice, "cudaErrorInvalidDevice\0", "invalid device ordinal\0"),
     (cudaErrorDeviceUninitialized, "cudaErrorDeviceUninitialized\0", "invalid device context\0"),

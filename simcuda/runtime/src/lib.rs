@@ -244,12 +244,7 @@ pub unsafe extern "C" fn cudaMalloc(devPtr: *mut *mut c_void, size: usize) -> cu
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cudaMallocPitch(
-    devPtr: *mut *mut c_void,
-    pitch: *mut usize,
-    width: usize,
-    height: usize,
-) -> cudaError_t {
+pub unsafe extern "C" fn cudaMallocPitch(devPtr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) -> cudaError_t {
     rt("cudaMallocPitch", || {
         let drv = ctx()?;
         if devPtr.is_null() || pitch.is_null() {
@@ -336,11 +331,7 @@ pub unsafe extern "C" fn cudaMallocAsync(devPtr: *mut *mut c_void, size: usize, 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cudaMallocAsync_ptsz(
-    devPtr: *mut *mut c_void,
-    size: usize,
-    stream: cudaStream_t,
-) -> cudaError_t {
+pub unsafe extern "C" fn cudaMallocAsync_ptsz(devPtr: *mut *mut c_void, size: usize, stream: cudaStream_t) -> cudaError_t {
     rt("cudaMallocAsync_ptsz", || {
         let drv = ctx()?;
         // SAFETY: as in cudaMallocAsync.

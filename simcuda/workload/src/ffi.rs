@@ -50,18 +50,8 @@ extern "C" {
     pub fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult;
     pub fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) -> CUresult;
     pub fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstream) -> CUresult;
-    pub fn cuMemGetAllocationGranularity(
-        granularity: *mut usize,
-        prop: *const CUmemAllocationProp,
-        option: c_int,
-    ) -> CUresult;
-    pub fn cuMemAddressReserve(
-        ptr: *mut CUdeviceptr,
-        size: usize,
-        alignment: usize,
-        addr: CUdeviceptr,
-        flags: c_ulonglong,
-    ) -> CUresult;
+    pub fn cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const CUmemAllocationProp, option: c_int) -> CUresult;
+    pub fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: c_ulonglong) -> CUresult;
     pub fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult;
     pub fn cuMemCreate(
         handle: *mut CUmemGenericAllocationHandle,
@@ -70,25 +60,14 @@ extern "C" {
         flags: c_ulonglong,
     ) -> CUresult;
     pub fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult;
-    pub fn cuMemMap(
-        ptr: CUdeviceptr,
-        size: usize,
-        offset: usize,
-        handle: CUmemGenericAllocationHandle,
-        flags: c_ulonglong,
-    ) -> CUresult;
+    pub fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: c_ulonglong) -> CUresult;
     pub fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult;
     pub fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult;
     pub fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult;
     pub fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult;
     pub fn cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usize) -> CUresult;
     pub fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CUresult;
-    pub fn cuMemAllocFromPoolAsync(
-        dptr: *mut CUdeviceptr,
-        bytesize: usize,
-        pool: CUmemoryPool,
-        hStream: CUstream,
-    ) -> CUresult;
+    pub fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream) -> CUresult;
     pub fn cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) -> CUresult;
 }
 

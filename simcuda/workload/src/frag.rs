@@ -198,13 +198,7 @@ pub fn small_pages(n: Option<u64>) -> Outcome {
         freed += 1;
     }
     let (free_half, _) = mem_info()?;
-    result!(
-        "test" = "small-pages",
-        "step" = "free_every_other",
-        "freed" = freed,
-        "freed_bytes" = freed * MIB,
-        "device_free" = free_half,
-    );
+    result!("test" = "small-pages", "step" = "free_every_other", "freed" = freed, "freed_bytes" = freed * MIB, "device_free" = free_half,);
     let two = cuda_malloc(2 * MIB);
     result!("test" = "small-pages", "step" = "request", "size" = 2 * MIB, "rc" = two.err().unwrap_or(0));
     let one = cuda_malloc(MIB);

@@ -54,12 +54,29 @@ struct Segment {
 /// What the allocator did, for whoever traces it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AllocatorEvent {
-    SegmentAlloc { addr: u64, size: u64 },
-    SegmentFree { addr: u64, size: u64 },
-    BlockAlloc { addr: u64, size: u64, requested: u64 },
-    BlockFree { addr: u64, size: u64 },
+    SegmentAlloc {
+        addr: u64,
+        size: u64,
+    },
+    SegmentFree {
+        addr: u64,
+        size: u64,
+    },
+    BlockAlloc {
+        addr: u64,
+        size: u64,
+        requested: u64,
+    },
+    BlockFree {
+        addr: u64,
+        size: u64,
+    },
     /// A request that failed: the segment size asked of the device and its error.
-    Oom { requested: u64, segment_size: u64, rc: i32 },
+    Oom {
+        requested: u64,
+        segment_size: u64,
+        rc: i32,
+    },
 }
 
 /// The allocator's figures, with PyTorch's meanings.

@@ -74,11 +74,8 @@ pub fn nvml() -> Outcome {
     let name = nvml_fn!(lib, "nvmlDeviceGetName", unsafe extern "C" fn(Device, *mut c_char, c_uint) -> c_int);
     let mem_v1 = nvml_fn!(lib, "nvmlDeviceGetMemoryInfo", unsafe extern "C" fn(Device, *mut Memory) -> c_int);
     let mem_v2 = nvml_fn!(lib, "nvmlDeviceGetMemoryInfo_v2", unsafe extern "C" fn(Device, *mut MemoryV2) -> c_int);
-    let procs = nvml_fn!(
-        lib,
-        "nvmlDeviceGetComputeRunningProcesses_v3",
-        unsafe extern "C" fn(Device, *mut c_uint, *mut ProcessInfo) -> c_int
-    );
+    let procs =
+        nvml_fn!(lib, "nvmlDeviceGetComputeRunningProcesses_v3", unsafe extern "C" fn(Device, *mut c_uint, *mut ProcessInfo) -> c_int);
     // SAFETY: every call below gets valid out-pointers and buffers of the lengths passed.
     unsafe {
         nvml_ok("nvmlInit_v2", init())?;

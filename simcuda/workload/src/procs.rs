@@ -130,14 +130,7 @@ pub fn fork_exec() -> Outcome {
     unsafe { libc::waitpid(pid, &mut status, 0) };
     let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { -1 };
     let (free_after, _) = mem_info()?;
-    result!(
-        "test" = "fork-exec",
-        "role" = "parent",
-        "step" = "wait",
-        "child_pid" = pid,
-        "child_exit" = code,
-        "device_free" = free_after,
-    );
+    result!("test" = "fork-exec", "role" = "parent", "step" = "wait", "child_pid" = pid, "child_exit" = code, "device_free" = free_after,);
     cuda_free(parent_block)?;
     if code == 0 && free_after == free_parent {
         Ok(())

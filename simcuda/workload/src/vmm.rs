@@ -49,9 +49,7 @@ pub fn vmm() -> Outcome {
     let prop = device_prop(0);
     let mut gran = 0usize;
     // SAFETY: valid out-pointer and prop.
-    ok("cuMemGetAllocationGranularity", unsafe {
-        cuMemGetAllocationGranularity(&mut gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)
-    })?;
+    ok("cuMemGetAllocationGranularity", unsafe { cuMemGetAllocationGranularity(&mut gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) })?;
     let free0 = free()?;
     let mut base = 0;
     // SAFETY: valid out-pointer.

@@ -12,12 +12,7 @@ use common::*;
 
 /// Starts `hold SIZE` and waits for its READY line; returns the child and its pid.
 fn hold(sim: &Sim, size: &str) -> (Child, u32) {
-    let mut child = sim
-        .cmd(&["hold", size])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn hold");
+    let mut child = sim.cmd(&["hold", size]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("spawn hold");
     let mut line = String::new();
     BufReader::new(child.stdout.as_mut().expect("piped")).read_line(&mut line).expect("READY line");
     let ready = lines(&line, "READY");

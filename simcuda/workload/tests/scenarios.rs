@@ -63,10 +63,7 @@ fn small_allocations_share_pages_so_2_mib_fails_after_freeing_half() {
     for args in [&["small-pages"][..], &["small-pages", "236"][..]] {
         let out = sim.run(args);
         assert_fields(&step(&out, "fill"), &[("allocated", 236), ("device_free", 4 * MIB)]);
-        assert_fields(
-            &step(&out, "free_every_other"),
-            &[("freed", 118), ("freed_bytes", 118 * MIB), ("device_free", 4 * MIB)],
-        );
+        assert_fields(&step(&out, "free_every_other"), &[("freed", 118), ("freed_bytes", 118 * MIB), ("device_free", 4 * MIB)]);
         let requests = lines(&out, "RESULT").into_iter().filter(|l| l["step"] == "request").collect::<Vec<_>>();
         assert_fields(&requests[0], &[("size", 2 * MIB), ("rc", 2)]);
         assert_fields(&requests[1], &[("size", MIB), ("rc", 0)]);
@@ -136,11 +133,7 @@ fn pools_keep_freed_memory_reserved_until_trim() {
     assert_fields(&step(&out, "trim"), &[("pool_reserved", 0), ("device_free", usable)]);
     assert_fields(
         &step(&out, "sync"),
-        &[
-            ("pool_reserved_before_sync", 64 * MIB),
-            ("pool_reserved_after_sync", 0),
-            ("pool_reserved_after_sync_threshold_max", 64 * MIB),
-        ],
+        &[("pool_reserved_before_sync", 64 * MIB), ("pool_reserved_after_sync", 0), ("pool_reserved_after_sync_threshold_max", 64 * MIB)],
     );
     // 10 MiB and 1000 bytes: two chunks (10 MiB, 2 MiB); the 10 MiB block freed, 1024 bytes used.
     assert_fields(&step(&out, "driver_pool"), &[("pool_reserved", 12 * MIB), ("pool_used", 1024), ("device_free", usable - 12 * MIB)]);

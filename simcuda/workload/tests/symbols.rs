@@ -30,16 +30,54 @@ fn exports(lib: &Path) -> BTreeMap<String, (String, String)> {
 }
 
 const DRIVER_EXPORTS: &[&str] = &[
-    "cuInit", "cuDriverGetVersion", "cuDeviceGet", "cuDeviceGetCount", "cuDeviceGetName", "cuDeviceGetUuid",
-    "cuDeviceGetUuid_v2", "cuDeviceTotalMem_v2", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease",
-    "cuDevicePrimaryCtxRelease_v2", "cuCtxSetCurrent", "cuCtxGetCurrent", "cuCtxGetDevice", "cuCtxSynchronize",
-    "cuMemGetInfo_v2", "cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocManaged", "cuMemFree_v2",
-    "cuMemAddressReserve", "cuMemAddressFree", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap",
-    "cuMemSetAccess", "cuMemGetAllocationGranularity", "cuMemAllocAsync", "cuMemAllocAsync_ptsz",
-    "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz", "cuMemFreeAsync", "cuMemFreeAsync_ptsz",
-    "cuMemPoolCreate", "cuMemPoolDestroy", "cuMemPoolTrimTo", "cuMemPoolGetAttribute", "cuMemPoolSetAttribute",
-    "cuDeviceGetDefaultMemPool", "cuDeviceGetMemPool", "cuStreamSynchronize", "cuStreamSynchronize_ptsz",
-    "cuGetProcAddress", "cuGetProcAddress_v2", "cuGetErrorString", "cuGetErrorName", "cuMemsetD8_v2",
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGet",
+    "cuDeviceGetCount",
+    "cuDeviceGetName",
+    "cuDeviceGetUuid",
+    "cuDeviceGetUuid_v2",
+    "cuDeviceTotalMem_v2",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxSetCurrent",
+    "cuCtxGetCurrent",
+    "cuCtxGetDevice",
+    "cuCtxSynchronize",
+    "cuMemGetInfo_v2",
+    "cuMemAlloc_v2",
+    "cuMemAllocPitch_v2",
+    "cuMemAllocManaged",
+    "cuMemFree_v2",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemSetAccess",
+    "cuMemGetAllocationGranularity",
+    "cuMemAllocAsync",
+    "cuMemAllocAsync_ptsz",
+    "cuMemAllocFromPoolAsync",
+    "cuMemAllocFromPoolAsync_ptsz",
+    "cuMemFreeAsync",
+    "cuMemFreeAsync_ptsz",
+    "cuMemPoolCreate",
+    "cuMemPoolDestroy",
+    "cuMemPoolTrimTo",
+    "cuMemPoolGetAttribute",
+    "cuMemPoolSetAttribute",
+    "cuDeviceGetDefaultMemPool",
+    "cuDeviceGetMemPool",
+    "cuStreamSynchronize",
+    "cuStreamSynchronize_ptsz",
+    "cuGetProcAddress",
+    "cuGetProcAddress_v2",
+    "cuGetErrorString",
+    "cuGetErrorName",
+    "cuMemsetD8_v2",
     "cuMemsetD8_v2_ptds",
 ];
 
@@ -61,8 +99,7 @@ fn the_driver_exports_each_function_as_its_own_symbol() {
 fn the_runtime_reaches_the_driver_only_at_run_time() {
     for lib in ["libcudart.so.13", "libcudart.so.12"] {
         let undefined = nm(&stage_dir().join(lib), "--undefined-only");
-        let cu: Vec<&str> =
-            undefined.lines().filter_map(|l| l.split_whitespace().last()).filter(|s| s.starts_with("cu")).collect();
+        let cu: Vec<&str> = undefined.lines().filter_map(|l| l.split_whitespace().last()).filter(|s| s.starts_with("cu")).collect();
         assert!(cu.is_empty(), "{lib} references driver symbols at link time: {cu:?}");
         assert!(undefined.contains("dlsym"), "{lib} should look the driver up with dlsym");
     }

@@ -256,7 +256,11 @@ impl App {
         }
         let needle = self.editing.as_deref().unwrap_or(&self.filter).to_lowercase();
         if !needle.is_empty() {
-            rows.retain(|r| r.label.to_lowercase().contains(&needle) || r.command.to_lowercase().contains(&needle) || r.user.to_lowercase().contains(&needle));
+            rows.retain(|r| {
+                r.label.to_lowercase().contains(&needle)
+                    || r.command.to_lowercase().contains(&needle)
+                    || r.user.to_lowercase().contains(&needle)
+            });
         }
         let value = |r: &RowView| -> u64 {
             match self.sort {
@@ -365,13 +369,25 @@ impl App {
 /// One row per device and per process of a summary (and one for all devices when there are
 /// several), unsorted.
 pub fn rows_of(s: &Summary) -> Vec<RowView> {
-    let row = |key, label, figures: &DeviceSummary| RowView { key, label, figures: figures.clone(), exited: false, command: String::new(), user: String::new(), framework: None };
+    let row = |key, label, figures: &DeviceSummary| RowView {
+        key,
+        label,
+        figures: figures.clone(),
+        exited: false,
+        command: String::new(),
+        user: String::new(),
+        framework: None,
+    };
     let mut rows: Vec<RowView> = s.devices.iter().map(|d| row(RowKey::Device(d.device), device_label(d.device), d)).collect();
     if let Some(total) = total_of(&s.devices).filter(|_| s.devices.len() > 1) {
         rows.push(row(RowKey::Total, "all gpus".into(), &total));
     }
     for p in &s.processes {
-        let mut r = row(RowKey::Process(p.pid, p.figures.device), format!("{} {}", Summary::process_label(p), device_label(p.figures.device)), &p.figures);
+        let mut r = row(
+            RowKey::Process(p.pid, p.figures.device),
+            format!("{} {}", Summary::process_label(p), device_label(p.figures.device)),
+            &p.figures,
+        );
         r.exited = p.exited;
         r.command = p.exe.clone().unwrap_or_default();
         r.framework = p.framework;
@@ -387,7 +403,9 @@ pub fn rows_of(s: &Summary) -> Vec<RowView> {
 pub fn total_of(devices: &[DeviceSummary]) -> Option<DeviceSummary> {
     let mut t = DeviceSummary { device: -1, ..devices.first()?.clone() };
     let sum = |get: fn(&DeviceSummary) -> u64| devices.iter().map(get).fold(0u64, u64::saturating_add);
-    let sum_known = |get: fn(&DeviceSummary) -> Option<u64>| -> Option<u64> { devices.iter().map(get).collect::<Option<Vec<u64>>>().map(|v| v.into_iter().fold(0u64, u64::saturating_add)) };
+    let sum_known = |get: fn(&DeviceSummary) -> Option<u64>| -> Option<u64> {
+        devices.iter().map(get).collect::<Option<Vec<u64>>>().map(|v| v.into_iter().fold(0u64, u64::saturating_add))
+    };
     t.hw_id = None;
     t.reserved = sum(|d| d.reserved);
     t.allocated = sum(|d| d.allocated);
@@ -548,7 +566,12 @@ mod tests {
     fn devices_show_free_and_total_and_several_get_an_all_gpus_row() {
         let mut st = state();
         for (d, total, free) in [(0i16, 80u64 << 30, 70u64 << 30), (1, 80 << 30, 60 << 30)] {
-            st.apply(&Event { size: total, device_free: free, flags: crate::event::F_DEVICE_FREE_KNOWN, ..Event::new(EventKind::DeviceInfo, 0, d) });
+            st.apply(&Event {
+                size: total,
+                device_free: free,
+                flags: crate::event::F_DEVICE_FREE_KNOWN,
+                ..Event::new(EventKind::DeviceInfo, 0, d)
+            });
         }
         let mut e = Event::new(EventKind::MemAlloc, 30, 1);
         e.addr = 1 << 44;
@@ -556,10 +579,15 @@ mod tests {
         st.apply(&e);
         let app = app_of(&st);
         let rows = app.rows();
-        let view: Vec<(&str, u64, Option<u64>, Option<u64>)> = rows.iter().map(|r| (r.label.as_str(), r.figures.reserved, r.figures.device_free, r.figures.device_total)).collect();
+        let view: Vec<(&str, u64, Option<u64>, Option<u64>)> =
+            rows.iter().map(|r| (r.label.as_str(), r.figures.reserved, r.figures.device_free, r.figures.device_total)).collect();
         assert_eq!(
             view[..3],
-            [("all gpus", 6 << 30, Some(130 << 30), Some(160 << 30)), ("gpu 0", 4 << 30, Some(70 << 30), Some(80 << 30)), ("gpu 1", 2 << 30, Some(60 << 30), Some(80 << 30))],
+            [
+                ("all gpus", 6 << 30, Some(130 << 30), Some(160 << 30)),
+                ("gpu 0", 4 << 30, Some(70 << 30), Some(80 << 30)),
+                ("gpu 1", 2 << 30, Some(60 << 30), Some(80 << 30))
+            ],
             "{view:?}"
         );
         assert_eq!(rows.len(), 6, "and the three processes");

@@ -37,13 +37,15 @@ pub fn read_at(proc: &Path, pid: u32, exe: Option<&str>) -> Option<Owner> {
         let image = std::fs::read_link(dir.join("exe")).ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
         let arg0 = args.first().and_then(|a| Path::new(a).file_name()).map(|n| n.to_string_lossy().into_owned());
         // comm is cut at 15 bytes.
-        let same = image.as_deref() == Some(exe) || arg0.as_deref() == Some(exe) || (!comm.trim().is_empty() && exe.starts_with(comm.trim()));
+        let same =
+            image.as_deref() == Some(exe) || arg0.as_deref() == Some(exe) || (!comm.trim().is_empty() && exe.starts_with(comm.trim()));
         if !same {
             return None;
         }
     }
     let status = std::fs::read_to_string(dir.join("status")).ok()?;
-    let uid: u32 = status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().nth(1)).and_then(|v| v.parse().ok())?;
+    let uid: u32 =
+        status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().nth(1)).and_then(|v| v.parse().ok())?;
     let mut words = args;
     if let Some(first) = words.first_mut() {
         if let Some(base) = Path::new(first.as_str()).file_name().map(|n| n.to_string_lossy().into_owned()) {

@@ -128,7 +128,11 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
                 Cell::from(r.framework.map_or("", |f| f.name())),
                 Cell::from(human_bytes(d.reserved)),
                 Cell::from(human_bytes(d.allocated)),
-                Cell::from(human_bytes(d.stranded)).style(if d.stranded > 0 && !r.exited { Style::default().fg(STRANDED) } else { Style::default() }),
+                Cell::from(human_bytes(d.stranded)).style(if d.stranded > 0 && !r.exited {
+                    Style::default().fg(STRANDED)
+                } else {
+                    Style::default()
+                }),
                 Cell::from(if total { String::new() } else { human_bytes(d.largest_free_block) }),
                 Cell::from(if total { String::new() } else { format!("{:.2}", d.fragmentation) }),
                 // Free and total are the device's: shown on device rows only.
@@ -193,7 +197,11 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
     let max = reserved.iter().copied().max().unwrap_or(1).max(1);
     f.render_widget(
         Sparkline::default()
-            .block(Block::default().borders(Borders::ALL).title(format!(" reserved {} ", reserved.last().map_or("-".into(), |v| human_bytes(*v)))))
+            .block(
+                Block::default()
+                    .borders(Borders::ALL)
+                    .title(format!(" reserved {} ", reserved.last().map_or("-".into(), |v| human_bytes(*v)))),
+            )
             .data(&reserved)
             .max(max)
             .style(Style::default().fg(Color::Cyan)),
@@ -201,7 +209,11 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
     );
     f.render_widget(
         Sparkline::default()
-            .block(Block::default().borders(Borders::ALL).title(format!(" stranded {} (same scale) ", stranded.last().map_or("-".into(), |v| human_bytes(*v)))))
+            .block(
+                Block::default()
+                    .borders(Borders::ALL)
+                    .title(format!(" stranded {} (same scale) ", stranded.last().map_or("-".into(), |v| human_bytes(*v)))),
+            )
             .data(&stranded)
             .max(max)
             .style(Style::default().fg(STRANDED)),
@@ -225,7 +237,11 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
     let inner = block.inner(strip);
     f.render_widget(block, strip);
     if let Some(s) = app.selected_strip() {
-        let request = app.frame.as_ref().and_then(|fr| fr.summary.ooms.iter().rev().find(|o| o.pid == s.pid && o.device == s.device)).map(|o| o.requested);
+        let request = app
+            .frame
+            .as_ref()
+            .and_then(|fr| fr.summary.ooms.iter().rev().find(|o| o.pid == s.pid && o.device == s.device))
+            .map(|o| o.requested);
         let lines = strip_lines(s, inner.width as usize, inner.height.saturating_sub(1) as usize, request);
         f.render_widget(Paragraph::new(lines), Rect { height: inner.height.saturating_sub(1), ..inner });
     }
@@ -249,7 +265,11 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
 
     // Help or filter input.
     let help_line = match &app.editing {
-        Some(t) => Line::from(vec![Span::styled("filter: ", Style::default().add_modifier(Modifier::BOLD)), Span::raw(t.clone()), Span::raw("▏  (Enter apply, Esc cancel)")]),
+        Some(t) => Line::from(vec![
+            Span::styled("filter: ", Style::default().add_modifier(Modifier::BOLD)),
+            Span::raw(t.clone()),
+            Span::raw("▏  (Enter apply, Esc cancel)"),
+        ]),
         None => Line::from(format!(
             "h help · q quit · s , . sort · I reverse · / filter{} · Esc clear · ↑↓ select · p pause{} · x drop exited",
             if app.filter.is_empty() { String::new() } else { format!(" [{}]", app.filter) },

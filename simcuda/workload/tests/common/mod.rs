@@ -22,15 +22,8 @@ pub fn stage_dir() -> PathBuf {
     dir
 }
 
-const VARS: [&str; 7] = [
-    "SIMCUDA_DEVICES",
-    "SIMCUDA_MEM",
-    "SIMCUDA_RESERVE",
-    "SIMCUDA_SLACK",
-    "SIMCUDA_STATE_DIR",
-    "SIMCUDA_TRACE",
-    "LD_PRELOAD",
-];
+const VARS: [&str; 7] =
+    ["SIMCUDA_DEVICES", "SIMCUDA_MEM", "SIMCUDA_RESERVE", "SIMCUDA_SLACK", "SIMCUDA_STATE_DIR", "SIMCUDA_TRACE", "LD_PRELOAD"];
 
 /// A simulated machine: a fresh state directory plus `SIMCUDA_*` settings.
 pub struct Sim {
@@ -58,9 +51,7 @@ impl Sim {
         for v in VARS {
             c.env_remove(v);
         }
-        c.args(args)
-            .env("LD_LIBRARY_PATH", stage_dir())
-            .env("SIMCUDA_STATE_DIR", &self.state_dir);
+        c.args(args).env("LD_LIBRARY_PATH", stage_dir()).env("SIMCUDA_STATE_DIR", &self.state_dir);
         for (k, v) in &self.env {
             c.env(k, v);
         }
@@ -99,19 +90,13 @@ pub fn lines(stdout: &str, kind: &str) -> Vec<Line> {
     stdout
         .lines()
         .filter_map(|l| l.strip_prefix(kind)?.strip_prefix(' '))
-        .map(|rest| {
-            rest.split(' ')
-                .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        })
+        .map(|rest| rest.split(' ').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect())
         .collect()
 }
 
 /// The one `RESULT` line whose `step` is `step`.
 pub fn step(stdout: &str, step: &str) -> Line {
-    let found: Vec<Line> =
-        lines(stdout, "RESULT").into_iter().filter(|l| l.get("step").map(String::as_str) == Some(step)).collect();
+    let found: Vec<Line> = lines(stdout, "RESULT").into_iter().filter(|l| l.get("step").map(String::as_str) == Some(step)).collect();
     assert_eq!(found.len(), 1, "one RESULT with step={step} in:\n{stdout}");
     found.into_iter().next().expect("checked")
 }
