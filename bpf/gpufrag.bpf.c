@@ -179,7 +179,7 @@ static __always_inline struct gpufrag_event *reserve_event_at(__u64 ts, __u64 pi
 	e->rc = 0;
 	e->flags = flags;
 	e->op = 0;
-	e->_pad = 0;
+	e->text_len = 0;
 	return e;
 }
 

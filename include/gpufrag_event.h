@@ -44,7 +44,8 @@ enum gpufrag_event_kind {
 	GPUFRAG_EV_DROPPED = 20,           /* the source dropped `size` events before this one */
 	GPUFRAG_EV_POOL_RESERVED = 21,     /* a stream-ordered pool's reserved bytes as the driver reports them: handle = pool, size */
 	GPUFRAG_EV_ADOPT = 22,             /* a caching allocator claims the segment holding addr (addr 0: manages the process's memory) */
-	GPUFRAG_EV_KIND_COUNT = 23,
+	GPUFRAG_EV_RECORD_END = 23,        /* the end of a record file (never on a ring): its writer stopped cleanly */
+	GPUFRAG_EV_KIND_COUNT = 24,        /* one past the largest kind (kinds may leave gaps: a number is never reused) */
 };
 
 /* flags */
@@ -79,7 +80,7 @@ struct gpufrag_event {
 	__s32 rc;          /* CUresult / cudaError_t of the call, 0 = success */
 	__u32 flags;       /* GPUFRAG_F_* */
 	__u16 op;          /* ALLOC_FAILED: the kind of the call that failed */
-	__u16 _pad;
+	__u16 text_len;    /* bytes of text after the event in a record file; 0 on a ring */
 };
 
 #ifndef __BPF__

@@ -77,26 +77,19 @@ pub fn load(path: &Path) -> anyhow::Result<Loaded> {
     let mut head = [0u8; 8];
     let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).map_err(|e| UnusableInput(format!("{}: {e}", path.display())))?;
     if record::is_record(&head[..n]) {
-        let rec = record::read(path).map_err(|e| UnusableInput(e.to_string()))?;
+        let mut reader = record::Reader::open(path).map_err(|e| UnusableInput(e.to_string()))?;
         let rules = AllocatorRules::default();
         let mut state = State::new(rules.clone());
-        state.apply_all(&rec.events);
-        let mut notes = vec![format!("replayed {} recorded events", rec.events.len())];
-        if let Some(at) = rec.partial_tail_at {
-            notes.push(format!(
-                "{}: the last record is cut short at offset {at} (the writer stopped mid-record); it was left out",
-                path.display()
-            ));
+        let mut events = Vec::new();
+        for entry in reader.by_ref() {
+            let entry = entry.map_err(|e| UnusableInput(e.to_string()))?;
+            state.apply(&entry.event);
+            events.push(entry.event);
         }
-        return Ok(Loaded {
-            state,
-            notes,
-            complete: rec.partial_tail_at.is_none(),
-            kind: InputKind::Record,
-            snapshot: None,
-            rules,
-            replay: rec.events,
-        });
+        let end = reader.end().unwrap_or(record::End::Cut { at: reader.offset() });
+        let mut notes = vec![format!("replayed {} recorded events", events.len())];
+        notes.extend(end.note(path));
+        return Ok(Loaded { state, notes, complete: end.is_whole(), kind: InputKind::Record, snapshot: None, rules, replay: events });
     }
     let snap = snapshot::load(path).map_err(|e| UnusableInput(e.to_string()))?;
     Ok(replay_snapshot(snap))

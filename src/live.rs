@@ -396,11 +396,18 @@ impl Live {
         }
     }
 
-    /// Gives every observer the final state.
+    /// Gives every observer the final state and ends the record file with its end marker (a
+    /// record without one reads as cut).
     pub fn finish(&mut self) {
         self.flush_pending_ooms(true);
         for o in self.observers.iter_mut() {
             o.finish(&self.state);
+        }
+        if let Some(w) = self.record.as_mut() {
+            if let Err(err) = w.finish_at(now_ns()) {
+                self.record_error = Some(err.to_string());
+                self.record = None;
+            }
         }
     }
 

@@ -11,8 +11,23 @@ use gpufrag::event::{self, Event, EventKind};
 use std::mem::{offset_of, size_of};
 use std::process::Command;
 
-const FIELDS: [&str; 15] =
-    ["ts_ns", "addr", "size", "requested", "handle", "stream", "device_free", "pid", "tid", "kind", "device", "rc", "flags", "op", "_pad"];
+const FIELDS: [&str; 15] = [
+    "ts_ns",
+    "addr",
+    "size",
+    "requested",
+    "handle",
+    "stream",
+    "device_free",
+    "pid",
+    "tid",
+    "kind",
+    "device",
+    "rc",
+    "flags",
+    "op",
+    "text_len",
+];
 
 /// Every flag bit: its C name (after `GPUFRAG_F_`) and the Rust constant.
 const FLAGS: [(&str, u32); 15] = [
@@ -49,7 +64,7 @@ fn rust_offsets() -> Vec<usize> {
         offset_of!(Event, rc),
         offset_of!(Event, flags),
         offset_of!(Event, op),
-        offset_of!(Event, _pad),
+        offset_of!(Event, text_len),
     ]
 }
 
@@ -63,31 +78,9 @@ fn c_header_and_rust_struct_have_the_same_layout() {
     for f in FIELDS {
         c.push_str(&format!("printf(\"%zu\\n\", offsetof(struct gpufrag_event, {f}));\n"));
     }
-    let c_names = [
-        "MEM_ALLOC",
-        "MEM_ALLOC_PITCH",
-        "MEM_ALLOC_MANAGED",
-        "MEM_FREE",
-        "ADDRESS_RESERVE",
-        "ADDRESS_FREE",
-        "PHYS_CREATE",
-        "PHYS_RELEASE",
-        "MAP",
-        "UNMAP",
-        "POOL_ALLOC",
-        "POOL_FREE",
-        "POOL_TRIM",
-        "BLOCK_ALLOC",
-        "BLOCK_FREE",
-        "ALLOC_FAILED",
-        "DEVICE_INFO",
-        "PROCESS_EXEC",
-        "PROCESS_EXIT",
-        "DROPPED",
-        "POOL_RESERVED",
-        "ADOPT",
-    ];
-    for n in c_names {
+    // Each kind's C constant is its Rust name in capitals (`record_end` is GPUFRAG_EV_RECORD_END).
+    let c_names: Vec<String> = EventKind::ALL.iter().map(|k| k.name().to_ascii_uppercase()).collect();
+    for n in &c_names {
         c.push_str(&format!("printf(\"%d\\n\", (int)GPUFRAG_EV_{n});\n"));
     }
     c.push_str("printf(\"%d\\n\", (int)GPUFRAG_EV_KIND_COUNT);\n");
@@ -118,7 +111,11 @@ fn c_header_and_rust_struct_have_the_same_layout() {
     for (i, k) in EventKind::ALL.iter().enumerate() {
         assert_eq!(kinds[i], *k as usize, "kind {} is {} in C but {} in Rust", c_names[i], kinds[i], *k as u16);
     }
-    assert_eq!(kinds[c_names.len()], EventKind::ALL.len() + 1, "GPUFRAG_EV_KIND_COUNT");
+    assert_eq!(
+        kinds[c_names.len()],
+        EventKind::ALL.iter().map(|k| *k as usize).max().unwrap_or(0) + 1,
+        "GPUFRAG_EV_KIND_COUNT: one past the largest kind"
+    );
     let flags = &kinds[c_names.len() + 1..];
     assert_eq!(flags.len(), FLAGS.len());
     for (i, (n, rust)) in FLAGS.iter().enumerate() {

@@ -462,6 +462,8 @@ impl State {
                 Ok(())
             }
             EventKind::ProcessExec => Ok(()),
+            // The record reader consumes end markers; one from anywhere else changes nothing.
+            EventKind::RecordEnd => Ok(()),
             EventKind::ProcessExit => {
                 self.exited.insert(pid, ev.ts_ns);
                 if self.exited.len() > EXITED_KEPT {

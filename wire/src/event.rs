@@ -60,11 +60,15 @@ pub enum EventKind {
     /// cache from now on, stranded or releasable. With `addr` 0: a caching allocator manages the
     /// process's memory on `device` (its failed driver calls are retries, not final OOMs).
     Adopt = 22,
+    /// The end of a record file (never on a ring): its writer stopped cleanly here. `ts_ns` is
+    /// when, `size` the events written before it. A record without one was cut (the writer was
+    /// killed or its disk filled) and is never called exact.
+    RecordEnd = 23,
 }
 
 impl EventKind {
     /// Every kind, in wire order.
-    pub const ALL: [EventKind; 22] = [
+    pub const ALL: [EventKind; 23] = [
         EventKind::MemAlloc,
         EventKind::MemAllocPitch,
         EventKind::MemAllocManaged,
@@ -87,11 +91,12 @@ impl EventKind {
         EventKind::Dropped,
         EventKind::PoolReserved,
         EventKind::Adopt,
+        EventKind::RecordEnd,
     ];
 
     /// Decodes a wire value; `None` for 0 and for values this build does not know.
     pub fn from_u16(v: u16) -> Option<EventKind> {
-        EventKind::ALL.get((v as usize).wrapping_sub(1)).copied()
+        BY_WIRE_VALUE.get(v as usize).copied().flatten()
     }
 
     /// The snake-case name used in JSON and on screen.
@@ -119,9 +124,27 @@ impl EventKind {
             EventKind::Dropped => "dropped",
             EventKind::PoolReserved => "pool_reserved",
             EventKind::Adopt => "adopt",
+            EventKind::RecordEnd => "record_end",
         }
     }
 }
+
+/// The largest wire value a kind may take (the decoding table's size less one).
+const MAX_KIND: usize = 127;
+
+/// Every kind at its wire value (values need not be contiguous: a number once given is never
+/// reused, so a kind may be retired and leave a gap).
+const BY_WIRE_VALUE: [Option<EventKind>; MAX_KIND + 1] = {
+    let mut t = [None; MAX_KIND + 1];
+    let mut i = 0;
+    while i < EventKind::ALL.len() {
+        let k = EventKind::ALL[i];
+        assert!((k as usize) <= MAX_KIND && t[k as usize].is_none(), "kinds' wire values are unique and at most MAX_KIND");
+        t[k as usize] = Some(k);
+        i += 1;
+    }
+    t
+};
 
 impl fmt::Display for EventKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -203,8 +226,16 @@ pub struct Event {
     pub flags: u32,
     /// For [`EventKind::AllocFailed`]: the kind of the call that failed.
     pub op: u16,
-    /// Padding, always 0.
-    pub _pad: u16,
+    /// Bytes of text that belong to this event (a setting's string, a library's path, a
+    /// framework's message), 0 for most events. The text is never inside the event: a record
+    /// file stores it right after it ([`text_records`] whole records, zero-padded), and a live
+    /// source hands it over beside the event. Always 0 on a ring (the consumer clears it).
+    pub text_len: u16,
+}
+
+/// How many 80-byte records the `text_len` bytes of text after an event take in a record file.
+pub fn text_records(text_len: u16) -> usize {
+    (text_len as usize).div_ceil(EVENT_SIZE)
 }
 
 /// Size of one record on the wire.
@@ -261,7 +292,7 @@ impl Event {
         b[68..72].copy_from_slice(&self.rc.to_le_bytes());
         b[72..76].copy_from_slice(&self.flags.to_le_bytes());
         b[76..78].copy_from_slice(&self.op.to_le_bytes());
-        b[78..80].copy_from_slice(&self._pad.to_le_bytes());
+        b[78..80].copy_from_slice(&self.text_len.to_le_bytes());
         b
     }
 
@@ -285,7 +316,7 @@ impl Event {
             rc: u32_at(68) as i32,
             flags: u32_at(72),
             op: u16_at(76),
-            _pad: u16_at(78),
+            text_len: u16_at(78),
         }
     }
 }
@@ -301,6 +332,7 @@ mod tests {
         }
         assert_eq!(EventKind::from_u16(0), None);
         assert_eq!(EventKind::from_u16(EventKind::ALL.len() as u16 + 1), None);
+        assert_eq!(EventKind::from_u16(MAX_KIND as u16 + 1), None);
         assert_eq!(EventKind::from_u16(u16::MAX), None);
     }
 
@@ -321,7 +353,7 @@ mod tests {
             rc: -2,
             flags: F_DEVICE_FREE_KNOWN | F_FAILED,
             op: EventKind::MemAlloc as u16,
-            _pad: 0,
+            text_len: 0,
         };
         assert_eq!(Event::from_bytes(&e.to_bytes()), e);
         assert_eq!(e.device_free(), Some(7));

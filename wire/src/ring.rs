@@ -267,11 +267,14 @@ impl Ring {
         (seq == self.lap(pos).wrapping_add(1)).then_some(pos)
     }
 
+    /// The event in slot `pos`. No text travels on a ring: a `text_len` the producer wrote is
+    /// cleared, so that no reader waits for text that is not there.
     fn read_slot(&self, pos: u64) -> Event {
         let off = self.slot_off(pos) + 8;
         // SAFETY: the caller's acquire load saw the producer's release: the slot holds a whole
         // event and stays ours until the consumer hands it back.
-        unsafe { read_event(self.base.add(off)) }
+        let e = unsafe { read_event(self.base.add(off)) };
+        Event { text_len: 0, ..e }
     }
 
     /// Pops the next event if one is published (single consumer only).
@@ -421,7 +424,7 @@ const _: () = {
     assert!(std::mem::offset_of!(Event, kind) == 64);
     assert!(std::mem::offset_of!(Event, rc) == 68);
     assert!(std::mem::offset_of!(Event, op) == 76);
-    assert!(std::mem::offset_of!(Event, _pad) == 78);
+    assert!(std::mem::offset_of!(Event, text_len) == 78);
 };
 
 /// A ring in process-private heap memory: for tests and benchmarks of the protocol.
@@ -570,7 +573,7 @@ mod tests {
             rc: -3,
             flags: 0x8000_0001,
             op: 12,
-            _pad: 0,
+            text_len: 0,
         };
         assert!(r.push(&e));
         // SAFETY: slot 0's event bytes, inside the HeapRing's region.
