@@ -1,9 +1,9 @@
 //! The Rust `Event` and the C `struct gpufrag_event` (include/gpufrag_event.h) must never drift:
 //! this test compiles the header with the system C compiler, prints the size, every field offset,
 //! every kind constant and every flag bit, and compares them with the Rust definitions. And the
-//! Python start-up hook (python/sitecustomize.py), which packs its hello and its frames by hand
-//! with `struct`, is run for real against the Rust definitions of the hello and of the frames the
-//! consumer reads.
+//! Python start-up hook's connection module (python/_gpufrag/conn.py), which packs its hello, its
+//! frames and its wire events with `struct`, is imported and run for real against the Rust
+//! definitions of the hello, the frames the consumer reads and the event.
 
 mod tool_support;
 
@@ -136,11 +136,12 @@ fn c_header_and_rust_struct_have_the_same_layout() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The Python hook's `hello()` run as it is written (extracted from python/sitecustomize.py and
-/// executed by python3), decoded by the Rust `Hello`: the pid, parent, start time, source and
-/// name it sends are the ones the consumer reads. And every frame it sends (`send(TYPE,
-/// struct.pack(FORMAT, ...))`): the header's and each body's size, and the frame types, against
-/// the consumer's definitions.
+/// The Python hook's connection module (python/_gpufrag/conn.py) imported and run by python3:
+/// its `hello()` decoded by the Rust `Hello` (the pid, parent, start time, source and name it sends
+/// are the ones the consumer reads); every frame kind it names and every struct format it packs,
+/// against the consumer's definitions; its wire event against the 80-byte record and its event
+/// kinds and flags against the Rust ones. The hook's other modules send frames only through
+/// `conn.PY_*` names (checked below by reading them), so this covers every frame it sends.
 #[test]
 fn python_hook_hello_and_frames_match_the_rust_definitions() {
     use gpufrag::consumer::{
@@ -152,95 +153,95 @@ fn python_hook_hello_and_frames_match_the_rust_definitions() {
         tool_support::missing("python3", "apt-get install python3");
         return;
     }
-    let hook = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/python/sitecustomize.py")).expect("the hook");
-    // The nested `def hello():` block, dedented.
-    let lines: Vec<&str> = hook.lines().collect();
-    let start = lines.iter().position(|l| l.trim_start().starts_with("def hello():")).expect("def hello() in the hook");
-    let indent = lines[start].len() - lines[start].trim_start().len();
-    let mut body = vec![lines[start][indent..].to_string()];
-    for l in &lines[start + 1..] {
-        if !l.trim().is_empty() && l.len() - l.trim_start().len() <= indent {
-            break;
-        }
-        body.push(l.get(indent..).unwrap_or("").to_string());
-    }
-    let script = format!(
-        "import os, struct, sys\n{}\nb = hello()\nprint(len(b), os.getpid(), os.getppid(), int(open('/proc/self/stat','rb').read().rsplit(b')',1)[1].split()[19]))\nprint(b.hex())\n",
-        body.join("\n")
-    );
-    let out = Command::new("python3").arg("-c").arg(&script).output().expect("python3");
-    assert!(out.status.success(), "the hook's hello() failed:\n{script}\n{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut it = text.lines();
-    let nums: Vec<u64> = it.next().expect("sizes").split_whitespace().map(|n| n.parse().expect("number")).collect();
-    let hex = it.next().expect("hex");
-    assert_eq!(nums[0] as usize, HELLO_BYTES, "the hook's hello is {} bytes, the Rust hello {HELLO_BYTES}", nums[0]);
+    let python = concat!(env!("CARGO_MANIFEST_DIR"), "/python");
+    let script = r#"
+import os, struct, sys, json
+sys.path.insert(0, sys.argv[1])
+from _gpufrag import conn as c
+b = c.hello()
+start = int(open('/proc/self/stat', 'rb').read().rsplit(b')', 1)[1].split()[19])
+print(json.dumps({
+    "hello": b.hex(), "pid": os.getpid(), "ppid": os.getppid(), "start": start,
+    "kinds": {k: v for k, v in vars(c).items() if k.startswith("PY_")},
+    "header": struct.calcsize(c.FRAME_HEADER), "magic": c.FRAME_MAGIC.decode(),
+    "bodies": {str(k): struct.calcsize(f) for k, f in c.BODY_FORMATS.items()},
+    "json": list(c.JSON_FRAMES), "raw": list(c.RAW_FRAMES),
+    "event": c.EVENT.size,
+    "event_kinds": {"block_alloc": c.EV_BLOCK_ALLOC, "block_free": c.EV_BLOCK_FREE, "adopt": c.EV_ADOPT},
+    "flags": {"block_size_known": c.F_BLOCK_SIZE_KNOWN, "alloc_cupy": c.F_ALLOC_CUPY},
+}))
+"#;
+    let out = Command::new("python3").arg("-c").arg(script).arg(python).output().expect("python3");
+    assert!(out.status.success(), "the hook's conn module failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON from the hook's conn module");
+    let num = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
+
+    let hex = v["hello"].as_str().expect("hello hex");
     let bytes: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex")).collect();
+    assert_eq!(bytes.len(), HELLO_BYTES, "the hook's hello is {} bytes, the Rust hello {HELLO_BYTES}", bytes.len());
     let h = Hello::from_bytes(bytes.as_slice().try_into().expect("64 bytes")).expect("the hook's hello has the Rust magic");
-    assert_eq!((h.pid as u64, h.ppid as u64, h.start_time), (nums[1], nums[2], nums[3]), "pid, parent, start time: {h:?}");
+    assert_eq!((h.pid as u64, h.ppid as u64, h.start_time), (num("pid"), num("ppid"), num("start")), "pid, parent, start time: {h:?}");
     assert_eq!(h.source, SOURCE_PYTHON, "{h:?}");
     assert_eq!(h.ring_bytes, 0, "a Python hook maps no ring: {h:?}");
     assert!(h.exe_name().starts_with("python"), "{h:?}");
 
-    // Frames: the header format and magic, and each `send(TYPE, struct.pack(FORMAT` with its size.
-    let header =
-        hook.split("struct.pack(\"").filter_map(|r| r.split('"').next()).find(|f| f.contains("4s")).expect("the frame header's format");
-    assert!(hook.contains("b\"GFPY\""), "the hook's frame magic");
-    assert_eq!(u32::from_le_bytes(*b"GFPY"), PY_MAGIC);
-    let mut sends: Vec<(u32, Option<String>)> = Vec::new();
-    // JSON frames go through send_json(TYPE, {...}): their bodies are not struct-packed.
-    for part in hook.split("send_json(").skip(1) {
-        if let Some(Ok(kind)) = part.split_once(',').map(|(k, _)| k.trim().parse::<u32>()) {
-            sends.push((kind, None));
+    assert_eq!(num("header") as usize, PY_HEADER_BYTES, "the frame header");
+    assert_eq!(u32::from_le_bytes(v["magic"].as_str().expect("magic").as_bytes().try_into().expect("4 bytes")), PY_MAGIC);
+    let kind = |name: &str| v["kinds"][name].as_u64().unwrap_or_else(|| panic!("conn.{name} is not defined"));
+    let rust = [
+        ("PY_SNAPSHOT", PY_SNAPSHOT),
+        ("PY_OOM", PY_OOM),
+        ("PY_ARMED", PY_ARMED),
+        ("PY_EVENTS", PY_EVENTS),
+        ("PY_STATS", PY_STATS),
+        ("PY_FRAMEWORK_OOM", PY_FRAMEWORK_OOM),
+        ("PY_BLOCKS_SOURCE", PY_BLOCKS_SOURCE),
+        ("PY_OOM_ALLOWED", PY_OOM_ALLOWED),
+    ];
+    for (name, r) in rust {
+        assert_eq!(kind(name), r as u64, "conn.{name} against the consumer's {name}");
+    }
+    assert_eq!(v["kinds"].as_object().map(|o| o.len()), Some(rust.len()), "conn names frames the consumer does not read: {}", v["kinds"]);
+    let body = |k: u32| v["bodies"][k.to_string()].as_u64().map(|n| n as usize);
+    assert_eq!(body(PY_OOM), Some(PY_OOM_BYTES), "the OOM frame's body");
+    assert_eq!(body(PY_OOM_ALLOWED), Some(PY_OOM_ALLOWED_BYTES), "the allowed-bytes frame's body");
+    assert_eq!(body(PY_ARMED), Some(PY_ARMED_BYTES), "the armed frame's body");
+    let listed: Vec<u64> = ["bodies", "json", "raw"]
+        .iter()
+        .flat_map(|k| match &v[*k] {
+            serde_json::Value::Object(o) => o.keys().map(|k| k.parse().expect("kind")).collect::<Vec<u64>>(),
+            a => a.as_array().expect("list").iter().map(|n| n.as_u64().expect("kind")).collect(),
+        })
+        .collect();
+    let mut sorted = listed.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), listed.len(), "a frame kind is both struct-packed and not: {listed:?}");
+    assert_eq!(sorted, rust.iter().map(|(_, k)| *k as u64).collect::<std::collections::BTreeSet<_>>().into_iter().collect::<Vec<_>>());
+
+    assert_eq!(num("event") as usize, gpufrag::event::EVENT_SIZE, "the hook's EVENT struct");
+    assert_eq!(v["event_kinds"]["block_alloc"].as_u64(), Some(EventKind::BlockAlloc as u64));
+    assert_eq!(v["event_kinds"]["block_free"].as_u64(), Some(EventKind::BlockFree as u64));
+    assert_eq!(v["event_kinds"]["adopt"].as_u64(), Some(EventKind::Adopt as u64));
+    assert_eq!(v["flags"]["block_size_known"].as_u64(), Some(event::F_BLOCK_SIZE_KNOWN as u64));
+    assert_eq!(v["flags"]["alloc_cupy"].as_u64(), Some(event::F_ALLOC_CUPY as u64));
+
+    // Every frame the hook's modules send goes through a conn.PY_* name: no number by hand.
+    for f in std::fs::read_dir(format!("{python}/_gpufrag")).expect("the hook's package") {
+        let path = f.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "py") {
+            continue;
         }
-    }
-    for part in hook.split("send(").skip(1) {
-        let Some((kind, rest)) = part.split_once(',') else { continue };
-        let Ok(kind) = kind.trim().parse::<u32>() else { continue };
-        let fmt = rest.trim_start().strip_prefix("struct.pack(\"").and_then(|r| r.split('"').next()).map(str::to_string);
-        sends.push((kind, fmt));
-    }
-    let formats: Vec<String> = std::iter::once(header.to_string()).chain(sends.iter().filter_map(|(_, f)| f.clone())).collect();
-    let calc = format!("import struct\nfor f in {formats:?}: print(struct.calcsize(f))\n");
-    let out = Command::new("python3").arg("-c").arg(&calc).output().expect("python3");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let sizes: Vec<usize> = String::from_utf8_lossy(&out.stdout).lines().map(|l| l.parse().expect("size")).collect();
-    assert_eq!(sizes[0], PY_HEADER_BYTES, "frame header {header:?}");
-    let mut sized = sizes[1..].iter();
-    let mut seen = Vec::new();
-    for (kind, fmt) in &sends {
-        seen.push(*kind);
-        match (*kind, fmt) {
-            (k, None) => assert!(
-                [PY_SNAPSHOT, PY_EVENTS, PY_STATS, PY_FRAMEWORK_OOM, PY_BLOCKS_SOURCE].contains(&k),
-                "frame {k}: only the snapshot, events and JSON frames have bodies that are not struct-packed"
-            ),
-            (k, Some(f)) => {
-                let n = *sized.next().expect("a size per format");
-                let want = if k == PY_OOM {
-                    PY_OOM_BYTES
-                } else if k == PY_OOM_ALLOWED {
-                    PY_OOM_ALLOWED_BYTES
-                } else if k == PY_ARMED {
-                    PY_ARMED_BYTES
-                } else {
-                    panic!("frame type {k} ({f}) is not one the consumer reads")
-                };
-                assert_eq!(n, want, "frame {k} packs {f:?}: {n} bytes, the consumer reads {want}");
+        let text = std::fs::read_to_string(&path).expect("read");
+        for call in ["send(", "send_json(", "send_packed("] {
+            for part in text.split(call).skip(1) {
+                let first = part.split([',', ')']).next().unwrap_or("").trim();
+                assert!(
+                    first.chars().next().is_none_or(|c| !c.is_ascii_digit()),
+                    "{}: {call}{first}, ...: a frame kind by number; use conn's PY_ names",
+                    path.display()
+                );
             }
         }
     }
-    seen.sort_unstable();
-    seen.dedup();
-    assert_eq!(
-        seen,
-        [PY_SNAPSHOT, PY_OOM, PY_ARMED, PY_EVENTS, PY_STATS, PY_FRAMEWORK_OOM, PY_BLOCKS_SOURCE, PY_OOM_ALLOWED],
-        "the frames the hook sends"
-    );
-    // An events frame carries whole wire events: the hook's EVENT struct is the 80-byte record.
-    let event_fmt = hook.split("EVENT = struct.Struct(\"").nth(1).and_then(|r| r.split('"').next()).expect("the hook's EVENT format");
-    let out =
-        Command::new("python3").arg("-c").arg(format!("import struct; print(struct.calcsize({event_fmt:?}))")).output().expect("python3");
-    let n: usize = String::from_utf8_lossy(&out.stdout).trim().parse().expect("size");
-    assert_eq!(n, gpufrag::event::EVENT_SIZE, "the hook's EVENT {event_fmt:?} is {n} bytes");
 }

@@ -79,12 +79,20 @@ impl TorchTracker {
     }
 }
 
-/// The Python start-up hook, written into the consumer's private directory.
-const PYTHON_HOOK: &str = include_str!("../../python/sitecustomize.py");
-/// The trace tracker's source and its translation header, written beside the hook, which
-/// builds them (see python/torch_tracker.cpp).
-const TORCH_TRACKER: [(&str, &str); 2] =
-    [("torch_tracker.cpp", include_str!("../../python/torch_tracker.cpp")), ("torch_trace.h", include_str!("../../python/torch_trace.h"))];
+/// The Python start-up hook (python/: the entry point, its package, and the trace tracker's
+/// source and translation header, which the hook builds: see python/torch_tracker.cpp), written
+/// into the consumer's private directory by their paths under python/.
+const PYTHON_HOOK: [(&str, &str); 9] = [
+    ("sitecustomize.py", include_str!("../../python/sitecustomize.py")),
+    ("_gpufrag/__init__.py", include_str!("../../python/_gpufrag/__init__.py")),
+    ("_gpufrag/conn.py", include_str!("../../python/_gpufrag/conn.py")),
+    ("_gpufrag/frameworks.py", include_str!("../../python/_gpufrag/frameworks.py")),
+    ("_gpufrag/imports.py", include_str!("../../python/_gpufrag/imports.py")),
+    ("_gpufrag/torch_blocks.py", include_str!("../../python/_gpufrag/torch_blocks.py")),
+    ("_gpufrag/tracker.py", include_str!("../../python/_gpufrag/tracker.py")),
+    ("torch_tracker.cpp", include_str!("../../python/torch_tracker.cpp")),
+    ("torch_trace.h", include_str!("../../python/torch_trace.h")),
+];
 
 /// Where the shim is: the flag or env, else next to this executable (cargo's target dir), else
 /// `../lib/gpufrag/` (an installed layout).
@@ -212,13 +220,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     if !args.no_python_hook {
         let dir = consumer.dir().join("python");
-        let hook = dir.join("sitecustomize.py");
-        std::fs::create_dir_all(&dir)
-            .and_then(|()| std::fs::write(&hook, PYTHON_HOOK))
-            .with_context(|| format!("writing the Python hook {}", hook.display()))?;
-        for (name, text) in TORCH_TRACKER {
+        for (name, text) in PYTHON_HOOK {
             let file = dir.join(name);
-            std::fs::write(&file, text).with_context(|| format!("writing the Python hook {}", file.display()))?;
+            file.parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|()| std::fs::write(&file, text))
+                .with_context(|| format!("writing the Python hook {}", file.display()))?;
         }
         cmd.env("GPUFRAG_TORCH_TRACKER", args.torch_tracker.env());
         cmd.env("PYTHONPATH", prepend_path("PYTHONPATH", &dir));
@@ -298,4 +305,34 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         eprintln!("gpufrag: {e}");
     }
     Ok(ExitCode::from(code))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PYTHON_HOOK;
+
+    /// Every file of python/ is written out with the hook (a module left out of the list would
+    /// fail to import in the traced program, and the hook swallows its own errors).
+    #[test]
+    fn the_python_hook_written_out_is_every_file_of_python() {
+        fn walk(dir: &std::path::Path, base: &std::path::Path, out: &mut Vec<String>) {
+            for e in std::fs::read_dir(dir).expect("python/") {
+                let p = e.expect("entry").path();
+                if p.is_dir() {
+                    if p.file_name().is_some_and(|n| n != "__pycache__") {
+                        walk(&p, base, out);
+                    }
+                } else {
+                    out.push(p.strip_prefix(base).expect("under python/").to_string_lossy().into_owned());
+                }
+            }
+        }
+        let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
+        let mut on_disk = Vec::new();
+        walk(&base, &base, &mut on_disk);
+        on_disk.sort();
+        let mut listed: Vec<String> = PYTHON_HOOK.iter().map(|(n, _)| n.to_string()).collect();
+        listed.sort();
+        assert_eq!(listed, on_disk, "src/cli/run.rs's PYTHON_HOOK against the files of python/");
+    }
 }
