@@ -483,7 +483,7 @@ pub enum Meaning {
 /// file's, so the table is rewritten when the wire format changes), and what it means to the
 /// model. Beside these, the `rc` field's doc ("0 on success") makes a call that returned non-zero
 /// change nothing, except the failure record itself.
-pub const MEANINGS: [(EventKind, &str, Meaning); 22] = [
+pub const MEANINGS: [(EventKind, &str, Meaning); 23] = [
     (EventKind::MemAlloc, "`cuMemAlloc` / `cudaMalloc`: a driver segment at `addr` of `size` bytes.", Meaning::Segment(SegmentKind::Driver)),
     (EventKind::MemAllocPitch, "`cuMemAllocPitch` / `cudaMallocPitch` / `cudaMalloc3D`: `size` = pitch × height (× depth).", Meaning::Segment(SegmentKind::Pitch)),
     (EventKind::MemAllocManaged, "`cuMemAllocManaged` / `cudaMallocManaged`.", Meaning::Segment(SegmentKind::Managed)),
@@ -509,6 +509,11 @@ pub const MEANINGS: [(EventKind, &str, Meaning); 22] = [
         EventKind::Adopt,
         "A caching allocator claims the segment or mapped range holding `addr`: its free space is cache from now on, stranded or releasable. With `addr` 0: a caching allocator manages the process's memory on `device` (its failed driver calls are retries, not final OOMs).",
         Meaning::Adopt,
+    ),
+    (
+        EventKind::RecordEnd,
+        "The end of a record file (never on a ring): its writer stopped cleanly here. `ts_ns` is when, `size` the events written before it. A record without one was cut (the writer was killed or its disk filled) and is never called exact.",
+        Meaning::Nothing,
     ),
 ];
 
