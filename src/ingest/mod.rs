@@ -24,6 +24,9 @@
 //! summary) live beside it in [`histogram`].
 
 pub mod histogram;
+pub mod oom_rule;
+
+pub use oom_rule::{OomOutcome, OOM_HOLD_NS};
 
 use crate::alloc::pytorch::AllocatorRules;
 use crate::alloc::Framework;
@@ -189,6 +192,10 @@ pub struct OomRecord {
     pub driver_failures_before: u64,
     /// The device's total bytes as last measured before the failure (`cuMemGetInfo` or NVML).
     pub device_total: Option<u64>,
+    /// What the failure turned out to be ([`oom_rule`]): the one rule every output reads.
+    pub outcome: OomOutcome,
+    /// The failing thread.
+    pub tid: u32,
 }
 
 /// One instance of XLA's BFC allocator, as its chunks showed it (`State::bfc_instances`).
@@ -210,15 +217,6 @@ const MAX_BFC_INSTANCES: usize = 256;
 impl OomRecord {
     fn traced(&self) -> u64 {
         self.figures.reserved + self.figures.unmapped_physical
-    }
-}
-
-impl OomRecord {
-    /// A driver-level failure inside a caching allocator's address space: the allocator retries
-    /// (PyTorch releases its cache and calls cudaMalloc again) and reports its own OOM if the
-    /// request fails for good, so this one is evidence, not the verdict.
-    pub fn is_framework_retry(&self) -> bool {
-        self.op != Some(EventKind::BlockAlloc) && self.figures.framework_seen
     }
 }
 
@@ -355,6 +353,15 @@ pub struct State {
     driver_failures: BTreeMap<(u32, i16), u64>,
     /// Per (pid, device): allowed bytes that arrived before the OOM they amend (time, bytes).
     pending_allowed: BTreeMap<(u32, i16), (u64, u64)>,
+    /// Failed driver allocations not yet decided ([`oom_rule`]).
+    undecided: Vec<oom_rule::Undecided>,
+    /// Releases of device memory seen (any process, any device): a retry comes after one.
+    releases: u64,
+    /// Per (pid, device): recovered failures ([`OomOutcome::Retry`]); kept when a process is
+    /// forgotten, like its OOM records.
+    retries: BTreeMap<(u32, i16), u64>,
+    /// Indices into `ooms` of the records decided as OOMs, in the order decided.
+    oom_log: Vec<usize>,
 }
 
 /// How far apart in time an OOM and the amendment that gives it its allowed bytes may be (they
@@ -400,6 +407,7 @@ impl State {
         self.driver_failures.retain(|&(p, _), _| p != pid);
         self.pending_allowed.retain(|&(p, _), _| p != pid);
         self.process_rules.remove(&pid);
+        self.settle_pid(pid);
         let ooms = &self.ooms;
         self.awaiting.retain(|&i| ooms[i].pid != pid);
     }
@@ -470,6 +478,9 @@ impl State {
             let ooms = &self.ooms;
             self.awaiting.retain(|&i| ev.ts_ns <= ooms[i].ts_ns.saturating_add(READING_WINDOW_NS));
         }
+        if !self.undecided.is_empty() {
+            self.settle_by_event(ev.ts_ns);
+        }
         let Some(kind) = ev.kind() else {
             self.unknown_kinds += 1;
             return;
@@ -501,6 +512,7 @@ impl State {
             EventKind::RecordEnd => Ok(()),
             EventKind::ProcessExit => {
                 self.refused_release.remove(&pid);
+                self.settle_pid(pid);
                 self.exited.insert(pid, ev.ts_ns);
                 if self.exited.len() > EXITED_KEPT {
                     // The oldest exit goes: a long-running agent stays bounded.
@@ -576,7 +588,10 @@ impl State {
                     device_free_age_ns,
                     device_free_after_ns: None,
                     figures,
+                    outcome: OomOutcome::Pending,
+                    tid: ev.tid,
                 });
+                self.on_failure(self.ooms.len() - 1, ev);
                 Ok(())
             }
             _ if ev.rc != 0 && ev.flags & F_FAILED != 0 && is_release(kind) => {
@@ -667,6 +682,12 @@ impl State {
                 }
                 if segment || kind == EventKind::PhysCreate {
                     self.driver_failures.remove(&(pid, device));
+                }
+                if r.is_ok() && oom_rule::is_release(kind) {
+                    self.releases += 1;
+                }
+                if r.is_ok() && oom_rule::is_driver_alloc(kind) {
+                    self.on_driver_alloc(ev);
                 }
                 r
             }
