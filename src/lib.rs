@@ -20,6 +20,7 @@ pub mod input;
 pub mod live;
 pub mod map;
 pub mod observe;
+pub mod private;
 pub mod record;
 pub mod sim;
 pub mod snapshot;
