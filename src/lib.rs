@@ -25,5 +25,6 @@ pub mod record;
 pub mod sim;
 pub mod snapshot;
 pub mod source;
+pub mod terminal;
 pub mod units;
 pub mod views;

@@ -83,8 +83,16 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             ))
             .into());
         };
-        for f in memviz::export_all(state, data.log.as_ref(), p).context("writing the memory_viz snapshot")? {
+        let (files, left) = memviz::export_all_counted(state, data.log.as_ref(), p).context("writing the memory_viz snapshot")?;
+        for f in files {
             writeln!(out, "memory_viz snapshot: {}", f.display())?;
+        }
+        if left > 0 {
+            writeln!(
+                out,
+                "memory_viz: {left} more process(es) left out: at most {} files, those with a failed allocation first, then the most reserved",
+                memviz::MAX_FILES
+            )?;
         }
     }
     out.flush()?;

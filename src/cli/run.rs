@@ -292,7 +292,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         eprint!("\r\x1b[K");
     }
     if !args.out.quiet {
-        eprint!("\n[gpufrag] summary\n{}", render_after_live(&summary));
+        eprint!("\n[gpufrag] summary\n{}", crate::terminal::escape(&render_after_live(&summary)));
     }
     let code = exit_code_of(status);
     if let Some(p) = &args.out.summary_json {
