@@ -346,8 +346,13 @@ pub struct State {
     process_rules: BTreeMap<u32, AllocatorRules>,
     /// Per (pid, device): the process's latest own reading of device free.
     readings: BTreeMap<(u32, i16), Reading>,
-    /// OOM records (indices into `ooms`) that a reading arriving later may still complete.
-    awaiting: Vec<usize>,
+    /// OOM records (indices into `ooms`) that a reading arriving later may still complete, in
+    /// the order they failed.
+    awaiting: std::collections::VecDeque<usize>,
+    /// Whether `awaiting` is in time order (OOMs arrive in order almost always): then the
+    /// records whose reading window closed are a prefix, popped in O(1) each, not a `retain`
+    /// over all of them on every event (issue 23: quadratic in OOMs).
+    awaiting_unordered: bool,
     /// Per (pid, device): failed driver allocations since the last successful one or the last
     /// allocator OOM ([`OomRecord::driver_failures_before`]).
     driver_failures: BTreeMap<(u32, i16), u64>,
@@ -476,7 +481,17 @@ impl State {
         self.events += 1;
         if !self.awaiting.is_empty() {
             let ooms = &self.ooms;
-            self.awaiting.retain(|&i| ev.ts_ns <= ooms[i].ts_ns.saturating_add(READING_WINDOW_NS));
+            let open = |i: usize| ev.ts_ns <= ooms[i].ts_ns.saturating_add(READING_WINDOW_NS);
+            if self.awaiting_unordered {
+                self.awaiting.retain(|&i| open(i));
+            } else {
+                while self.awaiting.front().is_some_and(|&i| !open(i)) {
+                    self.awaiting.pop_front();
+                }
+            }
+            if self.awaiting.is_empty() {
+                self.awaiting_unordered = false;
+            }
         }
         if !self.undecided.is_empty() {
             self.settle_by_event(ev.ts_ns);
@@ -555,7 +570,10 @@ impl State {
                     },
                 };
                 if device_free_source != DeviceFreeSource::FailureEvent {
-                    self.awaiting.push(self.ooms.len());
+                    if self.awaiting.back().is_some_and(|&b| self.ooms[b].ts_ns > ev.ts_ns) {
+                        self.awaiting_unordered = true;
+                    }
+                    self.awaiting.push_back(self.ooms.len());
                 }
                 let block = ev.failed_op() == Some(EventKind::BlockAlloc);
                 let driver_failures_before = if block {
