@@ -44,6 +44,9 @@ pub struct ProcessPoint {
     pub frees: u64,
     /// OOMs by verdict, in the order of [`Verdict::ALL`].
     pub ooms: [u64; Verdict::ALL.len()],
+    /// Of those, the OOMs at which other processes held memory on the GPU, by who they were:
+    /// traced only, untraced only (NVML's list), both (`crate::holders::Holders::kind`).
+    pub ooms_held: [u64; 3],
     /// The caching allocator whose blocks it uses, when one was seen (the `gpufrag.framework`
     /// attribute: one of [`crate::alloc::Framework::ALL`]'s names, or `none`).
     pub framework: Option<crate::alloc::Framework>,
@@ -352,12 +355,16 @@ impl Builder {
         // failure of the driver call is the allocator's first try (it frees its cache and tries
         // again, and reports the OOM itself if that fails too): not counted.
         let mut ooms: BTreeMap<(u32, i16), [u64; Verdict::ALL.len()]> = BTreeMap::new();
+        let mut held: BTreeMap<(u32, i16), [u64; 3]> = BTreeMap::new();
         for o in &state.ooms {
             if o.is_framework_retry() {
                 continue;
             }
             let inputs = OomInputs::of(o);
             ooms.entry((o.pid, o.device)).or_default()[inputs.verdict().index()] += 1;
+            if let Some(i) = crate::holders::HELD_KINDS.iter().position(|k| *k == o.holders.kind()) {
+                held.entry((o.pid, o.device)).or_default()[i] += 1;
+            }
         }
         // Allocation sizes count every process ever traced (the histogram is cumulative): the
         // spaces of the state, plus those it no longer has.
@@ -408,6 +415,7 @@ impl Builder {
                 allocs: s.allocs,
                 frees: s.frees,
                 ooms: ooms.get(&key).copied().unwrap_or_default(),
+                ooms_held: held.get(&key).copied().unwrap_or_default(),
                 framework: s.framework,
                 exited,
                 identity,

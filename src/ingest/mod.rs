@@ -188,6 +188,8 @@ pub struct OomRecord {
     pub driver_failures_before: u64,
     /// The device's total bytes as last measured before the failure (`cuMemGetInfo` or NVML).
     pub device_total: Option<u64>,
+    /// Who else held the device at that moment (`crate::holders`).
+    pub holders: crate::holders::Holders,
 }
 
 /// One instance of XLA's BFC allocator, as its chunks showed it (`State::bfc_instances`).
@@ -464,6 +466,8 @@ impl State {
             EventKind::ProcessExec => Ok(()),
             // The record reader consumes end markers; one from anywhere else changes nothing.
             EventKind::RecordEnd => Ok(()),
+            // Placement is the attribution's (the live pipeline reads it before the state).
+            EventKind::DeviceUuid => Ok(()),
             EventKind::ProcessExit => {
                 self.exited.insert(pid, ev.ts_ns);
                 if self.exited.len() > EXITED_KEPT {
@@ -540,6 +544,7 @@ impl State {
                     device_free_age_ns,
                     device_free_after_ns: None,
                     figures,
+                    holders: crate::holders::Holders::traced(self, pid, device),
                 });
                 Ok(())
             }
