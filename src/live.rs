@@ -46,6 +46,8 @@ pub struct Live {
     /// Who each process is and which node GPU each of its CUDA ordinals is: every event is
     /// filed under the node's GPU index before it is applied.
     pub attribution: crate::attribution::Attribution,
+    /// NVML's process list at each OOM: the untraced holders (`crate::holders`).
+    pub holder_reader: crate::ebpf::nvml::HolderReader,
 }
 
 /// How many process names [`Live::processes`] keeps (the most recent).
@@ -71,6 +73,7 @@ impl Live {
         observers.extend(crate::views::observers(views, summary_json)?);
         let mut live = Live::new(record, quiet)?;
         live.attribution = crate::attribution::Attribution::for_node(export.nvml_lib.as_deref());
+        live.holder_reader = crate::ebpf::nvml::HolderReader::new(export.nvml_lib.as_deref());
         live.observers = observers;
         Ok(live)
     }
@@ -121,6 +124,7 @@ impl Live {
             held_ooms: Vec::new(),
             framework_reports: BTreeMap::new(),
             attribution: crate::attribution::Attribution::for_node(std::env::var("GPUFRAG_NVML_LIB").ok().as_deref()),
+            holder_reader: crate::ebpf::nvml::HolderReader::new(std::env::var("GPUFRAG_NVML_LIB").ok().as_deref()),
         })
     }
 
@@ -137,6 +141,9 @@ impl Live {
                 p.1 = id.exe.clone();
             }
             self.state.identities.insert(e.pid, id);
+        }
+        if e.kind() == Some(EventKind::DeviceUuid) {
+            self.attribution.driver_uuid(e.pid, e.device, &crate::attribution::gpu::event_uuid(e));
         }
         e.device = self.attribution.node_device(e.pid, e.device);
     }
@@ -155,7 +162,14 @@ impl Live {
 
     /// Applies an event whose device is already the node's GPU index.
     fn apply_placed(&mut self, e: &Event) {
+        let ooms = self.state.ooms.len();
         self.state.apply(e);
+        if self.state.ooms.len() > ooms && e.pid != 0 {
+            // Who else holds the GPU, as NVML lists it right now (crate::holders).
+            if let Some(o) = self.state.ooms.last_mut() {
+                self.holder_reader.add(&mut o.holders, o.pid, o.device);
+            }
+        }
         for o in self.observers.iter_mut() {
             o.event(&self.state, e);
         }
@@ -478,6 +492,7 @@ impl Live {
             s.notes.push(w.clone());
         }
         s.notes.extend(self.attribution.notes());
+        s.notes.extend(self.holder_reader.notes());
         s.attribute(&self.state, &self.attribution);
         Ok(s)
     }

@@ -303,6 +303,10 @@ pub struct OomSummary {
     /// `container.id` of the failing process, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
+    /// Who else held the device at the failure (`crate::holders`): other traced processes and
+    /// those NVML listed.
+    #[serde(default)]
+    pub holders: crate::holders::Holders,
 }
 
 fn not_measured() -> String {
@@ -479,12 +483,14 @@ impl Summary {
                     rc: o.rc,
                     op: o.op.map_or("unknown", |k| k.name()).to_string(),
                     verdict: inputs.verdict(),
-                    explanation: inputs.explanation(),
-                    fix: inputs.fix(),
+                    explanation: o.holders.explain(inputs.explanation()),
+                    // A neighbour is the fix only when the memory is missing, not in pieces.
+                    fix: if inputs.verdict() == Verdict::TrueOom { o.holders.fix(inputs.fix()) } else { inputs.fix() },
                     driver_failures_before: o.driver_failures_before,
                     framework: o.framework,
                     hw_id: None,
                     container_id: None,
+                    holders: o.holders.clone(),
                 }
             })
             .collect();

@@ -196,6 +196,8 @@ pub struct OomRecord {
     pub outcome: OomOutcome,
     /// The failing thread.
     pub tid: u32,
+    /// Who else held the device at that moment (`crate::holders`).
+    pub holders: crate::holders::Holders,
 }
 
 /// One instance of XLA's BFC allocator, as its chunks showed it (`State::bfc_instances`).
@@ -525,6 +527,8 @@ impl State {
             EventKind::ProcessExec => Ok(()),
             // The record reader consumes end markers; one from anywhere else changes nothing.
             EventKind::RecordEnd => Ok(()),
+            // Placement is the attribution's (the live pipeline reads it before the state).
+            EventKind::DeviceUuid => Ok(()),
             EventKind::ProcessExit => {
                 self.refused_release.remove(&pid);
                 self.settle_pid(pid);
@@ -608,6 +612,7 @@ impl State {
                     figures,
                     outcome: OomOutcome::Pending,
                     tid: ev.tid,
+                    holders: crate::holders::Holders::traced(self, pid, device),
                 });
                 self.on_failure(self.ooms.len() - 1, ev);
                 Ok(())

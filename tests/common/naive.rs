@@ -497,7 +497,7 @@ pub enum Meaning {
 /// file's, so the table is rewritten when the wire format changes), and what it means to the
 /// model. Beside these, the `rc` field's doc ("0 on success") makes a call that returned non-zero
 /// change nothing, except the failure record itself.
-pub const MEANINGS: [(EventKind, &str, Meaning); 23] = [
+pub const MEANINGS: [(EventKind, &str, Meaning); 24] = [
     (EventKind::MemAlloc, "`cuMemAlloc` / `cudaMalloc`: a driver segment at `addr` of `size` bytes.", Meaning::Segment(SegmentKind::Driver)),
     (EventKind::MemAllocPitch, "`cuMemAllocPitch` / `cudaMallocPitch` / `cudaMalloc3D`: `size` = pitch × height (× depth).", Meaning::Segment(SegmentKind::Pitch)),
     (EventKind::MemAllocManaged, "`cuMemAllocManaged` / `cudaMallocManaged`.", Meaning::Segment(SegmentKind::Managed)),
@@ -527,6 +527,11 @@ pub const MEANINGS: [(EventKind, &str, Meaning); 23] = [
     (
         EventKind::RecordEnd,
         "The end of a record file (never on a ring): its writer stopped cleanly here. `ts_ns` is when, `size` the events written before it. A record without one was cut (the writer was killed or its disk filled) and is never called exact.",
+        Meaning::Nothing,
+    ),
+    (
+        EventKind::DeviceUuid,
+        "The driver's UUID of CUDA ordinal `device` in this process (`cuDeviceGetUuid`, asked once per ordinal before its first allocation is recorded): the 16 bytes in `addr` (bytes 0..8, big-endian) and `size` (bytes 8..16). The GPU a process's memory is on, whatever its environment said when it started.",
         Meaning::Nothing,
     ),
 ];

@@ -80,7 +80,7 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
         f.render_widget(
             Paragraph::new(Line::from(vec![Span::styled(
                 format!(
-                    "OOM pid {} gpu {}: {} requested: {} (largest free block {}, stranded {}, device free {}{}{})",
+                    "OOM pid {} gpu {}: {} requested: {} (largest free block {}, stranded {}, device free {}{}{}){}",
                     o.pid,
                     o.device,
                     human_bytes(o.requested),
@@ -90,7 +90,9 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
                     if o.device_free_known { human_bytes(o.device_free) } else { "not measured".into() },
                     // Driver-level fragmentation: free bytes in partly used 2 MiB pages.
                     if o.page_stranded > 0 { format!(", page-stranded {}", human_bytes(o.page_stranded)) } else { String::new() },
-                    o.allowed.map_or(String::new(), |a| format!(", allowed {}", human_bytes(a)))
+                    o.allowed.map_or(String::new(), |a| format!(", allowed {}", human_bytes(a))),
+                    // Who else held the GPU (crate::holders): the largest holder.
+                    o.holders.list.first().map_or(String::new(), |h| format!("; {}", h.sentence()))
                 ),
                 Style::default().fg(Color::Red).add_modifier(Modifier::BOLD),
             )])),
