@@ -115,6 +115,9 @@ pub struct RequestStream {
     pub unattributed: Vec<DeviceOp>,
     /// Things the reader should know.
     pub notes: Vec<String>,
+    /// The time of each request in nanoseconds (a snapshot's `time_us` × 1000, a record's
+    /// `ts_ns`; 0 where the source has none), for interleaving two traces on one device.
+    pub times: Vec<u64>,
 }
 
 impl RequestStream {
@@ -155,6 +158,9 @@ struct Builder {
     peak_reserved: u64,
     trace_ooms: Vec<(usize, Option<u64>)>,
     capacity: Option<u64>,
+    /// The time of the entry being read.
+    now: u64,
+    times: Vec<u64>,
 }
 
 impl Builder {
@@ -165,6 +171,7 @@ impl Builder {
             self.recorded_entry.push(e);
         }
         self.requests.push(r);
+        self.times.push(self.now);
     }
 
     fn flush_as_empty_cache(&mut self) {
@@ -260,6 +267,7 @@ impl Builder {
             source,
             unattributed: Vec::new(),
             notes: Vec::new(),
+            times: self.times,
         })
     }
 }
@@ -290,6 +298,7 @@ pub fn from_snapshot(snap: &Snapshot) -> Result<RequestStream, StreamError> {
     };
     let mut b = Builder::default();
     for (i, e) in trace.entries.iter().enumerate() {
+        b.now = e.time_us.saturating_mul(1000);
         match e.action {
             Action::Alloc => b.alloc(e.size, e.stream, i, Some(e.addr)),
             Action::FreeRequested => b.free(e.addr, i, false, false)?,
@@ -382,6 +391,7 @@ pub fn from_events(events: &[Event]) -> Result<RequestStream, StreamError> {
     let mut other_segs: HashMap<u64, u64> = HashMap::new();
     let mut mapped_ranges = 0usize;
     for (i, e) in events.iter().enumerate().filter(|(_, e)| e.pid == pid && e.device == device) {
+        b.now = e.ts_ns;
         match EventKind::from_u16(e.kind) {
             Some(EventKind::BlockAlloc) => b.alloc(e.requested, e.stream, i, Some(e.addr)),
             Some(EventKind::BlockFree) => {
