@@ -71,6 +71,8 @@ pub struct WhatIf {
     pub recommendation: String,
     /// The device memory asked about, if any.
     pub device_memory: Option<u64>,
+    /// Settings simulated and never recommended, with why.
+    pub left_out: Vec<(usize, String)>,
 }
 
 /// Runs the self-check, the baseline and every scenario of `confs` (parsed first: a bad one is
@@ -78,15 +80,24 @@ pub struct WhatIf {
 pub fn evaluate(stream: RequestStream, confs: &[String], memory_limit: Option<u64>, device_memory: Option<u64>) -> anyhow::Result<WhatIf> {
     let confs = sim::parse_confs(confs).map_err(UnusableInput)?;
     let d = sim::drive(&stream, &sim::Ask { confs, memory_limit, device_memory, stop_unfaithful: false });
-    Ok(WhatIf { stream, check: d.check, outcomes: d.outcomes, ranked: d.ranked, recommendation: d.recommendation, device_memory })
+    Ok(WhatIf {
+        stream,
+        check: d.check,
+        outcomes: d.outcomes,
+        ranked: d.ranked,
+        recommendation: d.recommendation,
+        device_memory,
+        left_out: d.left_out,
+    })
 }
 
-fn scenario_json(o: &Outcome, rank: usize, baseline: bool) -> Value {
+fn scenario_json(o: &Outcome, rank: usize, baseline: bool, left_out: Option<&String>) -> Value {
     let f = o.first_oom.as_ref();
     json!({
         "alloc_conf": o.alloc_conf,
         "baseline": baseline,
-        "rank": rank,
+        "rank": (rank > 0).then_some(rank),
+        "left_out": left_out,
         "memory_limit": o.memory_limit,
         "oom": f.is_some(),
         "first_oom_requested": f.map(|f| f.oom.requested),
@@ -144,7 +155,8 @@ pub fn to_json(w: &WhatIf, file: &Path) -> Value {
             "non_framework_peak": w.stream.non_framework_peak,
         },
         "device_memory": w.device_memory,
-        "scenarios": w.outcomes.iter().enumerate().map(|(i, o)| scenario_json(o, ranks[i], i == 0)).collect::<Vec<_>>(),
+        "scenarios": w.outcomes.iter().enumerate().map(|(i, o)| scenario_json(o, ranks[i], i == 0, w.left_out.iter().find(|(j, _)| *j == i).map(|x| &x.1))).collect::<Vec<_>>(),
+        "ipc_exports": w.stream.ipc_exports.len(),
         "recommendation": w.recommendation,
         "notes": w.stream.notes,
     })
@@ -192,7 +204,7 @@ pub fn render(w: &WhatIf, file: &Path) -> String {
         };
         s.push_str(&format!(
             "{:>4}  {:<56} {:>14} {:>14} {:>8} {:>12}  {}\n",
-            rank[i],
+            if rank[i] == 0 { "-".to_string() } else { rank[i].to_string() },
             name,
             human_bytes(o.counters.peak_reserved),
             human_bytes(o.counters.peak_allocated),
@@ -200,6 +212,9 @@ pub fn render(w: &WhatIf, file: &Path) -> String {
             human_bytes(o.figures.stranded),
             oom
         ));
+    }
+    for (i, why) in &w.left_out {
+        s.push_str(&format!("{} (rank -): {why}\n", w.outcomes[*i].alloc_conf));
     }
     if let Some(l) = w.outcomes[0].memory_limit {
         s.push_str(&format!("memory limit: {} allowed ({} bytes)\n", human_bytes(l), l));

@@ -464,6 +464,8 @@ impl State {
             EventKind::ProcessExec => Ok(()),
             // The record reader consumes end markers; one from anywhere else changes nothing.
             EventKind::RecordEnd => Ok(()),
+            // A legacy IPC export changes no memory; whatif's advice reads it from the record.
+            EventKind::IpcExport => Ok(()),
             EventKind::ProcessExit => {
                 self.exited.insert(pid, ev.ts_ns);
                 if self.exited.len() > EXITED_KEPT {

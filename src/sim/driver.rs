@@ -30,10 +30,29 @@ pub struct Driven {
     pub limits: Limits,
     /// The baseline first, then the scenarios (empty when the check failed and `stop_unfaithful`).
     pub outcomes: Vec<Outcome>,
-    /// The ranking over `outcomes`.
+    /// The ranking over the outcomes that may be recommended (indices into `outcomes`; a setting
+    /// left out has no rank).
     pub ranked: Vec<Ranked>,
-    /// The sentence.
+    /// The sentence: always a setting that was simulated and not left out.
     pub recommendation: String,
+    /// Settings simulated but never recommended, by index into `outcomes`, with why.
+    pub left_out: Vec<(usize, String)>,
+}
+
+/// Why a setting must not be recommended for this trace, if it must not: the advice checks the
+/// trace for what the setting would break (docs/whatif.md, "Advice that does not break the
+/// program", gives the sources).
+pub fn refusal(stream: &RequestStream, conf: &AllocConf) -> Option<String> {
+    if conf.expandable_segments && !stream.conf.expandable_segments {
+        if let Some(&(event, addr)) = stream.ipc_exports.first() {
+            return Some(format!(
+                "left out: the process exports the caching allocator's memory over legacy CUDA IPC ({} cuIpcGetMemHandle/cudaIpcGetMemHandle call{} seen, the first of {addr:#x} at record event {event}); expandable segments map memory with cuMemCreate/cuMemMap, which the legacy IPC calls cannot export, so the program's export would fail",
+                stream.ipc_exports.len(),
+                if stream.ipc_exports.len() == 1 { "" } else { "s" }
+            ));
+        }
+    }
+    None
 }
 
 /// Parses settings; the error names the one that is wrong in PyTorch's words.
@@ -68,14 +87,31 @@ pub fn drive(stream: &RequestStream, ask: &Ask) -> Driven {
         limits = card_limits(stream, ask.memory_limit, dm);
     }
     if !check.faithful && ask.stop_unfaithful {
-        return Driven { check, limits, outcomes: Vec::new(), ranked: Vec::new(), recommendation: String::new() };
+        return Driven { check, limits, outcomes: Vec::new(), ranked: Vec::new(), recommendation: String::new(), left_out: Vec::new() };
     }
     let own = stream.conf.clone();
     let mut outcomes = vec![simulate(stream, &Scenario { alloc_conf: own.conf.clone(), conf: own.clone(), limits: limits.clone() }, true)];
     for (s, c) in &ask.confs {
         outcomes.push(simulate(stream, &Scenario { alloc_conf: s.clone(), conf: c.clone(), limits: limits.clone() }, false));
     }
-    let ranked = rank(&outcomes);
-    let recommendation = recommendation(&outcomes);
-    Driven { check, limits, outcomes, ranked, recommendation }
+    let mut left_out = Vec::new();
+    for (i, (_, c)) in ask.confs.iter().enumerate() {
+        if let Some(why) = refusal(stream, c) {
+            left_out.push((i + 1, why));
+        }
+    }
+    // rank and recommend among the settings that may be recommended only
+    let allowed: Vec<usize> = (0..outcomes.len()).filter(|i| !left_out.iter().any(|(j, _)| j == i)).collect();
+    let kept: Vec<Outcome> = allowed.iter().map(|&i| outcomes[i].clone()).collect();
+    let ranked = rank(&kept).into_iter().map(|r| Ranked { index: allowed[r.index], rank: r.rank }).collect::<Vec<_>>();
+    let mut recommendation = recommendation(&kept);
+    for (i, why) in &left_out {
+        recommendation.push_str(&format!(" {} was simulated and {why}.", outcomes[*i].alloc_conf));
+    }
+    let best = &outcomes[ranked[0].index];
+    if !stream.sees_ipc && ranked[0].index != 0 && ask.confs.iter().any(|(s, c)| *s == best.alloc_conf && c.expandable_segments) {
+        recommendation
+            .push_str(" (This trace cannot show CUDA IPC exports, which expandable segments break: a record of gpufrag run shows them.)");
+    }
+    Driven { check, limits, outcomes, ranked, recommendation, left_out }
 }

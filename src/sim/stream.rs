@@ -115,6 +115,11 @@ pub struct RequestStream {
     pub unattributed: Vec<DeviceOp>,
     /// Things the reader should know.
     pub notes: Vec<String>,
+    /// Successful legacy CUDA IPC exports (`cuIpcGetMemHandle` / `cudaIpcGetMemHandle`) of memory
+    /// in the caching allocator's segments: (record event, address). Only a record carries them.
+    pub ipc_exports: Vec<(usize, u64)>,
+    /// Whether the source could have shown an IPC export (a record written by the shim).
+    pub sees_ipc: bool,
     /// The time of each request in nanoseconds (a snapshot's `time_us` × 1000, a record's
     /// `ts_ns`; 0 where the source has none), for interleaving two traces on one device.
     pub times: Vec<u64>,
@@ -267,6 +272,8 @@ impl Builder {
             source,
             unattributed: Vec::new(),
             notes: Vec::new(),
+            ipc_exports: Vec::new(),
+            sees_ipc: false,
             times: self.times,
         })
     }
@@ -474,6 +481,15 @@ pub fn from_events(events: &[Event]) -> Result<RequestStream, StreamError> {
     };
     let mut s = b.finish(conf, device, events.len(), "record")?;
     s.non_framework_peak = other_peak;
+    // legacy IPC exports of the allocator's memory (the segment holding the address is one the
+    // allocator claimed); the shim sees them, eBPF and PyTorch's history do not
+    s.sees_ipc = events.iter().any(|e| e.pid == pid && e.flags & crate::event::F_SRC_SHIM != 0);
+    for (i, e) in events.iter().enumerate().filter(|(_, e)| e.pid == pid && e.kind == EventKind::IpcExport as u16 && e.rc == 0) {
+        let in_allocator = framework.iter().any(|&(a, sz)| a <= e.addr && e.addr < a + sz);
+        if in_allocator {
+            s.ipc_exports.push((i, e.addr));
+        }
+    }
     if !interleaved {
         s.notes.push(format!(
             "the record's block events were written after its driver calls ({} segment calls before the first block), not between them: the self-check compares the order and sizes of the driver calls only",

@@ -483,7 +483,7 @@ pub enum Meaning {
 /// file's, so the table is rewritten when the wire format changes), and what it means to the
 /// model. Beside these, the `rc` field's doc ("0 on success") makes a call that returned non-zero
 /// change nothing, except the failure record itself.
-pub const MEANINGS: [(EventKind, &str, Meaning); 23] = [
+pub const MEANINGS: [(EventKind, &str, Meaning); 24] = [
     (EventKind::MemAlloc, "`cuMemAlloc` / `cudaMalloc`: a driver segment at `addr` of `size` bytes.", Meaning::Segment(SegmentKind::Driver)),
     (EventKind::MemAllocPitch, "`cuMemAllocPitch` / `cudaMallocPitch` / `cudaMalloc3D`: `size` = pitch × height (× depth).", Meaning::Segment(SegmentKind::Pitch)),
     (EventKind::MemAllocManaged, "`cuMemAllocManaged` / `cudaMallocManaged`.", Meaning::Segment(SegmentKind::Managed)),
@@ -515,6 +515,7 @@ pub const MEANINGS: [(EventKind, &str, Meaning); 23] = [
         "The end of a record file (never on a ring): its writer stopped cleanly here. `ts_ns` is when, `size` the events written before it. A record without one was cut (the writer was killed or its disk filled) and is never called exact.",
         Meaning::Nothing,
     ),
+    (EventKind::IpcExport, "A legacy CUDA IPC export (`cuIpcGetMemHandle` / `cudaIpcGetMemHandle`) of the allocation holding `addr`; `rc` is the call's result. Memory of expandable segments (VMM) cannot be exported this way.", Meaning::Nothing),
 ];
 
 /// The meaning of `kind` in [`MEANINGS`].

@@ -64,11 +64,13 @@ pub enum EventKind {
     /// when, `size` the events written before it. A record without one was cut (the writer was
     /// killed or its disk filled) and is never called exact.
     RecordEnd = 23,
+    /// A legacy CUDA IPC export (`cuIpcGetMemHandle` / `cudaIpcGetMemHandle`) of the allocation holding `addr`; `rc` is the call's result. Memory of expandable segments (VMM) cannot be exported this way.
+    IpcExport = 40,
 }
 
 impl EventKind {
     /// Every kind, in wire order.
-    pub const ALL: [EventKind; 23] = [
+    pub const ALL: [EventKind; 24] = [
         EventKind::MemAlloc,
         EventKind::MemAllocPitch,
         EventKind::MemAllocManaged,
@@ -92,6 +94,7 @@ impl EventKind {
         EventKind::PoolReserved,
         EventKind::Adopt,
         EventKind::RecordEnd,
+        EventKind::IpcExport,
     ];
 
     /// Decodes a wire value; `None` for 0 and for values this build does not know.
@@ -125,6 +128,7 @@ impl EventKind {
             EventKind::PoolReserved => "pool_reserved",
             EventKind::Adopt => "adopt",
             EventKind::RecordEnd => "record_end",
+            EventKind::IpcExport => "ipc_export",
         }
     }
 }
