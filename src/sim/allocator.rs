@@ -267,6 +267,11 @@ impl Allocator {
         self.limits.device_capacity = capacity;
     }
 
+    /// Changes the allowed bytes of `set_per_process_memory_fraction` from now on.
+    pub fn set_memory_limit(&mut self, limit: Option<u64>) {
+        self.limits.memory_limit = limit;
+    }
+
     /// The configuration simulated.
     pub fn conf(&self) -> &AllocConf {
         &self.conf
