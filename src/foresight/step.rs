@@ -121,8 +121,10 @@ pub fn find_step(requests: &[Request]) -> Result<Step, String> {
     for period in 1..=n / MIN_REPEATS {
         let w = |i: usize| window(&h, &p, n - (i + 1) * period, n - i * period);
         if w(0) == w(1) && w(1) == w(2) && k[n - 3 * period..n - period] == k[n - 2 * period..n] {
-            // a step must allocate, or nothing repeats that matters
-            if requests[n - period..].iter().any(|r| matches!(r, Request::Alloc { .. })) {
+            // a step allocates and frees (a run of allocations alone, model loading or a cache
+            // filling, is not a step)
+            let tail = &requests[n - period..];
+            if tail.iter().any(|r| matches!(r, Request::Alloc { .. })) && tail.iter().any(|r| matches!(r, Request::FreeRequested { .. })) {
                 found = Some(period);
                 break;
             }
