@@ -13,6 +13,7 @@ pub mod cli;
 pub mod consumer;
 pub mod ebpf;
 pub mod export;
+pub mod foresight;
 pub mod guard;
 pub mod holders;
 pub use gpufrag_wire::{event, hello, ring};

@@ -11,7 +11,7 @@
 //! sources     snapshot record source consumer ebpf input
 //!                                               may import: foundation, state
 //! analysis    analysis                          may import: foundation, state, sources
-//! simulation  sim                               may import: foundation, state, analysis, sources
+//! simulation  sim foresight                     may import: foundation, state, analysis, sources
 //! outputs     observe export views              may import: all of the above
 //! pipeline    live                              may import: all of the above
 //! cli         cli, guard                        may import: everything
@@ -33,7 +33,7 @@ const LAYERS: &[(&str, &[&str], &[&str])] = &[
     ("state", &["map", "ingest", "attribution", "holders"], &["foundation"]),
     ("sources", &["snapshot", "record", "source", "consumer", "ebpf", "input"], &["foundation", "state"]),
     ("analysis", &["analysis"], &["foundation", "state", "sources"]),
-    ("simulation", &["sim"], &["foundation", "state", "analysis", "sources"]),
+    ("simulation", &["sim", "foresight"], &["foundation", "state", "analysis", "sources"]),
     ("outputs", &["observe", "export", "views"], &["foundation", "state", "analysis", "sources", "simulation"]),
     ("pipeline", &["live"], &["foundation", "state", "analysis", "sources", "simulation", "outputs"]),
     ("cli", &["cli", "guard"], &["foundation", "state", "analysis", "sources", "simulation", "outputs", "pipeline"]),

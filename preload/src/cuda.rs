@@ -82,6 +82,8 @@ pub type CuMemFreeAsyncFn = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUres
 pub type CuMemPoolTrimToFn = unsafe extern "C" fn(CUmemoryPool, usize) -> CUresult;
 pub type CuMemPoolGetAttributeFn = unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult;
 pub type CuMemGetInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
+/// `cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)` (the handle: 64 opaque bytes).
+pub type CuIpcGetMemHandleFn = unsafe extern "C" fn(*mut c_void, CUdeviceptr) -> CUresult;
 pub type CuGetProcAddressFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;
 pub type CuGetProcAddressV2Fn = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
 pub type CuCtxGetDeviceFn = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
@@ -100,6 +102,8 @@ pub type CudaFreeFn = unsafe extern "C" fn(*mut c_void) -> cudaError_t;
 pub type CudaFreeAsyncFn = unsafe extern "C" fn(*mut c_void, CUstream) -> cudaError_t;
 pub type CudaMemPoolTrimToFn = unsafe extern "C" fn(CUmemoryPool, usize) -> cudaError_t;
 pub type CudaMemGetInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> cudaError_t;
+/// `cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)`.
+pub type CudaIpcGetMemHandleFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> cudaError_t;
 pub type CudaGetDriverEntryPointFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_ulonglong, *mut c_int) -> cudaError_t;
 pub type CudaGetDriverEntryPointByVersionFn =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_uint, c_ulonglong, *mut c_int) -> cudaError_t;

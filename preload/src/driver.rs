@@ -25,6 +25,7 @@
 //! | `cuMemPoolTrimTo` | `PoolTrim{handle = pool, size = minBytesToKeep}`, then the pool's `PoolReserved` |
 //! | `cuMemPoolGetAttribute(RESERVED_MEM_CURRENT)` | `PoolReserved{handle = pool, size = the value}` (other attributes: nothing) |
 //! | `cuMemGetInfo_v2` | `DeviceInfo{size = total, device_free = free}` |
+//! | `cuIpcGetMemHandle` | `IpcExport{addr = dptr, rc}` |
 //!
 //! A failed allocation becomes `AllocFailed{requested, rc, op}` (see `hook::alloc`). A failed
 //! release is its event followed by the same event with `rc` and `F_FAILED`. The state refuses a
@@ -130,6 +131,20 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
             // SAFETY: on success the driver wrote both.
             g.record(|| unsafe { hook::device_info(free.read() as u64, total.read() as u64) });
         }
+    }
+    rc
+}
+
+/// A legacy IPC export of the allocation holding `dptr`: recorded after the call, with its result
+/// (off the allocation path: whatif's advice reads it to keep expandable segments away).
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut c_void, dptr: CUdeviceptr) -> CUresult {
+    let real = real!(CuIpcGetMemHandle, CuIpcGetMemHandleFn);
+    let guard = hook::enter();
+    // SAFETY: the caller's arguments, unchanged.
+    let rc = unsafe { real(handle, dptr) };
+    if let Some(g) = guard {
+        g.record(|| hook::other(Call { addr: dptr, ..Call::new(EventKind::IpcExport, rc) }));
     }
     rc
 }

@@ -15,6 +15,7 @@
 //! | `cudaFreeAsync[_ptsz]` | `PoolFree{addr, stream}` |
 //! | `cudaMemPoolTrimTo` | `PoolTrim{handle = pool, size = minBytesToKeep}` |
 //! | `cudaMemGetInfo` | `DeviceInfo{size = total, device_free = free}` |
+//! | `cudaIpcGetMemHandle` | `IpcExport{addr = devPtr, rc}` |
 //!
 //! `cudaFree` and `cudaFreeAsync*` are recorded before the real call, and a failure adds the same
 //! event with `rc` and `F_FAILED` (see `hook::release_around` and the driver wrappers).
@@ -271,6 +272,18 @@ pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> 
             // SAFETY: on success the runtime wrote both.
             g.record(|| unsafe { hook::device_info(free.read() as u64, total.read() as u64) });
         }
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaIpcGetMemHandle(handle: *mut c_void, devPtr: *mut c_void) -> cudaError_t {
+    let real = real!(CudaIpcGetMemHandle, CudaIpcGetMemHandleFn);
+    let guard = hook::enter();
+    // SAFETY: the caller's arguments, unchanged.
+    let rc = unsafe { real(handle, devPtr) };
+    if let Some(g) = guard {
+        g.record(|| hook::other(Call { addr: devPtr as u64, ..Call::new(EventKind::IpcExport, rc) }));
     }
     rc
 }

@@ -44,6 +44,7 @@ syms! {
     CuMemAllocManaged = c"cuMemAllocManaged" => driver::cuMemAllocManaged,
     CuMemFreeV2 = c"cuMemFree_v2" => driver::cuMemFree_v2,
     CuMemGetInfoV2 = c"cuMemGetInfo_v2" => driver::cuMemGetInfo_v2,
+    CuIpcGetMemHandle = c"cuIpcGetMemHandle" => driver::cuIpcGetMemHandle,
     // driver: virtual memory management
     CuMemAddressReserve = c"cuMemAddressReserve" => driver::cuMemAddressReserve,
     CuMemAddressFree = c"cuMemAddressFree" => driver::cuMemAddressFree,
@@ -77,6 +78,7 @@ syms! {
     CudaFreeAsyncPtsz = c"cudaFreeAsync_ptsz" => runtime::cudaFreeAsync_ptsz,
     CudaMemPoolTrimTo = c"cudaMemPoolTrimTo" => runtime::cudaMemPoolTrimTo,
     CudaMemGetInfo = c"cudaMemGetInfo" => runtime::cudaMemGetInfo,
+    CudaIpcGetMemHandle = c"cudaIpcGetMemHandle" => runtime::cudaIpcGetMemHandle,
     CudaGetDriverEntryPoint = c"cudaGetDriverEntryPoint" => route::cudaGetDriverEntryPoint,
     CudaGetDriverEntryPointByVersion = c"cudaGetDriverEntryPointByVersion" => route::cudaGetDriverEntryPointByVersion,
     // the loader itself: a program that fetches dlsym through dlsym gets ours
@@ -228,6 +230,7 @@ pub fn by_rules(base: &[u8], cuda_version: i32, flags: u64) -> Option<Sym> {
         b"cuMemFree" if v2 => Sym::CuMemFreeV2,
         b"cuMemGetInfo" if v2 => Sym::CuMemGetInfoV2,
         b"cuMemAllocManaged" => Sym::CuMemAllocManaged,
+        b"cuIpcGetMemHandle" => Sym::CuIpcGetMemHandle,
         b"cuMemAddressReserve" => Sym::CuMemAddressReserve,
         b"cuMemAddressFree" => Sym::CuMemAddressFree,
         b"cuMemCreate" => Sym::CuMemCreate,

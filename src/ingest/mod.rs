@@ -529,6 +529,8 @@ impl State {
             EventKind::RecordEnd => Ok(()),
             // Placement is the attribution's (the live pipeline reads it before the state).
             EventKind::DeviceUuid => Ok(()),
+            // A legacy IPC export changes no memory; whatif's advice reads it from the record.
+            EventKind::IpcExport => Ok(()),
             EventKind::ProcessExit => {
                 self.refused_release.remove(&pid);
                 self.settle_pid(pid);

@@ -261,6 +261,17 @@ impl Allocator {
         self.limits.device_capacity.map(|c| c.saturating_sub(self.counters.reserved))
     }
 
+    /// Changes what the driver can give this allocator from now on (another process on the same
+    /// device took or returned memory).
+    pub fn set_device_capacity(&mut self, capacity: Option<u64>) {
+        self.limits.device_capacity = capacity;
+    }
+
+    /// Changes the allowed bytes of `set_per_process_memory_fraction` from now on.
+    pub fn set_memory_limit(&mut self, limit: Option<u64>) {
+        self.limits.memory_limit = limit;
+    }
+
     /// The configuration simulated.
     pub fn conf(&self) -> &AllocConf {
         &self.conf

@@ -115,6 +115,14 @@ pub struct RequestStream {
     pub unattributed: Vec<DeviceOp>,
     /// Things the reader should know.
     pub notes: Vec<String>,
+    /// Successful legacy CUDA IPC exports (`cuIpcGetMemHandle` / `cudaIpcGetMemHandle`) of memory
+    /// in the caching allocator's segments: (record event, address). Only a record carries them.
+    pub ipc_exports: Vec<(usize, u64)>,
+    /// Whether the source could have shown an IPC export (a record written by the shim).
+    pub sees_ipc: bool,
+    /// The time of each request in nanoseconds (a snapshot's `time_us` × 1000, a record's
+    /// `ts_ns`; 0 where the source has none), for interleaving two traces on one device.
+    pub times: Vec<u64>,
 }
 
 impl RequestStream {
@@ -155,6 +163,9 @@ struct Builder {
     peak_reserved: u64,
     trace_ooms: Vec<(usize, Option<u64>)>,
     capacity: Option<u64>,
+    /// The time of the entry being read.
+    now: u64,
+    times: Vec<u64>,
 }
 
 impl Builder {
@@ -165,6 +176,7 @@ impl Builder {
             self.recorded_entry.push(e);
         }
         self.requests.push(r);
+        self.times.push(self.now);
     }
 
     fn flush_as_empty_cache(&mut self) {
@@ -260,6 +272,9 @@ impl Builder {
             source,
             unattributed: Vec::new(),
             notes: Vec::new(),
+            ipc_exports: Vec::new(),
+            sees_ipc: false,
+            times: self.times,
         })
     }
 }
@@ -290,6 +305,7 @@ pub fn from_snapshot(snap: &Snapshot) -> Result<RequestStream, StreamError> {
     };
     let mut b = Builder::default();
     for (i, e) in trace.entries.iter().enumerate() {
+        b.now = e.time_us.saturating_mul(1000);
         match e.action {
             Action::Alloc => b.alloc(e.size, e.stream, i, Some(e.addr)),
             Action::FreeRequested => b.free(e.addr, i, false, false)?,
@@ -382,6 +398,7 @@ pub fn from_events(events: &[Event]) -> Result<RequestStream, StreamError> {
     let mut other_segs: HashMap<u64, u64> = HashMap::new();
     let mut mapped_ranges = 0usize;
     for (i, e) in events.iter().enumerate().filter(|(_, e)| e.pid == pid && e.device == device) {
+        b.now = e.ts_ns;
         match EventKind::from_u16(e.kind) {
             Some(EventKind::BlockAlloc) => b.alloc(e.requested, e.stream, i, Some(e.addr)),
             Some(EventKind::BlockFree) => {
@@ -464,6 +481,15 @@ pub fn from_events(events: &[Event]) -> Result<RequestStream, StreamError> {
     };
     let mut s = b.finish(conf, device, events.len(), "record")?;
     s.non_framework_peak = other_peak;
+    // legacy IPC exports of the allocator's memory (the segment holding the address is one the
+    // allocator claimed); the shim sees them, eBPF and PyTorch's history do not
+    s.sees_ipc = events.iter().any(|e| e.pid == pid && e.flags & crate::event::F_SRC_SHIM != 0);
+    for (i, e) in events.iter().enumerate().filter(|(_, e)| e.pid == pid && e.kind == EventKind::IpcExport as u16 && e.rc == 0) {
+        let in_allocator = framework.iter().any(|&(a, sz)| a <= e.addr && e.addr < a + sz);
+        if in_allocator {
+            s.ipc_exports.push((i, e.addr));
+        }
+    }
     if !interleaved {
         s.notes.push(format!(
             "the record's block events were written after its driver calls ({} segment calls before the first block), not between them: the self-check compares the order and sizes of the driver calls only",

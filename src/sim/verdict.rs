@@ -8,8 +8,7 @@
 //! is simulated under that cap: the sweep says which setting fits under it, beside the cap's own
 //! fix.
 
-use super::{rank, recommendation, self_check, simulate, sweep_confs, Limits, Outcome, RequestStream, Scenario};
-use crate::alloc::pytorch::AllocConf;
+use super::{drive, sweep_for, Ask, Outcome, RequestStream};
 use crate::analysis::summary::{ScenarioBrief, Summary, WhatIfSummary};
 
 fn brief(o: &Outcome) -> ScenarioBrief {
@@ -49,21 +48,15 @@ pub fn apply_to_summary(summary: &mut Summary, stream: impl FnOnce() -> Result<R
     // OOM observer under `run`): the trace ran under that cap, so the self-check and every
     // scenario do too, and the answer is whether a setting fits under it.
     let allowed = summary.ooms.iter().filter(|o| o.device == stream.device).find_map(|o| o.allowed);
-    let limits = Limits { device_capacity: stream.device_capacity_hint, memory_limit: allowed, ..Limits::default() };
-    let check = self_check(&stream, &limits);
-    if !check.faithful {
-        let d = check.divergence.map(|d| d.what).unwrap_or_default();
+    let d = drive(&stream, &Ask { confs: sweep_for(&stream), memory_limit: allowed, device_memory: None, stop_unfaithful: true });
+    if !d.check.faithful {
+        let d = d.check.divergence.map(|d| d.what).unwrap_or_default();
         summary.notes.push(format!("no simulated fix: the simulation does not reproduce this trace under its own settings ({d})"));
         return;
     }
-    let own = stream.conf.clone();
-    let mut outcomes = vec![simulate(&stream, &Scenario { alloc_conf: own.conf.clone(), conf: own.clone(), limits: limits.clone() }, true)];
-    for c in sweep_confs().into_iter().filter(|c| *c != own.conf) {
-        let conf = AllocConf::parse(c).unwrap_or_default();
-        outcomes.push(simulate(&stream, &Scenario { alloc_conf: c.to_string(), conf, limits: limits.clone() }, false));
-    }
-    let best = rank(&outcomes)[0].index;
-    let mut sentence = recommendation(&outcomes);
+    let outcomes = d.outcomes;
+    let best = d.ranked[0].index;
+    let mut sentence = d.recommendation;
     if let Some(a) = allowed {
         sentence = format!("Under the allowed {} (set_per_process_memory_fraction): {sentence}", crate::units::human_bytes(a));
     }

@@ -534,6 +534,7 @@ pub const MEANINGS: [(EventKind, &str, Meaning); 24] = [
         "The driver's UUID of CUDA ordinal `device` in this process (`cuDeviceGetUuid`, asked once per ordinal before its first allocation is recorded): the 16 bytes in `addr` (bytes 0..8, big-endian) and `size` (bytes 8..16). The GPU a process's memory is on, whatever its environment said when it started.",
         Meaning::Nothing,
     ),
+    (EventKind::IpcExport, "A legacy CUDA IPC export (`cuIpcGetMemHandle` / `cudaIpcGetMemHandle`) of the allocation holding `addr`; `rc` is the call's result. Memory of expandable segments (VMM) cannot be exported this way.", Meaning::Nothing),
 ];
 
 /// The meaning of `kind` in [`MEANINGS`].

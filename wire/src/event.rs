@@ -69,11 +69,13 @@ pub enum EventKind {
     /// big-endian) and `size` (bytes 8..16). The GPU a process's memory is on, whatever its
     /// environment said when it started.
     DeviceUuid = 32,
+    /// A legacy CUDA IPC export (`cuIpcGetMemHandle` / `cudaIpcGetMemHandle`) of the allocation holding `addr`; `rc` is the call's result. Memory of expandable segments (VMM) cannot be exported this way.
+    IpcExport = 40,
 }
 
 impl EventKind {
     /// Every kind, in wire order.
-    pub const ALL: [EventKind; 24] = [
+    pub const ALL: [EventKind; 25] = [
         EventKind::MemAlloc,
         EventKind::MemAllocPitch,
         EventKind::MemAllocManaged,
@@ -98,6 +100,7 @@ impl EventKind {
         EventKind::Adopt,
         EventKind::RecordEnd,
         EventKind::DeviceUuid,
+        EventKind::IpcExport,
     ];
 
     /// Decodes a wire value; `None` for 0 and for values this build does not know.
@@ -132,6 +135,7 @@ impl EventKind {
             EventKind::Adopt => "adopt",
             EventKind::RecordEnd => "record_end",
             EventKind::DeviceUuid => "device_uuid",
+            EventKind::IpcExport => "ipc_export",
         }
     }
 }

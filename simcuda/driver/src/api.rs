@@ -206,6 +206,24 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     })
 }
 
+/// A legacy IPC handle: 64 bytes naming the allocation (its start), as the real driver's names
+/// its allocation; `CUDA_ERROR_INVALID_VALUE` for VMM-mapped or pool memory, which the legacy
+/// API cannot export.
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcGetMemHandle(pHandle: *mut [u8; 64], dptr: CUdeviceptr) -> CUresult {
+    entry("cuIpcGetMemHandle", || {
+        if pHandle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let base = model()?.ipc_base(dptr)?;
+        let mut h = [0u8; 64];
+        h[..8].copy_from_slice(&base.to_le_bytes());
+        h[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+        // SAFETY: non-null out-pointer to 64 bytes from the caller.
+        unsafe { put(pHandle, h) }
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
     entry("cuMemAlloc_v2", || {

@@ -224,6 +224,22 @@ impl Model {
         Ok(())
     }
 
+    /// cuIpcGetMemHandle: the start of the live `cuMemAlloc` allocation holding `addr` (the handle
+    /// names the whole allocation); mapped VMM memory and pool memory cannot be exported this way.
+    pub fn ipc_base(&self, addr: u64) -> Result<u64> {
+        if let Some((&base, a)) = self.allocs.range(..=addr).next_back() {
+            let extent = match a.kind {
+                Kind::Pages { bytes } => bytes,
+                Kind::Small { units } => u64::from(units) * small::UNIT,
+                Kind::Pool { .. } => return Err(CUDA_ERROR_INVALID_VALUE),
+            };
+            if addr < base + extent {
+                return Ok(base);
+            }
+        }
+        Err(CUDA_ERROR_INVALID_VALUE)
+    }
+
     /// Whether `[addr, addr + n)` lies inside one live allocation or mapped VMM memory.
     pub fn is_device_memory(&self, addr: u64, n: u64) -> bool {
         let Some(end) = addr.checked_add(n) else {

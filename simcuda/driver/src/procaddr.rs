@@ -54,6 +54,7 @@ fn versions(name: &str) -> Vec<Version> {
         "cuStreamSynchronize" => vec![v!(2000, cuStreamSynchronize, cuStreamSynchronize_ptsz)],
         "cuMemGetInfo" => vec![v!(3020, cuMemGetInfo_v2)],
         "cuMemAlloc" => vec![v!(3020, cuMemAlloc_v2)],
+        "cuIpcGetMemHandle" => vec![v!(4010, cuIpcGetMemHandle)],
         "cuMemAllocPitch" => vec![v!(3020, cuMemAllocPitch_v2)],
         "cuMemAllocManaged" => vec![v!(6000, cuMemAllocManaged)],
         "cuMemFree" => vec![v!(3020, cuMemFree_v2)],

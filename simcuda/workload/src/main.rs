@@ -117,6 +117,7 @@ fn run(args: &[String]) -> Result<Outcome, String> {
         "fork-exec" => procs::fork_exec(),
         "basic" => procs::basic(size_arg(rest.first(), 1 << 20)?),
         "hold" => procs::hold(size_arg(rest.first(), 1 << 20)?),
+        "ipc-export" => procs::ipc_export(size_arg(rest.first(), 64 << 20)?),
         "routes" => routes::routes(rest),
         "procaddr" => routes::procaddr(),
         "pairs" => procs::pairs(count_arg(rest.first(), "N")?, size_arg(rest.get(1), 2 << 20)?),

@@ -154,3 +154,47 @@ pub fn pairs(n: u64, size: u64) -> Outcome {
     result!("test" = "pairs", "calls" = n, "size" = size, "ns_total" = ns, "ns_per_pair" = ns / n.max(1));
     Ok(())
 }
+
+/// `ipc-export`: a caching allocator's segment exported over legacy CUDA IPC (as a program that
+/// shares a tensor's memory with `cudaIpcGetMemHandle` does), then the export of a VMM mapping,
+/// which the driver refuses.
+pub fn ipc_export(size: u64) -> Outcome {
+    let mut alloc = simcuda_workload::CachingAllocator::new();
+    struct Rt;
+    impl simcuda_workload::Device for Rt {
+        fn malloc(&mut self, size: u64) -> Result<u64, i32> {
+            cuda_malloc(size)
+        }
+        fn free(&mut self, addr: u64) -> Result<(), i32> {
+            cuda_free(addr).map_err(|_| 1)
+        }
+    }
+    init_runtime()?;
+    let block = alloc.malloc(&mut Rt, size).map_err(|e| format!("block: {e:?}"))?;
+    announce_requested(&mut alloc);
+    let mut h = [0u8; 64];
+    // SAFETY: a 64-byte out-pointer and a device address; a direct call into libcuda.so.1.
+    let rc = unsafe { crate::ffi::cuIpcGetMemHandle(&mut h, block) };
+    result!("test" = "ipc-export", "addr" = hex(block), "rc" = rc);
+    crate::ok("cuIpcGetMemHandle", rc)?;
+    // SAFETY: as above, of an address no allocation holds.
+    let bad = unsafe { crate::ffi::cuIpcGetMemHandle(&mut h, 0x10) };
+    result!("test" = "ipc-export", "addr" = hex(0x10), "rc" = bad);
+    alloc.free(block);
+    announce_requested(&mut alloc);
+    Ok(())
+}
+
+/// Announces the allocator's segments and blocks as PyTorch's probes do (a block's requested size
+/// only, not its extent), so that whatif can replay the record.
+fn announce_requested(alloc: &mut simcuda_workload::CachingAllocator) {
+    use simcuda_workload::AllocatorEvent;
+    for e in alloc.events.drain(..) {
+        match e {
+            AllocatorEvent::SegmentAlloc { addr, .. } => crate::annotate::segment(addr),
+            AllocatorEvent::BlockAlloc { addr, requested, .. } => crate::annotate::block_alloc(addr, 0, requested),
+            AllocatorEvent::BlockFree { addr, .. } => crate::annotate::block_free(addr),
+            AllocatorEvent::SegmentFree { .. } | AllocatorEvent::Oom { .. } => {}
+        }
+    }
+}
