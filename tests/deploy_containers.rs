@@ -75,7 +75,9 @@ impl Drop for Cleanup {
         for c in &self.containers {
             let _ = podman(&["rm", "-f", "-t", "0", c]);
         }
-        let _ = podman(&["rmi", "-f", &self.image]);
+        if !self.image.is_empty() {
+            let _ = podman(&["rmi", "-f", &self.image]);
+        }
     }
 }
 
@@ -317,4 +319,84 @@ fn the_agent_container_attributes_two_workload_containers_and_killing_it_harms_n
         assert!(log.contains("FIGURES device=0 reserved=29360128"), "{name}: {log}");
     }
     eprintln!("container test took {:?}", started.elapsed());
+}
+
+/// What issue 12 measured for `frag-oom` (and `gpufrag run` gives for it: tests/ebpf_node_agent.rs).
+const FRAG_STRANDED: u64 = 2_097_152_000;
+const FRAG_LARGEST_FREE_BLOCK: u64 = 209_715_200;
+const FRAG_REQUESTED: u64 = 2_684_354_560;
+
+/// Must show (issue 26): the agent with only the driver named (no workload executable), then
+/// `frag-oom` started in a new podman/runc container (simcuda's driver and runtime and the
+/// workload bind-mounted from the host, as the NVIDIA toolkit mounts a driver): the workload's
+/// first exec in the container is held until its annotation probes are in, so the verdict is
+/// `fragmentation` with run's figures, under the container's id, traced from its first call.
+#[test]
+fn frag_oom_in_a_new_container_is_judged_from_its_first_call_by_an_agent_given_only_the_driver() {
+    if let Some((what, how)) = missing() {
+        tool_support::missing(&what, &how);
+        return;
+    }
+    let name = format!("gpufrag-firstcall-{}", std::process::id());
+    let _cleanup = Cleanup { containers: vec![name.clone()], image: String::new() };
+    let canon = |n: &str| std::fs::canonicalize(simcuda_dir().join(n)).expect("simcuda built").display().to_string();
+    let summary = unique("container-firstcall.json");
+    let mut agent = Command::new(gpufrag())
+        .args(["agent", "--keep-exited", "--summary-json"])
+        .arg(&summary)
+        .args(["--lib", &canon("libcuda.so.1")])
+        .env_clear()
+        .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("agent");
+    let mut err = support::Lines::new(agent.stderr.take().expect("stderr"));
+    assert!(err.wait_for("agent: tracing", Duration::from_secs(120)), "{}", err.rest());
+    let state = unique("container-state");
+    std::fs::create_dir_all(&state).expect("state");
+    let workload = std::fs::canonicalize(gpufrag().parent().expect("dir").join("simcuda-workload")).expect("simcuda-workload built");
+    let mut a: Vec<String> = ["run", "-d", "--name", &name, "-e", "LD_LIBRARY_PATH=/usr/local/lib/simcuda", "-e", "SIMCUDA_DEVICES=1"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for lib in ["libcuda.so.1", "libcudart.so.13", "libnvidia-ml.so.1"] {
+        a.extend(["-v".into(), format!("{}:/usr/local/lib/simcuda/{lib}:ro", canon(lib))]);
+    }
+    a.extend(["-v".into(), format!("{}:/run/simcuda", state.display()), "-e".into(), "SIMCUDA_STATE_DIR=/run/simcuda".into()]);
+    a.extend(["-v".into(), format!("{}:/usr/local/bin/simcuda-workload:ro", workload.display())]);
+    a.extend(LIMITS.iter().map(|s| s.to_string()));
+    a.extend([BASE_IMAGE.to_string(), "/usr/local/bin/simcuda-workload".into(), "frag-oom".into()]);
+    let argv: Vec<&str> = a.iter().map(String::as_str).collect();
+    let t = Instant::now();
+    let id = podman_ok(&argv);
+    let code = podman_ok(&["wait", &name]);
+    let took = t.elapsed();
+    let log = logs(&name);
+    assert_eq!(code, "0", "frag-oom in the container: {log}");
+    std::thread::sleep(Duration::from_millis(700));
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
+    let st = support::wait_timeout(&mut agent, Duration::from_secs(60));
+    let alog = err.rest();
+    assert!(st.success(), "agent: {st}\n{alog}");
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).expect("json");
+    let procs: Vec<&Value> =
+        s["processes"].as_array().expect("processes").iter().filter(|p| p["container_id"].as_str() == Some(id.as_str())).collect();
+    assert_eq!(procs.len(), 1, "one process of container {id}: {:#}\n{alog}", s["processes"]);
+    let pid = procs[0]["pid"].as_u64().expect("pid");
+    let ooms: Vec<&Value> = s["ooms"].as_array().expect("ooms").iter().filter(|o| o["pid"].as_u64() == Some(pid)).collect();
+    assert_eq!(ooms.len(), 1, "{:#}", s["ooms"]);
+    let o = ooms[0];
+    let field = |k: &str| o[k].as_u64().unwrap_or_else(|| panic!("no {k} in {o:#}"));
+    assert_eq!(
+        (o["verdict"].as_str(), field("requested"), field("stranded"), field("largest_free_block")),
+        (Some("fragmentation"), FRAG_REQUESTED, FRAG_STRANDED, FRAG_LARGEST_FREE_BLOCK),
+        "{o:#}\n{log}"
+    );
+    let cov: Vec<&Value> = s["coverage"].as_array().expect("coverage").iter().filter(|c| c["pid"].as_u64() == Some(pid)).collect();
+    assert!(!cov.is_empty() && cov.iter().all(|c| c["exact"] == Value::Bool(true)), "not exact: {cov:#?}\n{:#}", s["notes"]);
+    let hold = s["notes"].as_array().expect("notes").iter().filter_map(Value::as_str).find(|n| n.starts_with("exec hold")).unwrap_or("");
+    assert!(!hold.contains("held until probed 0 "), "the container's exec was not held: {hold}");
+    eprintln!("container start to exit {took:?}; {hold}");
 }

@@ -317,62 +317,250 @@ fn without_nvml_the_gap_is_a_note_and_no_figure_is_invented() {
     }
 }
 
-/// An executable with gpufrag's annotation probes that nobody named: its first exec is reported
-/// by the exec tracepoint and it is probed then. A process that ran before its probes were in
-/// (or ended before its executable could be looked at) is declared inexact; once probed, the
-/// next process is traced from its first call, blocks included. Never a process claimed exact
-/// with its blocks missing.
+/// A fresh copy of the workload: an annotated executable no agent has probed or looked at.
+fn fresh_workload(name: &str) -> PathBuf {
+    let exe = unique(name);
+    std::fs::copy(workload(), &exe).expect("copy the workload");
+    exe
+}
+
+/// Starts `exe ARGS` on simcuda with a fresh simulated device, stdout piped.
+fn spawn_on_simcuda(exe: &Path, args: &[&str]) -> Child {
+    let state = unique("simcuda-state");
+    std::fs::create_dir_all(&state).expect("state");
+    Command::new(exe)
+        .args(args)
+        .env("LD_LIBRARY_PATH", simcuda_dir())
+        .env("SIMCUDA_DEVICES", "1")
+        .env("SIMCUDA_STATE_DIR", &state)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("workload")
+}
+
+fn coverage_exact(s: &Value, pid: u32) -> Option<bool> {
+    let cov: Vec<&Value> =
+        s["coverage"].as_array().expect("coverage").iter().filter(|c| c["pid"].as_u64() == Some(u64::from(pid))).collect();
+    (!cov.is_empty()).then(|| cov.iter().all(|c| c["exact"] == Value::Bool(true)))
+}
+
+/// The agent's exec-hold note, as (kind, count, mean µs): `first_probed`, `first_plain`, `repeated`.
+fn hold_figures(s: &Value) -> BTreeMap<&'static str, (u64, f64)> {
+    let note = s["notes"]
+        .as_array()
+        .expect("notes")
+        .iter()
+        .filter_map(Value::as_str)
+        .find(|n| n.starts_with("exec hold (fanotify"))
+        .unwrap_or_else(|| panic!("no exec hold note: {:#}", s["notes"]))
+        .to_string();
+    let mut out = BTreeMap::new();
+    for (key, label) in [("first_probed", "held until probed "), ("first_plain", "other first execs "), ("repeated", "repeated execs ")] {
+        let rest = &note[note.find(label).unwrap_or_else(|| panic!("{label:?} in {note}")) + label.len()..];
+        let count: u64 = rest.split_whitespace().next().and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("{note}"));
+        let mean: f64 = rest
+            .split("mean ")
+            .nth(1)
+            .and_then(|m| m.split_whitespace().next())
+            .and_then(|m| m.parse().ok())
+            .unwrap_or_else(|| panic!("{note}"));
+        out.insert(key, (count, mean));
+    }
+    out
+}
+
+/// Must show: the agent with only the driver named (no workload executable), then frag-oom
+/// (whose allocator announces its blocks through the annotation header's USDT probes): its
+/// first exec is held until those probes are in, so the verdict and figures are run's and the
+/// process is exact from its first call.
 #[test]
-fn an_annotated_executable_is_probed_at_its_first_exec_and_later_processes_are_exact() {
+fn an_agent_given_only_the_driver_judges_frag_oom_from_its_first_call() {
     require_ebpf!();
     let lib = simcuda_dir().join("libcuda.so.1").display().to_string();
-    // A copy: a file no other test's agent has probed or looked at.
-    let exe = unique("annotated-workload");
-    std::fs::copy(workload(), &exe).expect("copy the workload");
+    let agent = start_clean_agent(&["--lib", &lib, "--keep-exited"]);
+    let (pid, stdout) = run_workload(&["frag-oom"], &simcuda_dir());
+    let (s, log) = stop(agent);
+    let own = result_line(&stdout, "oom");
+    let o = oom_of(&s, pid);
+    assert_eq!(o["verdict"].as_str(), Some("fragmentation"), "{o:#}\n{log}");
+    for (field, key) in
+        [("requested", "requested"), ("stranded", "stranded"), ("releasable", "releasable"), ("largest_free_block", "largest_free_block")]
+    {
+        assert_eq!(u(&o, field), num(&own, key), "{field}: agent {o:#}\nworkload {own:?}");
+    }
+    assert_eq!(u(&o, "stranded"), FRAG_STRANDED, "{o:#}");
+    let (r, _) = under_run(&["frag-oom"]);
+    let ro = r["ooms"].as_array().and_then(|a| a.first()).cloned().unwrap_or_else(|| panic!("run gave no OOM: {r:#}"));
+    assert_eq!(verdict_figures(&o), verdict_figures(&ro), "agent vs run\nagent: {o:#}\nrun: {ro:#}");
+    assert_exact(&s, pid, &log);
+    let h = hold_figures(&s);
+    assert!(h["first_probed"].0 >= 1, "the workload's exec was not held until probed: {h:?}");
+}
+
+/// An executable with gpufrag's annotation probes that nobody named: its first exec is held
+/// until it is probed, so every process of it, the first included, is traced from its first
+/// call, blocks included (the stranded bytes and largest free block are those the blocks make).
+#[test]
+fn an_annotated_executable_nobody_named_is_held_at_its_first_exec_and_every_process_is_exact() {
+    require_ebpf!();
+    let lib = simcuda_dir().join("libcuda.so.1").display().to_string();
+    let exe = fresh_workload("annotated-workload");
     let agent = start_clean_agent(&["--lib", &lib, "--keep-exited"]);
     let mut pids = Vec::new();
     for _ in 0..4 {
-        let state = unique("simcuda-state");
-        std::fs::create_dir_all(&state).expect("state");
-        let child = Command::new(&exe)
-            .arg("frag-oom")
-            .env("LD_LIBRARY_PATH", simcuda_dir())
-            .env("SIMCUDA_STATE_DIR", &state)
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("workload copy");
+        let child = spawn_on_simcuda(&exe, &["frag-oom"]);
         pids.push(child.id());
         assert!(child.wait_with_output().expect("workload copy").status.success());
-        std::thread::sleep(Duration::from_millis(1000));
     }
     let (s, log) = stop(agent);
     let notes = s["notes"].to_string();
     assert!(notes.contains("gpufrag annotation USDT probes") && notes.contains("annotated-workload"), "{notes}\n{log}");
-    let exact = |pid: u32| {
-        s["coverage"]
-            .as_array()
-            .expect("coverage")
-            .iter()
-            .filter(|c| c["pid"].as_u64() == Some(u64::from(pid)))
-            .all(|c| c["exact"] == Value::Bool(true))
-    };
-    assert!(!exact(pids[0]), "the first process ran before its announcements were probed: {:#}", s["coverage"]);
-    let mut exact_seen = 0;
     for &pid in &pids {
-        if exact(pid) {
-            exact_seen += 1;
-            let o = oom_of(&s, pid);
-            assert_eq!(
-                (o["verdict"].as_str(), u(&o, "stranded"), u(&o, "largest_free_block")),
-                (Some("fragmentation"), FRAG_STRANDED, FRAG_LARGEST_FREE_BLOCK),
-                "pid {pid} claimed exact: {o:#}"
-            );
-            assert_exact(&s, pid, &log);
+        assert_eq!(coverage_exact(&s, pid), Some(true), "pid {pid} of 4: {:#}\n{log}", s["coverage"]);
+        let o = oom_of(&s, pid);
+        assert_eq!(
+            (o["verdict"].as_str(), u(&o, "stranded"), u(&o, "largest_free_block")),
+            (Some("fragmentation"), FRAG_STRANDED, FRAG_LARGEST_FREE_BLOCK),
+            "pid {pid}: {o:#}"
+        );
+        assert_exact(&s, pid, &log);
+    }
+    let h = hold_figures(&s);
+    assert!(h["first_probed"].0 >= 1, "{h:?}");
+}
+
+/// Must show: 50 processes of a new annotated executable started in a burst (all exec'ing the
+/// unprobed file at once): all wait on the one probe request and all 50 are exact, their one
+/// allocation and free seen.
+#[test]
+fn fifty_processes_of_a_new_annotated_executable_started_in_a_burst_are_all_exact() {
+    require_ebpf!();
+    let lib = simcuda_dir().join("libcuda.so.1").display().to_string();
+    let exe = fresh_workload("burst-workload");
+    let agent = start_clean_agent(&["--lib", &lib, "--keep-exited"]);
+    let children: Vec<Child> = (0..50).map(|_| spawn_on_simcuda(&exe, &["basic", "1MiB"])).collect();
+    let pids: Vec<u32> = children.iter().map(Child::id).collect();
+    for c in children {
+        let out = c.wait_with_output().expect("burst child");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    }
+    let (s, log) = stop(agent);
+    let procs = s["processes"].as_array().expect("processes");
+    let mut bad = Vec::new();
+    for &pid in &pids {
+        let p = procs.iter().find(|p| p["pid"].as_u64() == Some(u64::from(pid)));
+        let ok = p.is_some_and(|p| u(p, "allocs") == 1 && u(p, "frees") == 1) && coverage_exact(&s, pid) == Some(true);
+        if !ok {
+            bad.push((pid, p.cloned(), coverage_exact(&s, pid)));
         }
     }
-    assert!(
-        exact_seen >= 1 && exact(pids[3]),
-        "of 4 processes, only {exact_seen} traced from their first call once the executable was probed: {:#}\n{log}",
-        s["coverage"]
+    assert!(bad.is_empty(), "{} of 50 burst processes not exact from their first call: {bad:#?}\n{log}", bad.len());
+    for &pid in &pids {
+        assert_exact(&s, pid, &log);
+    }
+    let h = hold_figures(&s);
+    println!("burst: exec hold figures {h:?}");
+    assert!(h["first_probed"].0 >= 1, "{h:?}");
+}
+
+/// Bad input, bounded: a hold the session never answers (the test hook stalls it) is released
+/// at the timeout: the process runs, late by the timeout, and is declared not exact with a note.
+#[test]
+fn a_hold_nobody_answers_is_released_at_its_timeout_and_the_process_is_declared_not_exact() {
+    require_ebpf!();
+    let lib = simcuda_dir().join("libcuda.so.1").display().to_string();
+    let exe = fresh_workload("stalled-workload");
+    let name = exe.file_name().expect("name").to_string_lossy().into_owned();
+    let agent = start_clean_agent(&["--lib", &lib, "--keep-exited", "--exec-hold-ms", "400", "--exec-hold-stall", &name]);
+    let t = Instant::now();
+    let child = spawn_on_simcuda(&exe, &["frag-oom"]);
+    let pid = child.id();
+    assert!(child.wait_with_output().expect("workload").status.success());
+    let took = t.elapsed();
+    let (s, log) = stop(agent);
+    assert!(took >= Duration::from_millis(400), "the exec was not held: the process took {took:?}");
+    assert!(took < Duration::from_secs(20), "the hold was not bounded: {took:?}");
+    assert_eq!(coverage_exact(&s, pid), Some(false), "released unprobed but claimed exact: {:#}\n{log}", s["coverage"]);
+    let notes = s["notes"].to_string();
+    assert!(notes.contains(&format!("pid {pid}: its exec of")) && notes.contains("1 hold(s) released by the 400 ms timeout"), "{notes}");
+}
+
+/// Must show: the agent killed while it holds an exec: the exec proceeds (the kernel answers
+/// every pending permission event when the fanotify descriptor closes).
+#[test]
+fn an_exec_held_when_the_agent_is_killed_proceeds() {
+    require_ebpf!();
+    let lib = simcuda_dir().join("libcuda.so.1").display().to_string();
+    let exe = fresh_workload("killed-hold-workload");
+    let name = exe.file_name().expect("name").to_string_lossy().into_owned();
+    let mut agent = start_clean_agent(&["--lib", &lib, "--exec-hold-ms", "120000", "--exec-hold-stall", &name]);
+    // Through a shell that execs it: spawn() itself waits until its exec went through.
+    let state = unique("simcuda-state");
+    std::fs::create_dir_all(&state).expect("state");
+    let mut child = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!("exec '{}' basic 1MiB", exe.display()))
+        .env("LD_LIBRARY_PATH", simcuda_dir())
+        .env("SIMCUDA_STATE_DIR", &state)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("sh");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(child.try_wait().expect("wait").is_none(), "the exec was not held (the process ended before the agent was killed)");
+    let killed = Instant::now();
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(agent.child.id() as i32, libc::SIGKILL) }, 0);
+    let _ = agent.child.wait();
+    let st = wait_timeout(&mut child, Duration::from_secs(20));
+    assert!(st.success(), "the held process: {st}");
+    println!("held exec went on {:?} after the agent was killed", killed.elapsed());
+}
+
+/// The cost of the hold per exec, first and repeated, as the agent measures it (from reading
+/// the event to answering it) and as the exec'ing side sees it (fork+exec+wait of a small
+/// program, with and without the agent). Figures in docs/benchmarks.md; run alone
+/// (`--test-threads=1`) for figures without other tests' agents.
+#[test]
+fn the_exec_hold_cost_per_exec_is_measured_first_and_repeated() {
+    require_ebpf!();
+    let lib = simcuda_dir().join("libcuda.so.1").display().to_string();
+    let run_all = |paths: &[PathBuf]| {
+        let t = Instant::now();
+        for p in paths {
+            assert!(Command::new(p).status().expect("exec").success());
+        }
+        t.elapsed().as_secs_f64() * 1e6 / paths.len() as f64
+    };
+    let copies = |tag: &str, n: usize| -> Vec<PathBuf> {
+        (0..n)
+            .map(|i| {
+                let p = unique(&format!("true-{tag}-{i}"));
+                std::fs::copy("/bin/true", &p).expect("copy /bin/true");
+                p
+            })
+            .collect()
+    };
+    let same = vec![PathBuf::from("/bin/true"); 200];
+    let without_first = run_all(&copies("a", 40));
+    let without_repeated = run_all(&same);
+    let agent = start_clean_agent(&["--lib", &lib]);
+    let fresh = copies("b", 40);
+    let with_first = run_all(&fresh);
+    let with_repeated = run_all(&same);
+    let annotated: Vec<PathBuf> = (0..5).map(|i| fresh_workload(&format!("cost-annotated-{i}"))).collect();
+    for a in &annotated {
+        let out = spawn_on_simcuda(a, &["basic", "1MiB"]).wait_with_output().expect("annotated");
+        assert!(out.status.success());
+    }
+    let (s, _) = stop(agent);
+    let h = hold_figures(&s);
+    println!(
+        "exec cost (fork+exec+wait, µs): first exec of a new file {without_first:.0} without the agent, {with_first:.0} with it; \
+         repeated {without_repeated:.0} without, {with_repeated:.0} with; agent's hold (µs, mean): first plain {:.1} over {}, \
+         repeated {:.1} over {}, annotated until probed {:.1} over {}",
+        h["first_plain"].1, h["first_plain"].0, h["repeated"].1, h["repeated"].0, h["first_probed"].1, h["first_probed"].0
     );
+    assert!(h["first_plain"].0 >= 40 && h["repeated"].0 >= 200, "the hold did not see the execs: {h:?}");
+    assert!(h["first_probed"].0 >= 5, "{h:?}");
 }

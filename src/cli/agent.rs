@@ -29,6 +29,15 @@ pub struct Args {
     /// let go (and counted in the summary's notes).
     #[arg(long, default_value_t = 1024, value_name = "N")]
     pub keep_exited_max: usize,
+    /// Hold the first exec of each executable the agent has not looked at (fanotify
+    /// FAN_OPEN_EXEC_PERM on the node's filesystems) until its annotation probes are in, at
+    /// most this many milliseconds; 0 turns the hold off.
+    #[arg(long, default_value_t = 2000, value_name = "MS")]
+    pub exec_hold_ms: u64,
+    /// Testing: never answer the hold of an executable whose path contains this (only the
+    /// timeout, or the agent's end, releases it).
+    #[arg(long, hide = true, value_name = "TEXT")]
+    pub exec_hold_stall: Option<String>,
     /// Probes.
     #[command(flatten)]
     pub probe: crate::cli::attach::ProbeArgs,
@@ -44,6 +53,10 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let mut opts = args.probe.session_options(Target::All, !args.keep_exited, Duration::ZERO)?;
     opts.keep_exited_max = args.keep_exited_max;
+    opts.exec_hold = (args.exec_hold_ms > 0).then(|| crate::ebpf::exec_hold::HoldOptions {
+        timeout: Duration::from_millis(args.exec_hold_ms),
+        stall: args.exec_hold_stall.clone(),
+    });
     let session = Session::start(opts, "gpufrag agent").map_err(probe_error)?;
     let mut live = args.out.live(&args.export, &args.views)?;
     if let (Some(path), Some(max)) = (&args.out.record, args.record_max_bytes) {

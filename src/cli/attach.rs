@@ -84,6 +84,7 @@ impl ProbeArgs {
             drain_delay,
             host_root: self.host_root.clone(),
             keep_exited_max: usize::MAX,
+            exec_hold: None,
         })
     }
 }

@@ -11,6 +11,7 @@
 //! ([`crate::source::Msg`]) that the loop feeds to the same [`crate::live::Live`] that
 //! `gpufrag run` uses.
 
+pub mod exec_hold;
 pub mod nvml;
 pub mod processes;
 pub mod procfs;
@@ -577,6 +578,18 @@ impl Probes {
         let _ = self.ring.poll(timeout);
         let _ = self.ring.consume();
         std::mem::take(&mut *self.inbox.borrow_mut())
+    }
+
+    /// Adds `fd` to the ring's epoll set, so that [`Probes::poll`] returns as soon as it is
+    /// readable (the exec hold's wake-up; the caller empties it). libbpf takes an epoll event's
+    /// `data` as the index of the ring that is ready: 0, the one ring, which is then consumed.
+    pub fn add_wakeup(&self, fd: std::os::fd::RawFd) -> std::io::Result<()> {
+        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 0 };
+        // SAFETY: epoll_ctl(2) on the ring's epoll descriptor with a descriptor the caller holds.
+        if unsafe { libc::epoll_ctl(self.ring.epoll_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// Empties the ring without waiting.

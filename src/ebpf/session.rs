@@ -17,7 +17,8 @@
 //! `security_mmap_file` kprobe and probed at once (the `/proc` scan stays as the fallback); a
 //! process that mapped a file before its probes were in is declared inexact. Executables that
 //! carry gpufrag's annotation USDT probes are probed when the scan first sees them (or up front
-//! with `--lib`).
+//! with `--lib`); with the agent's exec hold ([`super::exec_hold`]) an annotated executable's
+//! first exec waits until its probes are in, so its first process is exact too.
 //!
 //! The moment of failure. A failed allocation wakes the reader at once (the BPF side forces the
 //! wakeup); if the event carries no device free, NVML is read right then and, if the failing
@@ -33,6 +34,7 @@ use crate::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_SRC_EBPF, F_SRC_NVML
 use crate::ingest::State;
 use crate::source::{now_ns, Msg};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -72,6 +74,8 @@ pub struct SessionOptions {
     /// Exited processes whose final maps are kept (when not forgotten on exit); older ones are
     /// let go and counted.
     pub keep_exited_max: usize,
+    /// Hold the first exec of each executable until its probes are in (the agent).
+    pub exec_hold: Option<super::exec_hold::HoldOptions>,
 }
 
 /// A running session.
@@ -116,6 +120,8 @@ pub struct Session {
     placement: crate::attribution::Attribution,
     /// Places ordinals from NVML's process list (the driver's word, `DeviceUuid` events).
     placer: super::nvml::DriverPlacer,
+    /// The exec hold, when on.
+    hold: Option<super::exec_hold::ExecHold>,
 }
 
 /// How long probe events wait before they are applied, so that a free (stamped when its call
@@ -169,6 +175,7 @@ impl Session {
             nvml_due: false,
             placement: crate::attribution::Attribution::for_node(None),
             placer: super::nvml::DriverPlacer::default(),
+            hold: None,
         };
         if let Some(e) = &s.probes.mmap_probe_error {
             s.notes.push(format!("no kprobe on a kernel mmap function ({e}): a libcuda file not probed at start is found only by the /proc scan, every {} ms", s.opts.scan_interval.as_millis()));
@@ -194,8 +201,62 @@ impl Session {
             c.extend(procfs::node_libcuda(s.opts.host_root.as_deref()));
             s.attach_up_front(c)?;
         }
+        // Before the first scan: whatever is exec'd after it is held.
+        if let Some(h) = s.opts.exec_hold.clone() {
+            match super::exec_hold::ExecHold::start(h) {
+                Ok(hold) => match s.probes.add_wakeup(std::os::fd::AsRawFd::as_raw_fd(&hold.wake)) {
+                    Ok(()) => s.hold = Some(hold),
+                    Err(e) => s.notes.push(format!("exec hold off (its wake-up could not join the ring's epoll set: {e}): the first process of a new annotated executable is seen only after its exec")),
+                },
+                Err(e) => s.notes.push(format!("exec hold off (fanotify: {e}; it needs CAP_SYS_ADMIN and a kernel with FAN_OPEN_EXEC_PERM): the first process of a new annotated executable is seen only after its exec")),
+            }
+        }
         s.scan()?;
         Ok(s)
+    }
+
+    /// Serves the exec hold's requests: an annotated executable held at its exec is probed now
+    /// and let go; a file looked at is not asked about again; processes the timeout released
+    /// unprobed are declared not exact.
+    fn serve_hold(&mut self) {
+        let Some(h) = &self.hold else { return };
+        super::exec_hold::drain_eventfd(std::os::fd::AsRawFd::as_raw_fd(&h.wake));
+        let requests: Vec<super::exec_hold::Request> = h.requests.try_iter().collect();
+        for r in requests {
+            match r {
+                super::exec_hold::Request::Probe { req, id, path } => {
+                    self.checked_exes.insert(id);
+                    let result = self.attach_file_as(LibKind::Annotated, &path, true).map_err(|e| e.to_string());
+                    if let Err(e) = &result {
+                        self.checked_exes.remove(&id);
+                        self.notes.push(format!("could not probe the annotations in {} before its first exec ran: {e}", path.display()));
+                    }
+                    if let Some(h) = &self.hold {
+                        h.answer(req, result);
+                    }
+                }
+                super::exec_hold::Request::Looked(id) => {
+                    if self.checked_exes.len() > 65_536 {
+                        self.checked_exes.clear();
+                    }
+                    if self.checked_exes.insert(id) {
+                        self.probes.mark_probed(id);
+                    }
+                }
+                super::exec_hold::Request::Released { pids, path, .. } => {
+                    for pid in pids {
+                        if let Some(st) = procfs::stat(pid) {
+                            self.preexisting.insert((pid, st.start_time));
+                        }
+                        self.table.mark_inexact(pid);
+                        self.notes.push(format!(
+                            "pid {pid}: its exec of {} was released by the hold's timeout before the probes were in: not exact",
+                            path.display()
+                        ));
+                    }
+                }
+            }
+        }
     }
 
     /// Registers the target process (and its children) before any event: a process that maps no
@@ -249,6 +310,13 @@ impl Session {
     }
 
     fn attach_file(&mut self, kind: LibKind, path: &std::path::Path) -> Result<(), ProbeError> {
+        self.attach_file_as(kind, path, false)
+    }
+
+    /// [`Session::attach_file`]; `executable`: the file is an executable held at its exec, so
+    /// the processes that ran it before are those whose `/proc/PID/exe` it is (a `stat` each,
+    /// not a read of every process's maps: the hold waits on this).
+    fn attach_file_as(&mut self, kind: LibKind, path: &std::path::Path, executable: bool) -> Result<(), ProbeError> {
         let id = procfs::file_id(path).map_err(|e| ProbeError::Other(format!("{}: {e}", path.display())))?;
         if self.probes.has_file(&id) {
             return Ok(());
@@ -293,8 +361,15 @@ impl Session {
             self.notes.push(note);
         }
         // Whoever maps the file now may have called it before the probes were in.
+        let runs = |pid: u32| {
+            if executable {
+                std::fs::metadata(format!("/proc/{pid}/exe")).is_ok_and(|m| m.dev() == id.dev && m.ino() == id.ino)
+            } else {
+                procfs::maps_file(pid, id)
+            }
+        };
         for pid in procfs::pids() {
-            if pid != std::process::id() && procfs::maps_file(pid, id) {
+            if pid != std::process::id() && runs(pid) {
                 if let Some(st) = procfs::stat(pid) {
                     self.preexisting.insert((pid, st.start_time));
                     if self.table.get(pid).is_some_and(|p| p.start_time == st.start_time) {
@@ -518,6 +593,7 @@ impl Session {
         }
         let wait = if self.mapped_pending.is_empty() { wait } else { wait.min(Duration::from_millis(2)) };
         let events = self.probes.poll(wait);
+        self.serve_hold();
         let n = events.len();
         // Who a new process is, read now: by the time its events leave the reorder window a
         // short-lived one is gone. The pipeline gets the same reading (Msg::Proc), before the
@@ -676,7 +752,7 @@ impl Session {
 
     /// Notes on coverage and device attribution for the summary.
     pub fn coverage_notes(&self, state: &State) -> Vec<String> {
-        let mut notes = Vec::new();
+        let mut notes = self.hold.as_ref().map(|h| h.notes()).unwrap_or_default();
         for c in self.coverage(state) {
             if !c.exact {
                 let un = c.unattributed.map_or_else(|| "unknown (no NVML)".to_string(), crate::units::human_bytes);

@@ -191,6 +191,20 @@ pub fn annotate_probes(path: &Path) -> Vec<&'static str> {
     super::ANNOTATE_PROBES.iter().copied().filter(|n| has_usdt(notes, "gpufrag", n)).collect()
 }
 
+/// [`annotate_probes`] for an open file, reading only what the check needs (the ELF header,
+/// the section headers and names, the `.note.stapsdt` section) rather than the whole file: the
+/// exec hold reads every new executable of the node before it may run.
+pub fn annotate_probes_in(f: std::fs::File) -> Vec<&'static str> {
+    let mut magic = [0u8; 4];
+    if std::os::unix::fs::FileExt::read_exact_at(&f, &mut magic, 0).is_err() || &magic != b"\x7fELF" {
+        return Vec::new();
+    }
+    let cache = object::ReadCache::new(f);
+    let Ok(file) = object::File::parse(&cache) else { return Vec::new() };
+    let Some(notes) = file.section_by_name(".note.stapsdt").and_then(|s| s.data().ok()) else { return Vec::new() };
+    super::ANNOTATE_PROBES.iter().copied().filter(|n| has_usdt(notes, "gpufrag", n)).collect()
+}
+
 /// The file offsets of the functions among `names` that the ELF file at `path` defines
 /// (exported or in `.symtab`), parsing the file once.
 pub fn function_offsets(path: &Path, names: &[&str]) -> std::io::Result<std::collections::HashMap<String, u64>> {
