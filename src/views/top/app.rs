@@ -567,7 +567,11 @@ mod tests {
         app.key(key(KeyCode::Char('.')));
         assert_eq!(app.sort, Sort::Reserved);
         assert_eq!(labels(&app), vec!["gpu 0", "pid 10 gpu 0", "pid 20 gpu 0"], "reversed: least reserved first");
+        // `r` is nvitop's refresh (issue 27): the order stays, the screen is redrawn.
         app.key(key(KeyCode::Char('r')));
+        assert!(app.refresh, "r asks for a redraw");
+        assert_eq!(labels(&app), vec!["gpu 0", "pid 10 gpu 0", "pid 20 gpu 0"], "r does not reverse");
+        app.key(key(KeyCode::Char('I')));
         assert_eq!(labels(&app), vec!["gpu 0", "pid 20 gpu 0", "pid 10 gpu 0"]);
         for _ in 0..Sort::ALL.len() {
             app.key(key(KeyCode::Char('s')));
