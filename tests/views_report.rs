@@ -255,6 +255,10 @@ fn three_ooms_close_together_get_labels_that_do_not_overlap() {
         };
         w.write(&free(e)).expect("write");
     }
+    // Each process exits after its failure: the one OOM rule decides each an OOM (not a retry).
+    for pid in [100u32, 101, 102] {
+        w.write(&Event { ts_ns: 21 * s, ..Event::new(EventKind::ProcessExit, pid, -1) }).expect("write");
+    }
     w.finish().expect("finish");
     let (html, _) = report(&rec, &dir, "labels");
     let page = std::fs::read_to_string(&html).expect("report");
