@@ -140,16 +140,9 @@ fn regression_small_pages_2mib_failure_is_a_driver_level_fragmentation_verdict_w
     let human = gpufrag::units::human_bytes(want);
     assert!(why.contains("at the driver level") && why.contains(&format!("{human} page-stranded")), "{why}");
     assert!(o["fix"].as_str().expect("fix").contains("pool the small allocations"), "{o:#}");
-    // The fill's own last failure (the device full, 5 MiB free of which the driver keeps 4 MiB)
-    // is a true OOM, not inconclusive.
-    let fill = s["ooms"]
-        .as_array()
-        .expect("ooms")
-        .iter()
-        .find(|o| o["requested"].as_u64() == Some(mib))
-        .cloned()
-        .unwrap_or_else(|| panic!("{s:#}"));
-    assert_eq!(fill["verdict"], "true_oom", "{fill:#}");
+    // The demo fills the device to the last page the driver grants (`small-pages fit`): its fill
+    // has no failure of its own, the 2 MiB request is the run's only OOM (issue 27).
+    assert_eq!(s["ooms"].as_array().map(Vec::len), Some(1), "only the story's OOM: {s:#}");
     let report = std::fs::read_to_string(dir.join("report.html")).expect("the demo's report");
     assert!(report.contains("Fragmentation OOM at the driver level"), "the report's headline");
     assert!(report.contains(&format!("id=\"card-page-stranded\" data-bytes=\"{want}\"")), "the report's page-stranded card");

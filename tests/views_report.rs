@@ -209,3 +209,67 @@ fn a_bad_oom_number_is_unusable_input() {
         .expect("run");
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// Issue 27: one headline (the sentence under it does not say the verdict again), the fix's
+/// setting as code to copy, and the card of free in all against the largest free piece, read in
+/// headless Chromium: frag_oom.pickle's 4.19 GiB free in all (device free + stranded) against
+/// 2.23 GiB in one piece (device free less the driver's 4 MiB slack).
+#[test]
+fn frag_oom_report_has_one_headline_the_fix_as_code_and_the_free_against_largest_card() {
+    let dir = tmp("card");
+    let (html, _) = report(&fixture("frag_oom.pickle"), &dir, "card");
+    let Some(dom) = browse(&html, &["--dump-dom"]) else { return };
+    let card = attrs(&dom, "id=\"card-free-vs-largest\"");
+    assert_eq!(card["data-free-in-all"], (2_398_224_384u64 + 2_097_152_000).to_string(), "{card:?}");
+    assert_eq!(card["data-largest-piece"], (2_398_224_384u64 - (4 << 20)).to_string(), "{card:?}");
+    assert_eq!(card["data-requested"], "2684354560");
+    assert!(dom.contains("<code id=\"fix-command\">export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True</code>"), "the fix as code");
+    assert!(dom.contains("id=\"copy-fix\""), "a copy button");
+    let verdict = &dom[dom.find("id=\"verdict\"").expect("verdict")..];
+    let why = &verdict[verdict.find("<p class=\"why\">").expect("why") + 15..];
+    assert!(!why.to_lowercase().starts_with("fragmentation"), "the headline said it already: {}", &why[..80.min(why.len())]);
+    assert_eq!(verdict.matches("<h2>").count().min(1), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 27: three OOMs 10 ms apart had their labels drawn over each other on the timeline. Laid
+/// out in Chromium, no two labels' boxes intersect (the page's own layout, measured by a script
+/// added to a copy of it).
+#[test]
+fn three_ooms_close_together_get_labels_that_do_not_overlap() {
+    use gpufrag::event::{Event, EventKind, F_DEVICE_FREE_KNOWN};
+    let dir = tmp("labels");
+    let rec = dir.join("three.rec");
+    let mut w = gpufrag::record::Writer::create(&rec).expect("record");
+    let s = 1_000_000_000u64;
+    let free = |e: Event| Event { device_free: 1 << 30, flags: F_DEVICE_FREE_KNOWN, ..e };
+    w.write(&free(Event { ts_ns: s, addr: 1 << 40, size: 4 << 30, requested: 4 << 30, ..Event::new(EventKind::MemAlloc, 100, 0) }))
+        .expect("write");
+    for (i, pid) in [100u32, 101, 102].into_iter().enumerate() {
+        let e = Event {
+            ts_ns: 20 * s + i as u64 * 10_000_000,
+            requested: 8 << 30,
+            rc: 2,
+            op: EventKind::MemAlloc as u16,
+            ..Event::new(EventKind::AllocFailed, pid, 0)
+        };
+        w.write(&free(e)).expect("write");
+    }
+    // Each process exits after its failure: the one OOM rule decides each an OOM (not a retry).
+    for pid in [100u32, 101, 102] {
+        w.write(&Event { ts_ns: 21 * s, ..Event::new(EventKind::ProcessExit, pid, -1) }).expect("write");
+    }
+    w.finish().expect("finish");
+    let (html, _) = report(&rec, &dir, "labels");
+    let page = std::fs::read_to_string(&html).expect("report");
+    let probe = "<script>addEventListener('load',()=>{const b=[...document.querySelectorAll('.oom-mark text')].map(t=>t.getBoundingClientRect());\
+let o=0;for(let i=0;i<b.length;i++)for(let j=i+1;j<b.length;j++){const p=b[i],q=b[j];if(p.left<q.right&&q.left<p.right&&p.top<q.bottom&&q.top<p.bottom)o++;}\
+document.body.setAttribute('data-labels',b.length);document.body.setAttribute('data-overlaps',o);});</script>";
+    let probed = dir.join("probed.html");
+    std::fs::write(&probed, page.replace("</body>", &format!("{probe}</body>"))).expect("write");
+    let Some(dom) = browse(&probed, &["--dump-dom", "--window-size=1280,800"]) else { return };
+    let body = attrs(&dom, "data-overlaps=");
+    assert_eq!(body["data-labels"], "3", "three OOM labels");
+    assert_eq!(body["data-overlaps"], "0", "labels overlap");
+    let _ = std::fs::remove_dir_all(&dir);
+}

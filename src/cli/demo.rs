@@ -1,12 +1,20 @@
 //! `gpufrag demo`: the whole story on any machine, no GPU needed. Runs the simcuda stand-in's
 //! `frag-oom` workload (the H200 fragmentation OOM, reproduced by a small caching allocator) under
 //! the LD_PRELOAD shim: the live line, the OOM the moment it happens, the verdict and the fix
-//! (the simulated program's own lines only with `--program-output`).
+//! (the simulated program's own lines only with `--program-output`). It ends on its point: the
+//! last lines are the verdict, the fix as a command to copy and the report's path, bold and
+//! coloured on a terminal (`NO_COLOR` honoured). Each scenario shows only the OOM it exists to
+//! show (small-pages fills the device to the last page the driver grants, `small-pages fit`,
+//! instead of until an allocation fails).
 //! `--print-env` prints what to export to run your own program against the stand-ins.
 
 use super::run;
+use crate::analysis::summary::Summary;
+use crate::units::human_bytes;
+use crate::views::point;
 use anyhow::{bail, Context};
 use std::ffi::OsString;
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -73,20 +81,80 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         args.mem,
         if args.program_output { "; the program's own output is mixed in" } else { " (--program-output shows the program's own lines)" }
     );
+    // The summary is read back for the last lines: the user's file, else one in the state dir.
+    std::fs::create_dir_all(&state_dir).with_context(|| format!("creating {}", state_dir.display()))?;
+    let summary_json = args.summary_json.clone().unwrap_or_else(|| state_dir.join("summary.json"));
+    let report = match &args.summary_json {
+        Some(s) => s.parent().unwrap_or(Path::new("")).join("report.html"),
+        None => PathBuf::from("gpufrag-demo-report.html"),
+    };
+    let report = std::path::absolute(&report).unwrap_or(report);
+    let mut cmd = vec![OsString::from(workload.as_os_str()), OsString::from(&scenario)];
+    if scenario == "small-pages" {
+        cmd.push("fit".into());
+    }
     let run_args = run::Args {
         torch_tracker: run::TorchTracker::Off,
-        out: super::LiveArgs { summary_json: args.summary_json.clone(), record: None, quiet: false },
+        out: super::LiveArgs { summary_json: Some(summary_json.clone()), record: None, quiet: false },
         no_follow: false,
         no_python_hook: true,
         python_interval: 1.0,
         ring_capacity: None,
         preload: None,
         export: Default::default(),
-        views: Default::default(),
+        views: crate::views::ViewArgs { report: Some(report.clone()), ..Default::default() },
         program_output: args.program_output,
-        cmd: vec![OsString::from(workload.as_os_str()), OsString::from(scenario)],
+        cmd,
     };
     let code = run::run(&run_args);
+    let ending = std::fs::read_to_string(&summary_json)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Summary>(&t).ok())
+        .map(|s| ending(&s, &report, Style::for_stderr()));
     let _ = std::fs::remove_dir_all(&state_dir);
+    if let Some(text) = ending {
+        eprint!("{text}");
+    }
     code
+}
+
+/// Bold and colour on a terminal, none under `NO_COLOR` (any non-empty value) or into a file.
+#[derive(Clone, Copy)]
+struct Style {
+    on: bool,
+}
+
+impl Style {
+    fn for_stderr() -> Style {
+        Style { on: std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()) }
+    }
+
+    /// `text` in SGR `codes` (then reset), or plain.
+    fn paint(self, codes: &str, text: &str) -> String {
+        if self.on {
+            format!("\x1b[{codes}m{text}\x1b[0m")
+        } else {
+            text.to_string()
+        }
+    }
+}
+
+/// The demo's last lines: the verdict of the OOM it shows (the last one), free in all against the
+/// largest piece, the fix as a command to copy and the report's path.
+fn ending(s: &Summary, report: &Path, style: Style) -> String {
+    let Some(o) = s.ooms.last() else {
+        return format!("\n{} no allocation failed (the scenario should end in an OOM)\n", style.paint("1;33", "[gpufrag] verdict:"));
+    };
+    let (free_all, largest) = point::free_pieces(o);
+    let mut out = String::from("\n");
+    out += &format!("{} {}\n", style.paint("1", "[gpufrag] verdict:"), style.paint("1;31", &point::headline(o)));
+    out += &format!("          {} free in all, the largest free piece {}\n", human_bytes(free_all), human_bytes(largest));
+    match point::fix_command(o) {
+        Some(c) => out += &format!("{} {}\n", style.paint("1", "[gpufrag] fix:    "), style.paint("1;32", &c)),
+        None => out += &format!("{} {}\n", style.paint("1", "[gpufrag] fix:    "), style.paint("1;32", &point::fix_short(o))),
+    }
+    if report.is_file() {
+        out += &format!("{} {}\n", style.paint("1", "[gpufrag] report: "), style.paint("4", &report.display().to_string()));
+    }
+    out
 }

@@ -73,10 +73,51 @@ pub enum Command {
     Whatif(whatif::Args),
 }
 
-/// Exit code for an error: 2 when an [`UnusableInput`] is in its chain, 0 for a closed pipe, 1
-/// otherwise.
+/// The command `run` was given could not be started: 127 when there is no such command, 126 when
+/// it is not executable (the shells' codes), with what to do.
+#[derive(Debug)]
+pub struct NotStarted {
+    /// 127 or 126.
+    pub code: u8,
+    /// The one-line error.
+    pub message: String,
+}
+
+impl std::fmt::Display for NotStarted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for NotStarted {}
+
+impl NotStarted {
+    /// The error for starting `cmd` failing with `e`, when the shells have a code for it.
+    pub fn from_spawn(cmd: &str, e: &std::io::Error) -> Option<NotStarted> {
+        match e.kind() {
+            std::io::ErrorKind::NotFound => Some(NotStarted {
+                code: 127,
+                message: format!("{cmd}: command not found (check its name, or give its path; PATH is searched as the shell does)"),
+            }),
+            std::io::ErrorKind::PermissionDenied => Some(NotStarted {
+                code: 126,
+                message: format!(
+                    "{cmd}: not executable (chmod +x it, or run it through its interpreter, e.g. `gpufrag run -- python3 {cmd}`)"
+                ),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Exit code for an error (docs/operations.md, "Exit codes"): 127/126 when `run`'s command could
+/// not be started ([`NotStarted`]), 2 when an [`UnusableInput`] is in its chain, 0 for a closed
+/// pipe, 1 otherwise.
 pub fn exit_code(err: &anyhow::Error) -> u8 {
     for cause in err.chain() {
+        if let Some(n) = cause.downcast_ref::<NotStarted>() {
+            return n.code;
+        }
         if let Some(io) = cause.downcast_ref::<std::io::Error>() {
             if io.kind() == std::io::ErrorKind::BrokenPipe {
                 return 0;

@@ -90,21 +90,23 @@ pub fn check_distinct(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> an
 /// Checks that `cmd` names a program that can be started: a path to an executable file, or a
 /// name found in `$PATH`.
 pub fn check_command(cmd: &std::ffi::OsStr) -> anyhow::Result<()> {
-    let is_exe = |p: &Path| {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
+    use std::os::unix::fs::PermissionsExt;
+    let is_file = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file());
+    let is_exe = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
     let p = Path::new(cmd);
-    let found = if cmd.as_bytes().contains(&b'/') {
-        is_exe(p)
+    let candidates: Vec<std::path::PathBuf> = if cmd.as_bytes().contains(&b'/') {
+        vec![p.to_path_buf()]
     } else {
-        std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|d| is_exe(&d.join(p))))
+        std::env::var_os("PATH").map(|path| std::env::split_paths(&path).map(|d| d.join(p)).collect()).unwrap_or_default()
     };
-    if found {
-        Ok(())
-    } else {
-        Err(crate::input::UnusableInput(format!("{}: command not found or not executable", p.display())).into())
+    if candidates.iter().any(|c| is_exe(c)) {
+        return Ok(());
     }
+    // The shells' codes: 126 for a file that is there but not executable, 127 for none.
+    let kind = if candidates.iter().any(|c| is_file(c)) { std::io::ErrorKind::PermissionDenied } else { std::io::ErrorKind::NotFound };
+    let name = p.display().to_string();
+    Err(crate::cli::NotStarted::from_spawn(&name, &std::io::Error::from(kind))
+        .map_or_else(|| anyhow::anyhow!("{name}: cannot be started"), Into::into))
 }
 
 #[cfg(test)]

@@ -248,7 +248,16 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         libc::signal(libc::SIGTERM, forward_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGHUP, forward_signal as *const () as libc::sighandler_t);
     }
-    let mut child = cmd.spawn().with_context(|| format!("starting {}", args.cmd[0].to_string_lossy()))?;
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let name = args.cmd[0].to_string_lossy();
+            if let Some(n) = super::NotStarted::from_spawn(&name, &e) {
+                return Err(n.into());
+            }
+            return Err(anyhow::Error::new(e).context(format!("starting {name}")));
+        }
+    };
     CHILD.store(child.id() as i32, Ordering::Relaxed);
     let tty = std::io::stderr().is_terminal() && !args.out.quiet;
     let rx = consumer.receiver().clone();

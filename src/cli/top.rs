@@ -1,8 +1,11 @@
 //! `gpufrag top [--connect SOCK | --replay FILE [--speed X]]`: the live terminal view. With no
-//! argument it connects to the newest live feed of a `gpufrag run` of this user.
+//! argument it connects to the newest live feed of a `gpufrag run` of this user. `--once` prints
+//! one frame as text (as nvitop's `--once` does) instead; without it, `top` needs a terminal and
+//! says so when it has none.
 
 use crate::views::feed;
 use crate::views::top::{self, Source};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -22,6 +25,22 @@ pub struct Args {
     /// The most bytes a gzipped snapshot may inflate to (a gzip bomb is refused past it).
     #[arg(long, value_name = "BYTES", env = "GPUFRAG_MAX_INFLATED_BYTES", default_value_t = crate::snapshot::DEFAULT_INFLATE_LIMIT)]
     pub max_inflated_bytes: u64,
+    /// Print one frame to stdout as text and exit (a live feed's first frame, a file's last):
+    /// no terminal needed.
+    #[arg(long)]
+    pub once: bool,
+    /// Columns of the --once frame (default: the terminal's, else $COLUMNS, else 80).
+    #[arg(long, value_name = "N", requires = "once", value_parser = clap::value_parser!(u16).range(40..=1000))]
+    pub width: Option<u16>,
+}
+
+/// The width of a --once frame: --width, the terminal's, $COLUMNS, else 80.
+fn once_width(args: &Args) -> u16 {
+    args.width
+        .or_else(|| ratatui::crossterm::terminal::size().ok().filter(|_| std::io::stdout().is_terminal()).map(|(w, _)| w))
+        .or_else(|| std::env::var("COLUMNS").ok().and_then(|c| c.parse().ok()))
+        .unwrap_or(80)
+        .max(40)
 }
 
 /// Runs `top`.
@@ -45,6 +64,17 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
     };
     let contain: top::Contain = |file, f| crate::guard::contain(file, f);
+    if args.once {
+        let text = match &source {
+            Source::Replay { path, .. } => crate::guard::contain(path, || top::once(&source, contain, once_width(args)))?,
+            Source::Connect(_) => top::once(&source, contain, once_width(args))?,
+        };
+        print!("{text}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !(std::io::stdout().is_terminal() && std::io::stdin().is_terminal()) {
+        anyhow::bail!("gpufrag top needs a terminal (its stdin and stdout are not both one): run it in a terminal, or print one frame as text with `gpufrag top --once`");
+    }
     match &source {
         // A panic while replaying or drawing a replay is an input error naming the file (exit 2),
         // the same guard as decoding; the terminal is put back by the unwinding.

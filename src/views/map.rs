@@ -147,15 +147,40 @@ fn bar(c: &mut Ctx, id: &str, y: f64, h: f64, bytes: u64, fill: &str, stroke: Op
     c.text(NOTE_X, y + h * 0.75, 12.0, "start", "#222", "", note);
 }
 
-/// The map as one SVG document.
+/// Where the segments go: one row each (up to [`ROW_LAYOUT_MAX`]) or packed rows, and the
+/// height of the whole picture.
+struct Placement {
+    rows_layout: bool,
+    bar_h: f64,
+    /// Each segment's (x, y, width).
+    placed: Vec<(f64, f64, f64)>,
+    /// Packed layout: each row's y and its first segment.
+    row_starts: Vec<(f64, usize)>,
+    bars_top: f64,
+    height: f64,
+}
+
+/// The map as one SVG document: the header and legend, the byte axis, the segments, and the
+/// reference bars on the same scale.
 pub fn svg(spec: &MapSpec<'_>) -> String {
     let b = &spec.bars;
     let segs: Vec<&Segment> = spec.space.map(|s| s.map.segments().collect()).unwrap_or_default();
     let max_seg = segs.iter().map(|g| g.size).max().unwrap_or(0);
     let domain = max_seg.max(b.requested.unwrap_or(0)).max(b.largest_free_block).max(1);
     let mut c = Ctx { out: String::with_capacity(64 * 1024), scale: PLOT_W / domain as f64 };
-    let rows_layout = segs.len() <= ROW_LAYOUT_MAX;
+    let pl = place(&c, &segs, b.releasable > 0);
+    header(&mut c, spec, &segs, &pl, domain);
+    let axis_y = 100.0;
+    axis(&mut c, domain, axis_y, pl.height);
+    segments(&mut c, spec, &segs, &pl);
+    reference_bars(&mut c, b, pl.bars_top, axis_y);
+    c.out.push_str("</svg>\n");
+    c.out
+}
 
+/// Lays the segments out (see [`Placement`]).
+fn place(c: &Ctx, segs: &[&Segment], releasable_bar: bool) -> Placement {
+    let rows_layout = segs.len() <= ROW_LAYOUT_MAX;
     // Geometry of the segment area.
     let (bar_h, pitch) = if rows_layout { (16.0, 22.0) } else { (12.0, 17.0) };
     let top = 112.0;
@@ -182,10 +207,17 @@ pub fn svg(spec: &MapSpec<'_>) -> String {
         }
     }
     let seg_bottom = placed.last().map_or(top, |p| p.1 + pitch);
-    let n_bars = 4 + usize::from(b.releasable > 0);
+    let n_bars = 4 + usize::from(releasable_bar);
     let bars_top = seg_bottom + 34.0;
     let height = bars_top + n_bars as f64 * 26.0 + 28.0;
 
+    Placement { rows_layout, bar_h, placed, row_starts, bars_top, height }
+}
+
+/// The `<svg>` element with the figures as data attributes, the title, subtitle and legend.
+fn header(c: &mut Ctx, spec: &MapSpec<'_>, segs: &[&Segment], pl: &Placement, domain: u64) {
+    let b = &spec.bars;
+    let (rows_layout, height) = (pl.rows_layout, pl.height);
     let fig = spec.space.map(|s| s.map.figures()).unwrap_or_default();
     let (pid, device) = spec.space.map_or((String::new(), String::new()), |s| (s.pid.to_string(), s.device.to_string()));
     put(
@@ -225,9 +257,11 @@ data-releasable=\"{}\" data-reserved=\"{}\" data-allocated=\"{}\" data-device-fr
         c.text(lx + 17.0, 68.5, 12.0, "start", "#333", "", name);
         lx += 17.0 + name.len() as f64 * 6.6 + 18.0;
     }
+}
 
+/// The byte axis, with grid lines through the segment area and the bars.
+fn axis(c: &mut Ctx, domain: u64, axis_y: f64, height: f64) {
     // Axis with grid lines through the segment area and the bars.
-    let axis_y = 100.0;
     put(&mut c.out, format_args!("<g id=\"map-axis\" font-size=\"11\" fill=\"#555\">\n"));
     c.text(X0 - 16.0, axis_y - 4.0, 11.0, "end", "#555", "", "bytes, one scale for every bar");
     for t in s::byte_ticks(domain) {
@@ -246,7 +280,12 @@ data-releasable=\"{}\" data-reserved=\"{}\" data-allocated=\"{}\" data-device-fr
         );
     }
     put(&mut c.out, format_args!("<line x1=\"{X0}\" y1=\"{axis_y}\" x2=\"{:.1}\" y2=\"{axis_y}\" stroke=\"#888\"/>\n</g>\n", X0 + PLOT_W));
+}
 
+/// The segments: each one's background by what it is, its live blocks, its outline and labels;
+/// the largest free run outlined.
+fn segments(c: &mut Ctx, spec: &MapSpec<'_>, segs: &[&Segment], pl: &Placement) {
+    let (rows_layout, bar_h, placed) = (pl.rows_layout, pl.bar_h, &pl.placed);
     // Segments.
     let total_px: f64 = placed.iter().map(|p| p.2).sum();
     let px_per_bin = if total_px > MAX_LIVE_RECTS as f64 { total_px / MAX_LIVE_RECTS as f64 } else { 1.0 };
@@ -281,42 +320,7 @@ data-releasable=\"{}\" data-reserved=\"{}\" data-allocated=\"{}\" data-device-fr
             ),
         );
         if g.framework && g.live_blocks > 0 {
-            let bins = ((w / px_per_bin).ceil() as usize).clamp(1, 4096);
-            let f = live_fractions(&space.map, g, bins);
-            let q = |v: f64| -> u8 {
-                if v <= 0.0 {
-                    0
-                } else if v < 0.5 {
-                    1
-                } else if v < 0.999 {
-                    2
-                } else {
-                    3
-                }
-            };
-            let bw = w / bins as f64;
-            let mut i0 = 0;
-            while i0 < bins {
-                let level = q(f[i0]);
-                let mut i1 = i0 + 1;
-                while i1 < bins && q(f[i1]) == level {
-                    i1 += 1;
-                }
-                if level > 0 {
-                    let op = [0.0, 0.4, 0.72, 1.0][level as usize];
-                    let op = if level == 3 { String::new() } else { format!(" fill-opacity=\"{op}\"") };
-                    put(
-                        &mut c.out,
-                        format_args!(
-                            "<rect x=\"{:.2}\" y=\"{y:.1}\" width=\"{:.2}\" height=\"{bar_h}\" fill=\"{}\"{op}/>\n",
-                            x + i0 as f64 * bw,
-                            (i1 - i0) as f64 * bw,
-                            s::LIVE
-                        ),
-                    );
-                }
-                i0 = i1;
-            }
+            live_rects(c, &space.map, g, (x, y, w), bar_h, px_per_bin);
         }
         put(&mut c.out, format_args!("<rect x=\"{x:.2}\" y=\"{y:.1}\" width=\"{w:.2}\" height=\"{bar_h}\" fill=\"none\" stroke=\"#333\" stroke-width=\"0.6\"/>\n"));
         if let Some((ls, ll)) = largest {
@@ -350,19 +354,7 @@ data-releasable=\"{}\" data-reserved=\"{}\" data-allocated=\"{}\" data-device-fr
         c.out.push_str("</g>\n");
     }
     if !rows_layout {
-        for (k, &(y, first)) in row_starts.iter().enumerate() {
-            let last = row_starts.get(k + 1).map_or(segs.len(), |r| r.1) - 1;
-            c.text(
-                X0 - 8.0,
-                y + bar_h * 0.85,
-                11.0,
-                "end",
-                "#333",
-                " font-family=\"DejaVu Sans Mono, monospace\"",
-                &format!("{:#x}", segs[first].start),
-            );
-            c.text(NOTE_X, y + bar_h * 0.85, 11.0, "start", "#666", "", &format!("segments {}–{}", first + 1, last + 1));
-        }
+        packed_row_labels(c, segs, &pl.row_starts, bar_h);
     }
     c.out.push_str("</g>\n");
     if let Some((lx, ly, lw, ll)) = largest_rect {
@@ -377,7 +369,69 @@ data-releasable=\"{}\" data-reserved=\"{}\" data-allocated=\"{}\" data-device-fr
             ),
         );
     }
+}
 
+/// The live blocks of segment `g` drawn at `(x, y, w)`: its width in bins of `px_per_bin`, each
+/// bin's live share in four levels, runs of one level one rectangle.
+fn live_rects(c: &mut Ctx, map: &crate::map::AddressSpace, g: &Segment, (x, y, w): (f64, f64, f64), bar_h: f64, px_per_bin: f64) {
+    let bins = ((w / px_per_bin).ceil() as usize).clamp(1, 4096);
+    let f = live_fractions(map, g, bins);
+    let q = |v: f64| -> u8 {
+        if v <= 0.0 {
+            0
+        } else if v < 0.5 {
+            1
+        } else if v < 0.999 {
+            2
+        } else {
+            3
+        }
+    };
+    let bw = w / bins as f64;
+    let mut i0 = 0;
+    while i0 < bins {
+        let level = q(f[i0]);
+        let mut i1 = i0 + 1;
+        while i1 < bins && q(f[i1]) == level {
+            i1 += 1;
+        }
+        if level > 0 {
+            let op = [0.0, 0.4, 0.72, 1.0][level as usize];
+            let op = if level == 3 { String::new() } else { format!(" fill-opacity=\"{op}\"") };
+            put(
+                &mut c.out,
+                format_args!(
+                    "<rect x=\"{:.2}\" y=\"{y:.1}\" width=\"{:.2}\" height=\"{bar_h}\" fill=\"{}\"{op}/>\n",
+                    x + i0 as f64 * bw,
+                    (i1 - i0) as f64 * bw,
+                    s::LIVE
+                ),
+            );
+        }
+        i0 = i1;
+    }
+}
+
+/// The packed layout's row labels: each row's first address and its segments' numbers.
+fn packed_row_labels(c: &mut Ctx, segs: &[&Segment], row_starts: &[(f64, usize)], bar_h: f64) {
+    for (k, &(y, first)) in row_starts.iter().enumerate() {
+        let last = row_starts.get(k + 1).map_or(segs.len(), |r| r.1) - 1;
+        c.text(
+            X0 - 8.0,
+            y + bar_h * 0.85,
+            11.0,
+            "end",
+            "#333",
+            " font-family=\"DejaVu Sans Mono, monospace\"",
+            &format!("{:#x}", segs[first].start),
+        );
+        c.text(NOTE_X, y + bar_h * 0.85, 11.0, "start", "#666", "", &format!("segments {}–{}", first + 1, last + 1));
+    }
+}
+
+/// The reference bars on the map's scale: the failed request, the largest free run, the
+/// stranded pieces side by side, the device's free memory, releasable; the request's line.
+fn reference_bars(c: &mut Ctx, b: &Bars, bars_top: f64, axis_y: f64) {
     // The reference bars, same scale.
     let sep = bars_top - 16.0;
     put(&mut c.out, format_args!("<line x1=\"16\" y1=\"{sep:.1}\" x2=\"{:.1}\" y2=\"{sep:.1}\" stroke=\"#bbb\"/>\n", W - 16.0));
@@ -391,7 +445,7 @@ data-releasable=\"{}\" data-reserved=\"{}\" data-allocated=\"{}\" data-device-fr
             } else {
                 format!("{}: would fit in the largest free run", short_bytes(r))
             };
-            bar(&mut c, "bar-request", y, bh, r, s::REQUEST, None, "failed request", &verdict_note);
+            bar(c, "bar-request", y, bh, r, s::REQUEST, None, "failed request", &verdict_note);
         }
         None => c.text(X0, y + bh * 0.75, 12.0, "start", "#666", " id=\"bar-request\"", "no failed request at this moment"),
     }
@@ -403,7 +457,7 @@ data-releasable=\"{}\" data-reserved=\"{}\" data-allocated=\"{}\" data-device-fr
         _ => String::new(),
     };
     bar(
-        &mut c,
+        c,
         "bar-largest-free",
         y,
         bh,
@@ -449,7 +503,7 @@ data-releasable=\"{}\" data-reserved=\"{}\" data-allocated=\"{}\" data-device-fr
         Some(free) => {
             let one = crate::analysis::largest_allocatable(0, free, 0);
             bar(
-                &mut c,
+                c,
                 "bar-device-free",
                 y,
                 bh,
@@ -467,7 +521,7 @@ data-releasable=\"{}\" data-reserved=\"{}\" data-allocated=\"{}\" data-device-fr
     }
     y += 26.0;
     if b.releasable > 0 {
-        bar(&mut c, "bar-releasable", y, bh, b.releasable, s::RELEASABLE, None, "releasable (empty_cache)", &short_bytes(b.releasable));
+        bar(c, "bar-releasable", y, bh, b.releasable, s::RELEASABLE, None, "releasable (empty_cache)", &short_bytes(b.releasable));
     }
     if let Some(r) = b.requested {
         let x = X0 + c.px(r).min(PLOT_W);
@@ -481,8 +535,6 @@ data-releasable=\"{}\" data-reserved=\"{}\" data-allocated=\"{}\" data-device-fr
             ),
         );
     }
-    c.out.push_str("</svg>\n");
-    c.out
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 //! map picture), `timeline.rs` (figures over time), `history.rs` (what a picture of a trace keeps
 //! event by event), `strip.rs` (the per-segment live share both pictures use), `svg.rs` (shared
 //! drawing helpers and the palette), `memviz.rs` + `pickle.rs` (the PyTorch snapshot export),
-//! `feed.rs` (the live feed protocol, server and client), `postmortem.rs` (the observers `run`
+//! `feed.rs` (the live feed protocol, server and client), `point.rs` (one OOM's
+//! headline, free in all against the largest piece, and the fix as a command), `postmortem.rs` (the observers `run`
 //! gets from [`ViewArgs`]), `top/` (the terminal UI).
 
 pub mod feed;
@@ -14,6 +15,7 @@ pub mod history;
 pub mod map;
 pub mod memviz;
 pub mod pickler;
+pub mod point;
 pub mod postmortem;
 pub mod report;
 pub mod strip;

@@ -201,6 +201,70 @@ fn headline(o: &OomSummary) -> String {
     }
 }
 
+/// `text` after its opening "fragmentation OOM ...: " / "true OOM: " clause, when it has one.
+fn without_verdict(text: &str) -> &str {
+    let lower = text.to_lowercase();
+    let opens = ["fragmentation oom", "true oom", "allowed limit", "inconclusive"].iter().any(|v| lower.starts_with(v));
+    match text.split_once(": ") {
+        Some((_, rest)) if opens => rest,
+        _ => text,
+    }
+}
+
+/// A sentence: its first letter upper-case, a full stop at its end.
+fn sentence(text: &str) -> String {
+    let mut c = text.trim().chars();
+    let mut out: String = c.next().map(|f| f.to_uppercase().chain(c).collect()).unwrap_or_default();
+    if !out.ends_with('.') {
+        out.push('.');
+    }
+    out
+}
+
+/// What to do: the command to copy (a setting) in a code block with a copy button, then the
+/// fix's other options as a list, one clause each.
+fn fix_block(out: &mut String, o: &OomSummary) {
+    out.push_str("<div class=\"fix\" id=\"fix\"><b>What to do</b>\n");
+    if let Some(cmd) = crate::views::point::fix_command(o) {
+        put(
+            out,
+            format_args!(
+                "<div class=\"cmd\"><pre><code id=\"fix-command\">{}</code></pre><button type=\"button\" id=\"copy-fix\" onclick=\"navigator.clipboard&&navigator.clipboard.writeText(document.getElementById('fix-command').textContent)\">copy</button></div>\n",
+                esc(&cmd)
+            ),
+        );
+    }
+    out.push_str("<ul>\n");
+    for part in o.fix.split("; or ").flat_map(|p| p.split(", or ")) {
+        put(out, format_args!("<li>{}</li>\n", esc(&sentence(part))));
+    }
+    out.push_str("</ul></div>\n");
+}
+
+/// The card that makes a fragmentation OOM visible: free in all against the largest free piece,
+/// with the request between them, as bars on one scale.
+fn free_card(out: &mut String, o: &OomSummary) {
+    let (all, largest) = crate::views::point::free_pieces(o);
+    let max = all.max(largest).max(o.requested).max(1) as f64;
+    let pct = |b: u64| b as f64 / max * 100.0;
+    put(
+        out,
+        format_args!(
+            "<div class=\"freecard\" id=\"card-free-vs-largest\" data-free-in-all=\"{all}\" data-largest-piece=\"{largest}\" data-requested=\"{}\">\n\
+<div class=\"fc-row\"><span class=\"fc-k\">free in all</span><span class=\"fc-bar\"><i style=\"width:{:.1}%;background:#2ca02c\"></i></span><span class=\"fc-v\">{}</span></div>\n\
+<div class=\"fc-row\"><span class=\"fc-k\">requested</span><span class=\"fc-bar\"><i style=\"width:{:.1}%;background:var(--red)\"></i></span><span class=\"fc-v\">{}</span></div>\n\
+<div class=\"fc-row\"><span class=\"fc-k\">largest free piece</span><span class=\"fc-bar\"><i style=\"width:{:.1}%;background:var(--orange)\"></i></span><span class=\"fc-v\">{}</span></div>\n</div>\n",
+            o.requested,
+            pct(all),
+            esc(&human_bytes(all)),
+            pct(o.requested),
+            esc(&human_bytes(o.requested)),
+            pct(largest),
+            esc(&human_bytes(largest)),
+        ),
+    );
+}
+
 fn verdict_section(out: &mut String, s: &Summary, oom: Option<usize>) {
     match oom {
         Some(i) => {
@@ -227,8 +291,10 @@ fn verdict_section(out: &mut String, s: &Summary, oom: Option<usize>) {
                 out,
                 format_args!("<div class=\"tag\">{}</div>\n<h2>{}</h2>\n", esc(&o.verdict.name().replace('_', " ")), esc(&headline(o))),
             );
-            put(out, format_args!("<p class=\"why\">{}</p>\n", esc(&o.explanation)));
-            put(out, format_args!("<p class=\"fix\"><b>What to do:</b> {}</p>\n", esc(&o.fix)));
+            // The explanation without its opening verdict clause: the headline just said it.
+            put(out, format_args!("<p class=\"why\">{}</p>\n", esc(&sentence(without_verdict(&o.explanation)))));
+            fix_block(out, o);
+            free_card(out, o);
             // Who else held the GPU (crate::holders; a minimal addition of the shared-GPU work).
             if !o.holders.list.is_empty() {
                 out.push_str("<ul class=\"holders\" id=\"holders\">\n");
@@ -483,6 +549,14 @@ h3{font-size:15px;margin:18px 0 6px}
 .v-true_oom .tag{background:var(--red)}
 .why{margin:6px 0}
 .fix{margin:8px 0;padding:8px 10px;background:#f2f7ee;border-radius:5px}
+.fix ul{margin:4px 0 0 18px;padding:0}
+.cmd{display:flex;gap:8px;align-items:center;margin:6px 0}
+.cmd pre{margin:0;padding:6px 10px;background:#1e1e1e;color:#eee;border-radius:4px;font-size:14px}
+.freecard{margin:10px 0;max-width:720px}
+.fc-row{display:grid;grid-template-columns:150px 1fr 110px;gap:8px;align-items:center;margin:3px 0}
+.fc-bar{background:#eee;height:14px;border-radius:3px;overflow:hidden}
+.fc-bar i{display:block;height:100%}
+.fc-v{font-weight:bold;text-align:right}
 .cards{display:grid;grid-template-columns:repeat(6,1fr);gap:10px;margin-top:12px}
 .card{border:1px solid var(--line);border-radius:6px;padding:8px 10px}
 .card .k{color:var(--muted);font-size:12px}

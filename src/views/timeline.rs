@@ -149,18 +149,32 @@ data-device=\"{device}\" data-points=\"{}\" data-ooms=\"{}\" data-peak-reserved=
             }
         }
     }
-    // OOM marks.
+    // OOM marks, their labels on as many rows as it takes for none to overlap another.
+    const LABEL_W: f64 = 175.0;
+    let mut rows_end: Vec<(f64, f64)> = Vec::new(); // each label row's occupied span (left, right)
     for m in &marks {
         let x = x_of_t(m.t_ns, m.event_index);
         let (tx, anchor) = if x > X0 + 240.0 { (x - 4.0, "end") } else { (x + 4.0, "start") };
+        let span = if anchor == "end" { (tx - LABEL_W, tx) } else { (tx, tx + LABEL_W) };
+        let row = match rows_end.iter().position(|&(l, r)| span.1 < l || span.0 > r) {
+            Some(k) => {
+                let (l, r) = rows_end[k];
+                rows_end[k] = (l.min(span.0), r.max(span.1));
+                k
+            }
+            None => {
+                rows_end.push(span);
+                rows_end.len() - 1
+            }
+        };
         put(
             &mut out,
             format_args!(
-                "<g class=\"oom-mark\" data-requested=\"{}\" data-index=\"{}\"><line x1=\"{x:.1}\" y1=\"{Y0}\" x2=\"{x:.1}\" y2=\"{Y1}\" stroke=\"{}\" stroke-width=\"2\"/><text x=\"{tx:.1}\" y=\"{:.0}\" font-size=\"11.5\" text-anchor=\"{anchor}\" fill=\"{}\">OOM {}: {} requested</text></g>\n",
+                "<g class=\"oom-mark\" data-requested=\"{}\" data-index=\"{}\" data-label-row=\"{row}\"><line x1=\"{x:.1}\" y1=\"{Y0}\" x2=\"{x:.1}\" y2=\"{Y1}\" stroke=\"{}\" stroke-width=\"2\"/><text x=\"{tx:.1}\" y=\"{:.0}\" font-size=\"11.5\" text-anchor=\"{anchor}\" fill=\"{}\">OOM {}: {} requested</text></g>\n",
                 m.requested,
                 m.index + 1,
                 s::REQUEST,
-                Y0 + 12.0,
+                Y0 + 12.0 + 14.0 * row as f64,
                 s::REQUEST,
                 m.index + 1,
                 esc(&short_bytes(m.requested))

@@ -175,6 +175,19 @@ pub fn true_oom(keep: u64) -> Outcome {
     }
 }
 
+/// `small-pages fit`: as many 1 MiB allocations as fill the device's free memory to the last
+/// whole 2 MiB page that the driver still grants (it keeps `SIMCUDA_SLACK` free), so the fill
+/// itself never fails: the run's only OOM is the 2 MiB request of the story (the demo's).
+pub fn small_pages_fit() -> Outcome {
+    init_runtime()?;
+    let slack = simcuda_core::config::Config::from_env()?.slack;
+    let (free0, _) = mem_info()?;
+    let pages = free0.saturating_sub(slack) / (2 * MIB);
+    small_pages(Some(2 * pages))
+}
+
+/// `small-pages [N]`: N (default: until the device is full) 1 MiB allocations, two to a 2 MiB
+/// page; every other one freed; a 2 MiB request then fails with half of every page free.
 pub fn small_pages(n: Option<u64>) -> Outcome {
     init_runtime()?;
     let (free0, _) = mem_info()?;

@@ -19,7 +19,8 @@ use std::process::ExitCode;
 const USAGE: &str = "usage: simcuda-workload COMMAND [ARGS]
   frag-oom [KEEP]        balloon all but KEEP (default 12GiB), strand memory in a caching allocator, OOM at 2.5 GiB
   true-oom [KEEP]        balloon all but KEEP (default 1GiB), cache and strand a little, then 4 GiB fails for good
-  small-pages [N]        N x 1 MiB (default: until full), free every other, then 2 MiB fails
+  small-pages [N|fit]    N x 1 MiB (default: until full; fit: as many as fit without a failure),
+                         free every other, then 2 MiB fails
   threads N CALLS        N threads x CALLS cudaMalloc/cudaFree pairs of varied sizes
   vmm                    grow and shrink a reserved range (expandable segments), bad arguments
   async                  stream-ordered pools: alloc, free, reuse, trim, release threshold, driver forms
@@ -110,6 +111,7 @@ fn run(args: &[String]) -> Result<Outcome, String> {
     Ok(match cmd {
         "frag-oom" => frag::frag_oom(size_arg(rest.first(), 12 << 30)?),
         "true-oom" => frag::true_oom(size_arg(rest.first(), 1 << 30)?),
+        "small-pages" if rest.first().is_some_and(|a| a == "fit") => frag::small_pages_fit(),
         "small-pages" => frag::small_pages(rest.first().map(|_| count_arg(rest.first(), "N")).transpose()?),
         "threads" => procs::threads(count_arg(rest.first(), "N")?, count_arg(rest.get(1), "CALLS")?),
         "vmm" => vmm::vmm(),

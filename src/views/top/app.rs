@@ -1,13 +1,14 @@
 //! What `top` shows, without the terminal: the latest frame, the rows (one per device, one for
 //! all devices when there are several, one per process) sorted and filtered, the selection,
-//! per-row history for the sparklines, exited processes and when they go, who each live process
+//! per-row history for the sparklines, exited processes and when they go (their figures out of
+//! their device's totals), who each live process
 //! is, the help screen, and the keys. Kept apart from drawing so that it can be tested with plain
 //! values.
 //!
 //! Keys follow nvitop's where they do not clash with ours: `h`/`?` help (any key closes it),
 //! `q` quit, `Esc` clears the selection and the filter, `,`/`.` the previous/next sort column,
 //! Home/End. nvitop's `/` inverts the sort, but here `/` filters (as in htop and less), so the
-//! order is inverted with htop's `I` (or `r`). Our own: `s` next sort column, `p`/Space pause,
+//! order is inverted with htop's `I`; `r` (and Ctrl-L) redraws the screen, as in nvitop. Our own: `s` next sort column, `p`/Space pause,
 //! `x` drops exited processes now.
 
 use super::procinfo::Owner;
@@ -138,6 +139,8 @@ pub struct App {
     pub ended: Option<String>,
     /// Display frozen (and, for a replay, the replay itself).
     pub paused: bool,
+    /// `r` (or Ctrl-L) asked for the whole screen to be drawn anew.
+    pub refresh: bool,
     /// Sort column.
     pub sort: Sort,
     /// The sort column's natural order inverted.
@@ -178,6 +181,7 @@ impl App {
             pending: None,
             ended: None,
             paused: false,
+            refresh: false,
             sort: Sort::Reserved,
             reversed: false,
             filter: String::new(),
@@ -272,16 +276,19 @@ impl App {
                 Sort::Id => 0,
             }
         };
-        let group = |r: &RowView| match r.key {
-            RowKey::Total => 0u8,
-            RowKey::Device(_) => 1,
-            RowKey::Process(..) => 2,
+        // Devices in index order, each followed by its processes (sorted by the sort column);
+        // all devices first. Only processes re-sort.
+        let place = |r: &RowView| match r.key {
+            RowKey::Total => (0u8, 0i16, 0u8),
+            RowKey::Device(d) => (1, d, 0),
+            RowKey::Process(_, d) => (1, d, 1),
         };
         let descending = !self.sort.ascending() ^ self.reversed;
         rows.sort_by(|a, b| {
             let within = value(a).cmp(&value(b)).then(a.key.cmp(&b.key));
-            group(a).cmp(&group(b)).then(if descending { within.reverse() } else { within })
+            place(a).cmp(&place(b)).then(if descending { within.reverse() } else { within })
         });
+        without_exited(&mut rows);
         rows
     }
 
@@ -352,7 +359,10 @@ impl App {
             KeyCode::Char('h') | KeyCode::Char('?') => self.help = true,
             KeyCode::Char('s') | KeyCode::Char('.') => self.sort = self.sort.next(),
             KeyCode::Char(',') => self.sort = self.sort.previous(),
-            KeyCode::Char('I') | KeyCode::Char('r') => self.reversed = !self.reversed,
+            KeyCode::Char('I') => self.reversed = !self.reversed,
+            // nvitop's refresh: redraw the whole screen now.
+            KeyCode::Char('r') => self.refresh = true,
+            KeyCode::Char('l') if k.modifiers.contains(KeyModifiers::CONTROL) => self.refresh = true,
             KeyCode::Char('/') => self.editing = Some(self.filter.clone()),
             KeyCode::Char('x') => self.dropped.extend(self.exited_since.keys().copied()),
             KeyCode::Char('p') | KeyCode::Char(' ') => self.set_paused(!self.paused),
@@ -363,6 +373,33 @@ impl App {
             _ => {}
         }
         false
+    }
+}
+
+/// Exited processes' figures leave their device's row and the all-devices row (the driver took
+/// their memory back); their own rows keep them, marked as exited.
+fn without_exited(rows: &mut [RowView]) {
+    let gone: Vec<(i16, DeviceSummary)> = rows
+        .iter()
+        .filter_map(|r| match r.key {
+            RowKey::Process(_, d) if r.exited => Some((d, r.figures.clone())),
+            _ => None,
+        })
+        .collect();
+    for r in rows.iter_mut() {
+        for (d, g) in &gone {
+            if r.key == RowKey::Device(*d) || r.key == RowKey::Total {
+                let f = &mut r.figures;
+                f.reserved = f.reserved.saturating_sub(g.reserved);
+                f.allocated = f.allocated.saturating_sub(g.allocated);
+                f.stranded = f.stranded.saturating_sub(g.stranded);
+                f.releasable = f.releasable.saturating_sub(g.releasable);
+                f.framework_reserved = f.framework_reserved.saturating_sub(g.framework_reserved);
+                f.non_framework = f.non_framework.saturating_sub(g.non_framework);
+                f.segments = f.segments.saturating_sub(g.segments);
+                f.blocks = f.blocks.saturating_sub(g.blocks);
+            }
+        }
     }
 }
 
@@ -530,7 +567,11 @@ mod tests {
         app.key(key(KeyCode::Char('.')));
         assert_eq!(app.sort, Sort::Reserved);
         assert_eq!(labels(&app), vec!["gpu 0", "pid 10 gpu 0", "pid 20 gpu 0"], "reversed: least reserved first");
+        // `r` is nvitop's refresh (issue 27): the order stays, the screen is redrawn.
         app.key(key(KeyCode::Char('r')));
+        assert!(app.refresh, "r asks for a redraw");
+        assert_eq!(labels(&app), vec!["gpu 0", "pid 10 gpu 0", "pid 20 gpu 0"], "r does not reverse");
+        app.key(key(KeyCode::Char('I')));
         assert_eq!(labels(&app), vec!["gpu 0", "pid 20 gpu 0", "pid 10 gpu 0"]);
         for _ in 0..Sort::ALL.len() {
             app.key(key(KeyCode::Char('s')));
@@ -581,16 +622,29 @@ mod tests {
         let rows = app.rows();
         let view: Vec<(&str, u64, Option<u64>, Option<u64>)> =
             rows.iter().map(|r| (r.label.as_str(), r.figures.reserved, r.figures.device_free, r.figures.device_total)).collect();
+        // Devices in index order, each with its processes under it (issue 27).
+        let order: Vec<(&str, u64)> = view.iter().map(|v| (v.0, v.1)).collect();
         assert_eq!(
-            view[..3],
+            order,
+            [
+                ("all gpus", 6 << 30),
+                ("gpu 0", 4 << 30),
+                ("pid 20 gpu 0", 3 << 30),
+                ("pid 10 gpu 0", 1 << 30),
+                ("gpu 1", 2 << 30),
+                ("pid 30 gpu 1", 2 << 30)
+            ]
+        );
+        let devices: Vec<_> = view.iter().filter(|v| !v.0.starts_with("pid")).copied().collect();
+        assert_eq!(
+            devices,
             [
                 ("all gpus", 6 << 30, Some(130 << 30), Some(160 << 30)),
                 ("gpu 0", 4 << 30, Some(70 << 30), Some(80 << 30)),
-                ("gpu 1", 2 << 30, Some(60 << 30), Some(80 << 30))
+                ("gpu 1", 2 << 30, Some(60 << 30), Some(80 << 30)),
             ],
             "{view:?}"
         );
-        assert_eq!(rows.len(), 6, "and the three processes");
     }
 
     /// Issue 17: rows showed no command or user. A live process's are read once, an exited

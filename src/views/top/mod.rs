@@ -57,6 +57,61 @@ pub fn run(source: &Source, contain: Contain) -> anyhow::Result<()> {
     }
 }
 
+/// `--once`: one frame as plain text, `width` columns wide (the table's columns dropped by
+/// priority as on a terminal): a live feed's first frame, or a file's last, played at once.
+pub fn once(source: &Source, contain: Contain, width: u16) -> anyhow::Result<String> {
+    let (mut app, rx, replay) = match source {
+        Source::Connect(p) => {
+            let rx = feed::connect(p).map_err(|e| anyhow::anyhow!("connecting to the live feed {}: {e}", p.display()))?;
+            (app::App::new(&format!("{}", p.display()), app::Mode::Live), rx, None)
+        }
+        Source::Replay { path, .. } => {
+            let replay = replay::spawn(path, 0.0, contain)?;
+            let app = app::App::new(&format!("{}", path.display()), app::Mode::Replay(replay.control.clone()));
+            (app, replay.updates, Some(replay.control))
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(u) => {
+                let frame = matches!(u, Update::Frame(_));
+                app.update(u);
+                if frame && replay.is_none() {
+                    break;
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if replay.is_none() && Instant::now() > deadline => {
+                anyhow::bail!("the live feed sent no frame in 10 s")
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+        }
+    }
+    if let Some(e) = replay.and_then(|c| c.failure()) {
+        return Err(crate::input::UnusableInput(e).into());
+    }
+    if matches!(app.mode, app::Mode::Live) {
+        app.learn_owners(procinfo::read);
+    }
+    let height = ui::once_height(&app);
+    let mut terminal = ratatui::Terminal::new(ratatui::backend::TestBackend::new(width, height))?;
+    terminal.draw(|f| ui::draw_once(f, &app))?;
+    Ok(buffer_text(terminal.backend().buffer()))
+}
+
+/// A drawn buffer as lines of text, trailing blanks cut.
+fn buffer_text(b: &ratatui::buffer::Buffer) -> String {
+    let w = b.area.width as usize;
+    let mut out = String::new();
+    for row in b.content.chunks(w.max(1)) {
+        let line: String = row.iter().map(|c| c.symbol()).collect();
+        out += line.trim_end();
+        out.push('\n');
+    }
+    out
+}
+
 /// Draws and takes keys until the user quits, a signal arrives or the terminal goes away.
 fn ui_loop(app: &mut app::App, rx: &Receiver<Update>, replay: Option<&std::sync::Arc<replay::Control>>) -> anyhow::Result<()> {
     let mut guard = term::TerminalGuard::enter()?;
@@ -87,6 +142,9 @@ fn ui_loop(app: &mut app::App, rx: &Receiver<Update>, replay: Option<&std::sync:
             app.learn_owners(procinfo::read);
         }
         app.tick(Instant::now());
+        if std::mem::take(&mut app.refresh) {
+            guard.terminal.clear()?;
+        }
         guard.terminal.draw(|f| ui::draw(f, app))?;
         if let Some(after) = panic_after {
             if started.elapsed() >= after {

@@ -1,10 +1,11 @@
 //! Drawing `top`: a title line (live or replay, with the replay's position), the table (one row
-//! per device, one for all devices when there are several, one per process with its user and
-//! command; the sort column marked ▼ or ▲; exited processes dimmed), the selected row's history
+//! per device in index order with its processes under it, one for all devices when there are
+//! several; the sort column marked ▼ or ▲; exited processes dimmed, their figures in parentheses;
+//! on a narrow terminal columns dropped by priority, never the pid), the selected row's history
 //! as sparklines, the strip map of its segments, the key line, and the help screen over all of
 //! it while it is open. Reads [`App`] only.
 
-use super::app::{App, Mode, RowKey, Sort};
+use super::app::{App, Mode, RowKey, RowView, Sort};
 use crate::units::human_bytes;
 use crate::views::strip::{ProcessStrip, SegmentStrip};
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -19,7 +20,7 @@ const RELEASABLE: Color = Color::Green;
 const RAW: Color = Color::DarkGray;
 const LARGEST: Color = Color::Red;
 
-/// Draws the whole screen.
+/// Draws the whole screen: title, last OOM, table, history, strip map, key line (and help).
 pub fn draw(f: &mut TermFrame<'_>, app: &App) {
     let area = f.area();
     let rows = app.rows();
@@ -33,8 +34,43 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
         Constraint::Length(1),
     ])
     .areas(area);
+    draw_title(f, app, title);
+    draw_oom(f, app, oom);
+    draw_table(f, app, &rows, table);
+    draw_history(f, app, hist);
+    draw_strip(f, app, strip);
+    draw_keys(f, app, help);
+    if app.help {
+        draw_help(f, area);
+    }
+}
 
-    // Title: what feeds the screen, then its state.
+/// One frame for `--once`: the title, the last OOM and the whole table, nothing interactive.
+pub fn draw_once(f: &mut TermFrame<'_>, app: &App) {
+    let rows = app.rows();
+    let [title, oom, table] =
+        Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Length(rows.len() as u16 + 3)]).areas(f.area());
+    draw_title(f, app, title);
+    draw_oom(f, app, oom);
+    draw_table(f, app, &rows, table);
+}
+
+/// The height `--once` needs for `app`'s rows.
+pub fn once_height(app: &App) -> u16 {
+    app.rows().len() as u16 + 5
+}
+
+/// ▲ or ▼: the order of the sort column.
+fn order(app: &App) -> &'static str {
+    if app.sort.ascending() ^ app.reversed {
+        "▲"
+    } else {
+        "▼"
+    }
+}
+
+/// The title line: what feeds the screen, then its state.
+fn draw_title(f: &mut TermFrame<'_>, app: &App, area: Rect) {
     let tag = |text: String, bg: Color| Span::styled(text, Style::default().fg(Color::Black).bg(bg));
     let mut title_spans = vec![Span::styled("gpufrag top ", Style::default().add_modifier(Modifier::BOLD))];
     let mut position = String::new();
@@ -64,116 +100,100 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
     let (events, dropped, exact) = app.frame.as_ref().map_or((0, 0, true), |fr| (fr.summary.events, fr.summary.dropped, fr.summary.exact));
     // OOMs and recovered allocations by the one rule (crate::ingest::oom_rule), as the summary has them.
     let (ooms, retries) = app.frame.as_ref().map_or((0, 0), |fr| (fr.summary.ooms.len(), fr.summary.retries));
-    let order = if app.sort.ascending() ^ app.reversed { "▲" } else { "▼" };
     // The source (a path, any length) goes last: a narrow terminal cuts it, not the figures.
     title_spans.push(Span::raw(format!(
-        "{position} sort: {}{order} · {} events · dropped {} · {ooms} OOMs · {retries} retries · {} · {}",
+        "{position} sort: {}{} · {} events · dropped {} · {ooms} OOMs · {retries} retries · {} · {}",
         app.sort.name(),
+        order(app),
         events,
         dropped,
         if exact { "exact" } else { "NOT exact" },
         app.source
     )));
-    f.render_widget(Paragraph::new(Line::from(title_spans)), title);
-    // The last OOM, in words.
-    if let Some(o) = app.frame.as_ref().and_then(|fr| fr.summary.ooms.last()) {
-        f.render_widget(
-            Paragraph::new(Line::from(vec![Span::styled(
-                format!(
-                    "OOM pid {} gpu {}: {} requested: {} (largest free block {}, stranded {}, device free {}{}{}){}",
-                    o.pid,
-                    o.device,
-                    human_bytes(o.requested),
-                    o.verdict.name(),
-                    human_bytes(o.largest_free_block),
-                    human_bytes(o.stranded),
-                    if o.device_free_known { human_bytes(o.device_free) } else { "not measured".into() },
-                    // Driver-level fragmentation: free bytes in partly used 2 MiB pages.
-                    if o.page_stranded > 0 { format!(", page-stranded {}", human_bytes(o.page_stranded)) } else { String::new() },
-                    o.allowed.map_or(String::new(), |a| format!(", allowed {}", human_bytes(a))),
-                    // Who else held the GPU (crate::holders): the largest holder.
-                    o.holders.list.first().map_or(String::new(), |h| format!("; {}", h.sentence()))
-                ),
-                Style::default().fg(Color::Red).add_modifier(Modifier::BOLD),
-            )])),
-            oom,
-        );
-    }
+    f.render_widget(Paragraph::new(Line::from(title_spans)), area);
+}
 
-    // Table.
+/// The last OOM, in words.
+fn draw_oom(f: &mut TermFrame<'_>, app: &App, area: Rect) {
+    let Some(o) = app.frame.as_ref().and_then(|fr| fr.summary.ooms.last()) else { return };
+    let text = format!(
+        "OOM pid {} gpu {}: {} requested: {} (largest free block {}, stranded {}, device free {}{}{}){}",
+        o.pid,
+        o.device,
+        human_bytes(o.requested),
+        o.verdict.name(),
+        human_bytes(o.largest_free_block),
+        human_bytes(o.stranded),
+        if o.device_free_known { human_bytes(o.device_free) } else { "not measured".into() },
+        // Driver-level fragmentation: free bytes in partly used 2 MiB pages.
+        if o.page_stranded > 0 { format!(", page-stranded {}", human_bytes(o.page_stranded)) } else { String::new() },
+        o.allowed.map_or(String::new(), |a| format!(", allowed {}", human_bytes(a))),
+        // Who else held the GPU (crate::holders): the largest holder.
+        o.holders.list.first().map_or(String::new(), |h| format!("; {}", h.sentence()))
+    );
+    f.render_widget(Paragraph::new(Line::from(Span::styled(text, Style::default().fg(Color::Red).add_modifier(Modifier::BOLD)))), area);
+}
+
+/// The table's columns, in the order shown, each with its width and its priority: on a narrow
+/// terminal the columns of the highest `drop` go first (the label, with the pid, never).
+struct Column {
+    name: String,
+    width: u16,
+    drop: u8,
+}
+
+/// Which columns fit `width` (the table's inner width less the highlight symbol), by priority.
+fn columns_that_fit(cols: &[Column], width: u16) -> Vec<usize> {
+    let mut by_priority: Vec<usize> = (0..cols.len()).collect();
+    by_priority.sort_by_key(|&i| cols[i].drop);
+    let mut kept = Vec::new();
+    let mut used = 0u16;
+    for i in by_priority {
+        let w = cols[i].width + if kept.is_empty() { 0 } else { 1 };
+        if used + w <= width || kept.is_empty() {
+            used += w;
+            kept.push(i);
+        }
+    }
+    kept.sort_unstable();
+    kept
+}
+
+/// The table of devices (in index order) and their processes under each, as many columns as fit.
+fn draw_table(f: &mut TermFrame<'_>, app: &App, rows: &[RowView], area: Rect) {
+    let exact = app.frame.as_ref().is_none_or(|fr| fr.summary.exact);
+    let order = order(app);
     let marked = |name: &str, col: Sort| if app.sort == col { format!("{name}{order}") } else { name.to_string() };
-    let header = Row::new(vec![
-        marked("gpu / pid", Sort::Id),
-        "user".to_string(),
-        "allocator".to_string(),
-        marked("reserved", Sort::Reserved),
-        marked("allocated", Sort::Allocated),
-        marked("stranded", Sort::Stranded),
-        marked("largest free", Sort::LargestFree),
-        marked("frag", Sort::Fragmentation),
-        "dev free".to_string(),
-        "dev total".to_string(),
-        "state".to_string(),
-        "coverage".to_string(),
-        "command".to_string(),
-    ])
-    .style(Style::default().add_modifier(Modifier::BOLD));
-    let known = |v: Option<u64>| v.map_or_else(|| "-".to_string(), human_bytes);
-    let body: Vec<Row> = rows
-        .iter()
-        .map(|r| {
-            let d = &r.figures;
-            let cov = format!("{} {}", if exact { "exact" } else { "approx" }, d.level);
-            let process = matches!(r.key, RowKey::Process(..));
-            let total = r.key == RowKey::Total;
-            let row = Row::new(vec![
-                Cell::from(r.label.clone()),
-                Cell::from(r.user.clone()),
-                Cell::from(r.framework.map_or("", |f| f.name())),
-                Cell::from(human_bytes(d.reserved)),
-                Cell::from(human_bytes(d.allocated)),
-                Cell::from(human_bytes(d.stranded)).style(if d.stranded > 0 && !r.exited {
-                    Style::default().fg(STRANDED)
-                } else {
-                    Style::default()
-                }),
-                Cell::from(if total { String::new() } else { human_bytes(d.largest_free_block) }),
-                Cell::from(if total { String::new() } else { format!("{:.2}", d.fragmentation) }),
-                // Free and total are the device's: shown on device rows only.
-                Cell::from(if process { String::new() } else { known(d.device_free) }),
-                Cell::from(if process { String::new() } else { known(d.device_total) }),
-                Cell::from(match (process, r.exited) {
-                    (true, true) => "exited",
-                    (true, false) => "running",
-                    _ => "",
-                }),
-                Cell::from(if total { String::new() } else { cov }),
-                Cell::from(r.command.clone()),
-            ]);
-            if r.exited {
-                row.style(Style::default().fg(Color::DarkGray).add_modifier(Modifier::DIM))
-            } else if total {
-                row.style(Style::default().add_modifier(Modifier::BOLD))
-            } else {
-                row
-            }
-        })
-        .collect();
-    let widths = [
-        Constraint::Length(18),
-        Constraint::Length(8),
-        Constraint::Length(9),
-        Constraint::Length(11),
-        Constraint::Length(11),
-        Constraint::Length(11),
-        Constraint::Length(13),
-        Constraint::Length(5),
-        Constraint::Length(11),
-        Constraint::Length(11),
-        Constraint::Length(7),
-        Constraint::Length(13),
-        Constraint::Min(8),
+    // The label column is as wide as its longest label: a pid is never cut.
+    // (one more for a gap of two before the figures).
+    let label_w = rows.iter().map(|r| r.label.chars().count() + 1).chain([10]).max().unwrap_or(10) as u16;
+    let col = |name: String, width: u16, drop: u8| Column { name, width, drop };
+    let cols = [
+        col(marked("gpu / pid", Sort::Id), label_w, 0),
+        col("user".into(), 8, 10),
+        col("allocator".into(), 9, 9),
+        col(marked("reserved", Sort::Reserved), 12, 1),
+        col(marked("allocated", Sort::Allocated), 12, 5),
+        col(marked("stranded", Sort::Stranded), 12, 2),
+        col(marked("largest free", Sort::LargestFree), 13, 4),
+        col(marked("frag", Sort::Fragmentation), 5, 6),
+        col("dev free".into(), 11, 7),
+        col("dev total".into(), 11, 8),
+        col("state".into(), 7, 3),
+        col("coverage".into(), 13, 12),
+        col("command".into(), 8, 11),
     ];
+    let kept = columns_that_fit(&cols, area.width.saturating_sub(4));
+    let pick = |cells: Vec<Cell<'static>>| -> Vec<Cell<'static>> {
+        cells.into_iter().enumerate().filter(|(i, _)| kept.contains(i)).map(|(_, c)| c).collect()
+    };
+    let header =
+        Row::new(pick(cols.iter().map(|c| Cell::from(c.name.clone())).collect())).style(Style::default().add_modifier(Modifier::BOLD));
+    let body: Vec<Row> = rows.iter().map(|r| table_row(r, exact, &pick)).collect();
+    let widths: Vec<Constraint> = kept
+        .iter()
+        .map(|&i| if i == cols.len() - 1 { Constraint::Min(cols[i].width) } else { Constraint::Length(cols[i].width) })
+        .collect();
     let mut ts = TableState::default();
     if !rows.is_empty() {
         ts.select(app.selected.map(|s| s.min(rows.len() - 1)));
@@ -184,14 +204,54 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
             .block(Block::default().borders(Borders::ALL).title(" devices and processes "))
             .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
             .highlight_symbol("> "),
-        table,
+        area,
         &mut ts,
     );
+}
 
-    // History of the selected row.
+/// One row's cells (every column; `pick` keeps those that fit). An exited process's figures are
+/// in parentheses: no longer on the device, and left out of its device's totals.
+fn table_row(r: &RowView, exact: bool, pick: &dyn Fn(Vec<Cell<'static>>) -> Vec<Cell<'static>>) -> Row<'static> {
+    let d = &r.figures;
+    let process = matches!(r.key, RowKey::Process(..));
+    let total = r.key == RowKey::Total;
+    let known = |v: Option<u64>| v.map_or_else(|| "-".to_string(), human_bytes);
+    let fig = |v: u64| if r.exited { format!("({})", human_bytes(v)) } else { human_bytes(v) };
+    let cells = vec![
+        Cell::from(r.label.clone()),
+        Cell::from(r.user.clone()),
+        Cell::from(r.framework.map_or("", |f| f.name())),
+        Cell::from(fig(d.reserved)),
+        Cell::from(fig(d.allocated)),
+        Cell::from(fig(d.stranded)).style(if d.stranded > 0 && !r.exited { Style::default().fg(STRANDED) } else { Style::default() }),
+        Cell::from(if total { String::new() } else { fig(d.largest_free_block) }),
+        Cell::from(if total { String::new() } else { format!("{:.2}", d.fragmentation) }),
+        // Free and total are the device's: shown on device rows only.
+        Cell::from(if process { String::new() } else { known(d.device_free) }),
+        Cell::from(if process { String::new() } else { known(d.device_total) }),
+        Cell::from(match (process, r.exited) {
+            (true, true) => "exited",
+            (true, false) => "running",
+            _ => "",
+        }),
+        Cell::from(if total { String::new() } else { format!("{} {}", if exact { "exact" } else { "approx" }, d.level) }),
+        Cell::from(r.command.clone()),
+    ];
+    let row = Row::new(pick(cells));
+    if r.exited {
+        row.style(Style::default().fg(Color::DarkGray).add_modifier(Modifier::DIM))
+    } else if total {
+        row.style(Style::default().add_modifier(Modifier::BOLD))
+    } else {
+        row
+    }
+}
+
+/// The selected row's reserved and stranded bytes over time, on one scale.
+fn draw_history(f: &mut TermFrame<'_>, app: &App, area: Rect) {
     let sel = app.selected_row();
     let hist_data = sel.as_ref().and_then(|r| app.history.get(&r.key));
-    let [h_res, h_str] = Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(hist);
+    let [h_res, h_str] = Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
     let width = h_res.width.saturating_sub(2) as usize;
     let tail = |get: fn(&super::app::Sample) -> u64| -> Vec<u64> {
         hist_data.map(|h| h.iter().rev().take(width).rev().map(get).collect()).unwrap_or_default()
@@ -199,32 +259,21 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
     let reserved = tail(|s| s.reserved);
     let stranded = tail(|s| s.stranded);
     let max = reserved.iter().copied().max().unwrap_or(1).max(1);
-    f.render_widget(
+    let spark = |title: String, data: &[u64], color: Color| {
         Sparkline::default()
-            .block(
-                Block::default()
-                    .borders(Borders::ALL)
-                    .title(format!(" reserved {} ", reserved.last().map_or("-".into(), |v| human_bytes(*v)))),
-            )
-            .data(&reserved)
+            .block(Block::default().borders(Borders::ALL).title(title))
+            .data(data)
             .max(max)
-            .style(Style::default().fg(Color::Cyan)),
-        h_res,
-    );
-    f.render_widget(
-        Sparkline::default()
-            .block(
-                Block::default()
-                    .borders(Borders::ALL)
-                    .title(format!(" stranded {} (same scale) ", stranded.last().map_or("-".into(), |v| human_bytes(*v)))),
-            )
-            .data(&stranded)
-            .max(max)
-            .style(Style::default().fg(STRANDED)),
-        h_str,
-    );
+            .style(Style::default().fg(color))
+    };
+    let last = |v: &[u64]| v.last().map_or("-".into(), |v| human_bytes(*v));
+    f.render_widget(spark(format!(" reserved {} ", last(&reserved)), &reserved, Color::Cyan), h_res);
+    f.render_widget(spark(format!(" stranded {} (same scale) ", last(&stranded)), &stranded, STRANDED), h_str);
+}
 
-    // Strip map.
+/// The strip map of the selected row's segments, with its legend.
+fn draw_strip(f: &mut TermFrame<'_>, app: &App, area: Rect) {
+    let sel = app.selected_row();
     let strip_title = match (app.selected_strip(), sel.as_ref().map(|r| r.key)) {
         (Some(s), _) => format!(
             " segments of pid {} on gpu {}: {}, largest free run {} (red) ",
@@ -238,8 +287,8 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
         _ => " segments ".to_string(),
     };
     let block = Block::default().borders(Borders::ALL).title(strip_title);
-    let inner = block.inner(strip);
-    f.render_widget(block, strip);
+    let inner = block.inner(area);
+    f.render_widget(block, area);
     if let Some(s) = app.selected_strip() {
         let request = app
             .frame
@@ -266,8 +315,10 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
     if inner.height > 0 {
         f.render_widget(Paragraph::new(legend), Rect { y: inner.y + inner.height - 1, height: 1, ..inner });
     }
+}
 
-    // Help or filter input.
+/// The key line, or the filter being typed.
+fn draw_keys(f: &mut TermFrame<'_>, app: &App, area: Rect) {
     let help_line = match &app.editing {
         Some(t) => Line::from(vec![
             Span::styled("filter: ", Style::default().add_modifier(Modifier::BOLD)),
@@ -275,16 +326,12 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
             Span::raw("▏  (Enter apply, Esc cancel)"),
         ]),
         None => Line::from(format!(
-            "h help · q quit · s , . sort · I reverse · / filter{} · Esc clear · ↑↓ select · p pause{} · x drop exited",
+            "h help · q quit · s , . sort · I reverse · / filter{} · Esc clear · ↑↓ select · p pause{} · x drop exited · r refresh",
             if app.filter.is_empty() { String::new() } else { format!(" [{}]", app.filter) },
             if matches!(app.mode, Mode::Replay(_)) { " replay" } else { " screen" }
         )),
     };
-    f.render_widget(Paragraph::new(help_line).style(Style::default().fg(Color::Gray)), help);
-
-    if app.help {
-        draw_help(f, area);
-    }
+    f.render_widget(Paragraph::new(help_line).style(Style::default().fg(Color::Gray)), area);
 }
 
 /// The help screen's text: every key, and what the columns are.
@@ -293,15 +340,16 @@ pub const HELP: &str = "gpufrag top: where GPU memory is, per device and per pro
   h ?        this help (any key closes it)      q Ctrl-C   quit
   ↑ ↓ j k    select a row                       Esc        clear the selection and the filter
   Home End   first / last row                   /          filter rows (Enter apply, Esc cancel)
-  s .  ,     next / previous sort column        I r        reverse the sort order
+  s .  ,     next / previous sort column        I          reverse the sort order
   p Space    pause (a replay itself stops)      x          drop exited processes now
+  r Ctrl-L   redraw the screen
 
 Columns: allocator (pytorch, xla, cupy), reserved (the allocator's and the driver's
 segments gpufrag traced), allocated (live blocks), stranded (free inside segments that
 hold live blocks: not releasable), largest free (the largest free block), frag
 (1 − largest allocatable / free), dev free and dev total (the device's own figures, on
-device rows), state (running / exited: an exited process is dimmed and dropped 30 s
-later), coverage (exact or approximate, and the level seen: segment, block), command
+device rows), state (running / exited: an exited process is dimmed, its figures in
+(parentheses) and out of its device's totals, and dropped 30 s later), coverage (exact or approximate, and the level seen: segment, block), command
 and user (from /proc while it runs; a replay knows only what its file carries). The
 sorted column is marked ▼ (largest first) or ▲.
 
