@@ -16,7 +16,9 @@ mod verdict;
 
 pub use allocator::{Addresses, Allocator, Counters, DeviceOp, Figures, Limits, Oom, OomLimit, DEFAULT_DEVICE_TOTAL};
 pub use check::{self_check, Check, Divergence};
-pub use stream::{from_events, from_snapshot, snapshot_conf, stream_of_file, Request, RequestStream, StreamError, TraceFinal};
+pub use stream::{
+    from_events, from_events_with_texts, from_snapshot, snapshot_conf, stream_of_file, Request, RequestStream, StreamError, TraceFinal,
+};
 pub use sweep::{rank, recommendation, sweep_confs, Ranked};
 pub use verdict::apply_to_summary;
 

@@ -64,11 +64,26 @@ pub enum EventKind {
     /// when, `size` the events written before it. A record without one was cut (the writer was
     /// killed or its disk filled) and is never called exact.
     RecordEnd = 23,
+    /// A process's caching-allocator settings (`PYTORCH_CUDA_ALLOC_CONF` syntax) in the event's
+    /// text: those it started with (its environment at exec), and each later change
+    /// (`torch.cuda.memory._set_allocator_settings`: the keys given replace those keys). Blocks
+    /// whose events carry only the requested size are sized by them from here on.
+    AllocSettings = 24,
+    /// `torch.cuda.set_per_process_memory_fraction` on `device`: `size` = the allowed bytes
+    /// (fraction × the device's total), the text the fraction as set.
+    MemoryFraction = 25,
+    /// The framework managing a process's memory: its allocator in `flags` (as a block's), its
+    /// name and version in the text.
+    FrameworkInfo = 26,
+    /// A framework's own figures at its OOM on `device` (XLA's `memory_stats()` read right after
+    /// the failure): `size` = pool bytes, `requested` = bytes in use, `handle` = largest free
+    /// chunk; they are the figures of the process's latest OOM there.
+    FrameworkFigures = 27,
 }
 
 impl EventKind {
     /// Every kind, in wire order.
-    pub const ALL: [EventKind; 23] = [
+    pub const ALL: [EventKind; 27] = [
         EventKind::MemAlloc,
         EventKind::MemAllocPitch,
         EventKind::MemAllocManaged,
@@ -92,11 +107,21 @@ impl EventKind {
         EventKind::PoolReserved,
         EventKind::Adopt,
         EventKind::RecordEnd,
+        EventKind::AllocSettings,
+        EventKind::MemoryFraction,
+        EventKind::FrameworkInfo,
+        EventKind::FrameworkFigures,
     ];
 
     /// Decodes a wire value; `None` for 0 and for values this build does not know.
     pub fn from_u16(v: u16) -> Option<EventKind> {
         BY_WIRE_VALUE.get(v as usize).copied().flatten()
+    }
+
+    /// A fact a process states about itself (its settings, memory fraction, framework, its
+    /// framework's OOM figures), not a memory operation.
+    pub fn is_fact(self) -> bool {
+        matches!(self, EventKind::AllocSettings | EventKind::MemoryFraction | EventKind::FrameworkInfo | EventKind::FrameworkFigures)
     }
 
     /// The snake-case name used in JSON and on screen.
@@ -125,6 +150,10 @@ impl EventKind {
             EventKind::PoolReserved => "pool_reserved",
             EventKind::Adopt => "adopt",
             EventKind::RecordEnd => "record_end",
+            EventKind::AllocSettings => "alloc_settings",
+            EventKind::MemoryFraction => "memory_fraction",
+            EventKind::FrameworkInfo => "framework_info",
+            EventKind::FrameworkFigures => "framework_figures",
         }
     }
 }
