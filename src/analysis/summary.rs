@@ -524,6 +524,12 @@ impl Summary {
                 state.retries_total()
             ));
         }
+        if state.failed_releases > 0 {
+            notes.push(format!(
+                "{} release call(s) failed with an error code (the program's own error, a bad argument): the driver kept that memory, and so does the trace",
+                state.failed_releases
+            ));
+        }
         if state.unknown_kinds > 0 {
             notes.push(format!("{} events had a kind this build does not know", state.unknown_kinds));
         }

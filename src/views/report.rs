@@ -44,7 +44,7 @@ pub struct ReportData {
 pub fn is_summary_json(path: &Path) -> bool {
     use std::io::Read;
     let mut head = [0u8; 64];
-    let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).unwrap_or(0);
+    let n = crate::input::open_input(path).ok().and_then(|mut f| f.read(&mut head).ok()).unwrap_or(0);
     head[..n].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
 }
 
