@@ -117,7 +117,7 @@ pub fn load(path: &Path) -> anyhow::Result<Loaded> {
         let mut events = Vec::new();
         for entry in reader.by_ref() {
             let entry = entry.map_err(|e| UnusableInput(e.to_string()))?;
-            state.apply(&entry.event);
+            state.apply_text(&entry.event, entry.text.as_deref().unwrap_or(&[]));
             events.push(entry.event);
         }
         let end = reader.end().unwrap_or(record::End::Cut { at: reader.offset() });

@@ -149,9 +149,14 @@ impl Live {
     }
 
     fn apply(&mut self, e: &Event) {
+        self.apply_text(e, b"");
+    }
+
+    /// Applies an event with its text (a fact: settings, fraction, framework), placed.
+    fn apply_text(&mut self, e: &Event, text: &[u8]) {
         let mut e = *e;
         self.place(&mut e);
-        self.apply_placed(&e);
+        self.apply_placed_text(&e, text);
     }
 
     /// Forgets a process that is gone: its maps and who it was.
@@ -162,8 +167,16 @@ impl Live {
 
     /// Applies an event whose device is already the node's GPU index.
     fn apply_placed(&mut self, e: &Event) {
+        self.apply_placed_text(e, b"");
+    }
+
+    /// Applies an event (and its text) whose device is already the node's GPU index, and records
+    /// both.
+    fn apply_placed_text(&mut self, e: &Event, text: &[u8]) {
+        let text = &text[..text.len().min(u16::MAX as usize)];
+        let e = &Event { text_len: text.len() as u16, ..*e };
         let ooms = self.state.ooms.len();
-        self.state.apply(e);
+        self.state.apply_text(e, text);
         if self.state.ooms.len() > ooms && e.pid != 0 {
             // Who else holds the GPU, as NVML lists it right now (crate::holders).
             if let Some(o) = self.state.ooms.last_mut() {
@@ -174,7 +187,7 @@ impl Live {
             o.event(&self.state, e);
         }
         if let Some(w) = self.record.as_mut() {
-            if let Err(err) = w.write(e) {
+            if let Err(err) = w.write_text(e, text) {
                 self.record_error = Some(err.to_string());
                 self.record = None;
             }
@@ -185,6 +198,7 @@ impl Live {
     pub fn handle(&mut self, m: Msg) {
         match m {
             Msg::Event(e) => self.apply(&e),
+            Msg::Fact { event, text } => self.apply_text(&event, text.as_bytes()),
             Msg::Connected { hello, proc } => {
                 let conf = proc.as_ref().and_then(|p| alloc_conf_of(&p.environ));
                 if let Some(p) = proc {
@@ -199,12 +213,14 @@ impl Live {
                     self.processes.retain(|(p, _)| *p != hello.pid);
                 }
                 self.name_process(hello.pid, hello.exe_name());
-                self.apply(&Event { ts_ns: now_ns(), ..Event::new(EventKind::ProcessExec, hello.pid, -1) });
+                let ts_ns = now_ns();
+                self.apply(&Event { ts_ns, ..Event::new(EventKind::ProcessExec, hello.pid, -1) });
                 // Block events that carry only the requested size (the trace tracker's, USDT's)
-                // are sized by the process's own allocator settings; one PyTorch would reject
-                // leaves the defaults (and PyTorch itself would not have started).
-                if let Some(rules) = conf.and_then(|c| crate::alloc::pytorch::AllocConf::parse(&c).ok()) {
-                    self.state.set_process_rules(hello.pid, rules.rules);
+                // are sized by the process's own allocator settings: its environment at exec, an
+                // event like any other (the state notes settings PyTorch would reject, and keeps
+                // the defaults: PyTorch itself would not have started).
+                if let Some(c) = conf.filter(|_| self.state.settings_of(hello.pid).is_none()) {
+                    self.apply_text(&Event { ts_ns, ..Event::new(EventKind::AllocSettings, hello.pid, -1) }, c.as_bytes());
                 }
             }
             Msg::Blocks { pid, mut snapshot } => {
@@ -284,18 +300,19 @@ impl Live {
                 };
                 self.apply(&e);
                 // Under `run` XLA's pool is one mapping with nothing visible inside: the OOM's
-                // figures are the ones BFC itself reported right after the failure.
+                // figures are the ones BFC itself reported right after the failure, stated as an
+                // event (a replay of the record gives the same verdict).
                 if let (crate::alloc::Framework::Xla, Some(r)) = (framework, self.framework_reports.get(&(pid, device, framework, "oom"))) {
                     let st = |k: &str| r.stats.get(k).copied().unwrap_or(0);
-                    if let Some(o) = self.state.ooms.last_mut().filter(|o| o.pid == pid) {
-                        let (pool, used) = (st("pool_bytes"), st("bytes_in_use"));
-                        o.figures.reserved = pool;
-                        o.figures.allocated = used;
-                        o.figures.stranded = pool.saturating_sub(used);
-                        o.figures.releasable = 0;
-                        o.figures.largest_free_block = st("largest_free_block_bytes");
-                        o.figures.framework_seen = true;
-                    }
+                    let figures = Event {
+                        ts_ns: e.ts_ns,
+                        size: st("pool_bytes"),
+                        requested: st("bytes_in_use"),
+                        handle: st("largest_free_block_bytes"),
+                        flags: framework.flags(),
+                        ..Event::new(EventKind::FrameworkFigures, pid, device)
+                    };
+                    self.apply(&figures);
                 }
             }
             Msg::Named { pid, name } => {
@@ -317,7 +334,16 @@ impl Live {
                     None => self.name_process(pid, name),
                 }
             }
-            Msg::Proc { pid, read } => self.attribution.prefetch(pid, *read),
+            Msg::Proc { pid, read } => {
+                // The eBPF path reads a process's /proc when its first probe event arrives, before
+                // its events are applied: its allocator settings at exec are its environment's
+                // PYTORCH_CUDA_ALLOC_CONF, stated as an event (the agent and attach size blocks
+                // by them; a record of the agent replays the same).
+                if let Some(c) = alloc_conf_of(&read.environ).filter(|_| self.state.settings_of(pid).is_none()) {
+                    self.apply_text(&Event { ts_ns: now_ns(), ..Event::new(EventKind::AllocSettings, pid, -1) }, c.as_bytes());
+                }
+                self.attribution.prefetch(pid, *read)
+            }
             Msg::Forget(pid) => self.forget(pid),
             Msg::Warning(w) => {
                 if !self.quiet {
@@ -479,7 +505,7 @@ impl Live {
         if s.ooms.iter().any(|o| o.framework == Some(crate::alloc::Framework::Xla))
             && self.framework_reports.keys().any(|k| k.2 == crate::alloc::Framework::Xla && k.3 == "oom")
         {
-            s.notes.push("an XLA OOM's figures (pool, in use, free, largest free chunk) are jax.Device.memory_stats() read right after the failure; a replay of the record file has only what the shim saw".into());
+            s.notes.push("an XLA OOM's figures (pool, in use, free, largest free chunk) are jax.Device.memory_stats() read right after the failure (recorded as a framework_figures event: a replay of the record gives the same)".into());
         }
         s.framework_stats = self.framework_reports.values().cloned().collect();
         if let Some(r) = self.record.as_ref().filter(|r| r.rotations > 0) {
@@ -499,12 +525,14 @@ impl Live {
 }
 
 /// The allocator settings in a process's environment block (NUL-separated `KEY=value`), as
-/// PyTorch reads them: the first of `PYTORCH_CUDA_ALLOC_CONF`, `PYTORCH_ALLOC_CONF` that is set.
+/// PyTorch reads them: the first of `PYTORCH_CUDA_ALLOC_CONF`, `PYTORCH_ALLOC_CONF` that is set;
+/// `""` (PyTorch's defaults) when neither is; `None` when the environment could not be read.
 fn alloc_conf_of(environ: &Result<Vec<u8>, String>) -> Option<String> {
     let env = environ.as_ref().ok()?;
-    ["PYTORCH_CUDA_ALLOC_CONF=", "PYTORCH_ALLOC_CONF="].iter().find_map(|key| {
+    let set = ["PYTORCH_CUDA_ALLOC_CONF=", "PYTORCH_ALLOC_CONF="].iter().find_map(|key| {
         env.split(|&b| b == 0).find_map(|kv| kv.strip_prefix(key.as_bytes())).map(|v| String::from_utf8_lossy(v).into_owned())
-    })
+    });
+    Some(set.unwrap_or_default())
 }
 
 #[cfg(test)]

@@ -2,14 +2,18 @@
 //! `agent --record` write and `analyze`, `report`, `whatif` and `top --replay` read back to the
 //! same figures.
 //!
-//! Layout (version 2): a 16-byte header (`GPUFRAG\x01`, `u32` version, `u32` record size = 80)
+//! Layout (version 3): a 16-byte header (`GPUFRAG\x01`, `u32` version, `u32` record size = 80)
 //! followed by entries, little-endian. An entry is one 80-byte [`Event`]; when its `text_len` is
 //! not 0, [`text_records`] more 80-byte records follow it, holding its text zero-padded (a
 //! setting's string, a library's path: what a fixed-size event cannot carry). A writer that stops
 //! cleanly ends the file with a [`EventKind::RecordEnd`] entry whose `size` is the number of
 //! entries before it; a file without one was cut (its writer was killed, or its disk filled) and
-//! is never read as exact: [`End`] says which. Version 1 files (earlier builds: events only, no
-//! text, no end marker) are still read; their end cannot be told.
+//! is never read as exact: [`End`] says which. Version 3 adds the facts a process states about
+//! itself as events with text (allocator settings at start and each change, memory fraction,
+//! framework identity and its OOM figures: `EventKind::AllocSettings` and after), so that a
+//! replay sizes blocks as the live run did; version 2 files (the same layout, without those
+//! events: replayed under PyTorch's default settings) and version 1 files (earlier builds: events
+//! only, no text, no end marker, so their end cannot be told) are still read.
 //!
 //! [`Reader`] streams a file entry by entry in bounded memory, whatever its size; [`read`] and
 //! [`parse`] collect a whole file for the callers that want it in memory. The writer flushes in
@@ -24,7 +28,7 @@ use std::path::{Path, PathBuf};
 /// First 8 bytes of every record file.
 pub const MAGIC: &[u8; 8] = b"GPUFRAG\x01";
 /// The format version this build writes.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// The oldest format version this build reads.
 pub const OLDEST_VERSION: u32 = 1;
 /// Header length in bytes.
@@ -614,8 +618,13 @@ mod tests {
         let e = parse(Path::new("/tmp/f.rec"), b"not a record file").unwrap_err();
         assert_eq!(e.to_string(), "/tmp/f.rec: not a gpufrag record file (bad header at offset 0)");
         let mut h = MAGIC.to_vec();
-        h.extend_from_slice(&3u32.to_le_bytes());
+        h.extend_from_slice(&(VERSION + 1).to_le_bytes());
         h.extend_from_slice(&80u32.to_le_bytes());
-        assert!(parse(Path::new("f"), &h).unwrap_err().to_string().contains("version 3"));
+        assert!(parse(Path::new("f"), &h).unwrap_err().to_string().contains(&format!("version {}", VERSION + 1)));
+        // Version 2 (text and end marker, before the facts' kinds) still reads.
+        let mut h = MAGIC.to_vec();
+        h.extend_from_slice(&2u32.to_le_bytes());
+        h.extend_from_slice(&80u32.to_le_bytes());
+        assert_eq!(parse(Path::new("f"), &h).expect("version 2").end, End::Cut { at: HEADER_LEN as u64 });
     }
 }

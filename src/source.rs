@@ -12,6 +12,15 @@ use crate::hello::Hello;
 pub enum Msg {
     /// One event from a ring (or made by the consumer: `Dropped`, `ProcessExit`).
     Event(Event),
+    /// A fact a process states about itself, as an event with its text (its allocator settings,
+    /// memory fraction, framework: `EventKind::AllocSettings` and after), applied and recorded
+    /// like any event.
+    Fact {
+        /// The event (`text_len` is set from `text` when it is applied).
+        event: Event,
+        /// Its text.
+        text: String,
+    },
     /// A process connected.
     Connected {
         /// Its hello.

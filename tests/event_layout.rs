@@ -145,8 +145,8 @@ fn c_header_and_rust_struct_have_the_same_layout() {
 #[test]
 fn python_hook_hello_and_frames_match_the_rust_definitions() {
     use gpufrag::consumer::{
-        PY_ARMED, PY_ARMED_BYTES, PY_BLOCKS_SOURCE, PY_EVENTS, PY_FRAMEWORK_OOM, PY_HEADER_BYTES, PY_MAGIC, PY_OOM, PY_OOM_ALLOWED,
-        PY_OOM_ALLOWED_BYTES, PY_OOM_BYTES, PY_SNAPSHOT, PY_STATS,
+        PY_ARMED, PY_ARMED_BYTES, PY_BLOCKS_SOURCE, PY_EVENTS, PY_FRACTION, PY_FRACTION_BYTES, PY_FRAMEWORK, PY_FRAMEWORK_OOM,
+        PY_HEADER_BYTES, PY_MAGIC, PY_OOM, PY_OOM_ALLOWED, PY_OOM_ALLOWED_BYTES, PY_OOM_BYTES, PY_SETTINGS, PY_SNAPSHOT, PY_STATS,
     };
     use gpufrag::hello::{Hello, HELLO_BYTES, SOURCE_PYTHON};
     if std::process::Command::new("python3").arg("--version").output().is_err() {
@@ -197,6 +197,9 @@ print(json.dumps({
         ("PY_FRAMEWORK_OOM", PY_FRAMEWORK_OOM),
         ("PY_BLOCKS_SOURCE", PY_BLOCKS_SOURCE),
         ("PY_OOM_ALLOWED", PY_OOM_ALLOWED),
+        ("PY_SETTINGS", PY_SETTINGS),
+        ("PY_FRACTION", PY_FRACTION),
+        ("PY_FRAMEWORK", PY_FRAMEWORK),
     ];
     for (name, r) in rust {
         assert_eq!(kind(name), r as u64, "conn.{name} against the consumer's {name}");
@@ -206,6 +209,7 @@ print(json.dumps({
     assert_eq!(body(PY_OOM), Some(PY_OOM_BYTES), "the OOM frame's body");
     assert_eq!(body(PY_OOM_ALLOWED), Some(PY_OOM_ALLOWED_BYTES), "the allowed-bytes frame's body");
     assert_eq!(body(PY_ARMED), Some(PY_ARMED_BYTES), "the armed frame's body");
+    assert_eq!(body(PY_FRACTION), Some(PY_FRACTION_BYTES), "the memory-fraction frame's body");
     let listed: Vec<u64> = ["bodies", "json", "raw"]
         .iter()
         .flat_map(|k| match &v[*k] {

@@ -390,3 +390,33 @@ fn regression_an_unrecovered_driver_failure_is_one_oom_in_every_output() {
     let sc = Scratch::new("driver-oom");
     assert_every_output(&sc, "driver_oom", 1, 0);
 }
+
+/// Issue 22: under `roundup_power2_divisions:2` the live run said allocated 6,295,040 B and its
+/// own record replayed to 5,246,464 B: the settings travelled beside the events. They are events
+/// now (the environment at exec, each change at run time), so a run's record replays to its live
+/// summary (figures, OOMs, verdicts, retries) under the defaults, `roundup_power2_divisions:2`,
+/// `max_split_size_mb:128` and a change at run time, and whatif takes the record's own settings.
+#[test]
+fn regression_a_record_replays_to_its_live_summary_under_its_settings_and_a_change_at_run_time() {
+    let sc = Scratch::new("replay");
+    let cases: [(&str, Option<&str>, &str, u64); 4] = [
+        ("defaults", None, "", 512 + 3072 + 5 * MIB),
+        ("div2", Some("roundup_power2_divisions:2"), "", 512 + 3072 + 6 * MIB),
+        ("split128", Some("max_split_size_mb:128"), "", 512 + 3072 + 5 * MIB),
+        // 5 MiB before the change, a further 5 MiB request after it in a 6 MiB block.
+        ("change", None, "change", 512 + 3072 + 5 * MIB + 6 * MIB),
+    ];
+    for (tag, conf, mode, allocated) in cases {
+        let record = sc.dir.join(format!("{tag}.gpufrag"));
+        let env: Vec<(&str, &std::ffi::OsStr)> = conf.iter().map(|c| ("PYTORCH_CUDA_ALLOC_CONF", std::ffi::OsStr::new(*c))).collect();
+        let (s, out) = sc.run_mode(tag, &["--torch-tracker=build", "--record", record.to_str().expect("utf-8")], &env, mode, true);
+        assert!(out.status.success(), "{tag}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(s["processes"][0]["allocated"].as_u64(), Some(allocated), "{tag}: {s:#}");
+        assert_replays(&s, &record);
+        // whatif's self-check under the record's own settings.
+        let w = Command::new(env!("CARGO_BIN_EXE_gpufrag")).arg("whatif").arg("--json").arg(&record).output().expect("whatif");
+        let w: Value =
+            serde_json::from_slice(&w.stdout).unwrap_or_else(|e| panic!("{tag}: whatif json: {e}: {}", String::from_utf8_lossy(&w.stderr)));
+        assert_eq!(w["trace"]["alloc_conf"].as_str(), Some(conf.unwrap_or("")), "{tag}: whatif's own settings: {w:#}");
+    }
+}

@@ -23,6 +23,9 @@ PY_STATS = 5  # JSON: a framework's own statistics
 PY_FRAMEWORK_OOM = 6  # JSON: a framework's out-of-memory error
 PY_BLOCKS_SOURCE = 7  # JSON: how PyTorch's blocks reach gpufrag
 PY_OOM_ALLOWED = 8  # the allowed bytes of an OOM the trace tracker reported
+PY_SETTINGS = 20  # JSON: the allocator settings (at arm: those in force; after a change: the string given)
+PY_FRACTION = 21  # set_per_process_memory_fraction
+PY_FRAMEWORK = 22  # JSON: the framework managing this process's memory and its version
 
 FRAME_HEADER = "<4sIQ"
 FRAME_MAGIC = b"GFPY"
@@ -31,9 +34,10 @@ BODY_FORMATS = {
     PY_OOM: "<qQQQQ",  # device, requested, limit, device free, allowed (0: no fraction)
     PY_OOM_ALLOWED: "<qQQ",  # device, requested, allowed
     PY_ARMED: "<q",  # device
+    PY_FRACTION: "<qdQ",  # device, fraction, allowed bytes (fraction x the device total)
 }
 # Frames whose bodies are not struct-packed.
-JSON_FRAMES = (PY_STATS, PY_FRAMEWORK_OOM, PY_BLOCKS_SOURCE)
+JSON_FRAMES = (PY_STATS, PY_FRAMEWORK_OOM, PY_BLOCKS_SOURCE, PY_SETTINGS, PY_FRAMEWORK)
 RAW_FRAMES = (PY_SNAPSHOT, PY_EVENTS)
 
 HELLO_MAGIC = b"GFHELLO1"

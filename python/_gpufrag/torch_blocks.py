@@ -108,6 +108,10 @@ class TorchBlocks:
             self.conn.send_packed(wire.PY_ARMED, int(torch.cuda.current_device()))
         except Exception:
             pass
+        try:
+            self.state_facts(torch)
+        except Exception:
+            pass
         self.choosing = True
         try:
             self.blocks_source(torch, early)
@@ -119,6 +123,44 @@ class TorchBlocks:
             torch._C._cuda_attach_out_of_memory_observer(self.on_oom)
         except Exception:
             pass
+
+    def state_facts(self, torch):
+        """The facts the state sizes blocks and judges OOMs by, as events (frames 20-22): the
+        framework and its version; then every later change of the allocator settings
+        (torch.cuda.memory._set_allocator_settings: the string given) and of the memory fraction
+        (set_per_process_memory_fraction: the fraction and the allowed bytes), sent right after
+        PyTorch applied it. The settings at start come from the environment at exec (the shim's
+        hello), so they are not sent here."""
+        conn = self.conn
+        conn.send_json(wire.PY_FRAMEWORK, {"framework": "pytorch", "version": str(getattr(torch, "__version__", ""))})
+        memory = getattr(torch.cuda, "memory", None)
+        set_settings = getattr(memory, "_set_allocator_settings", None) if memory is not None else None
+        if set_settings is not None and not getattr(set_settings, "_gpufrag", False):
+
+            def _set_allocator_settings(env, *a, **k):
+                r = set_settings(env, *a, **k)
+                conn.send_json(wire.PY_SETTINGS, {"conf": str(env)})
+                return r
+
+            _set_allocator_settings._gpufrag = True
+            memory._set_allocator_settings = _set_allocator_settings
+        set_fraction = getattr(torch.cuda, "set_per_process_memory_fraction", None)
+        if set_fraction is not None and not getattr(set_fraction, "_gpufrag", False):
+
+            def set_per_process_memory_fraction(fraction, device=None, *a, **k):
+                r = set_fraction(fraction, device, *a, **k)
+                try:
+                    d = torch.cuda.current_device() if device is None else torch.cuda._utils._get_device_index(device)
+                    total = int(torch.cuda.mem_get_info(d)[1])
+                    conn.send_packed(wire.PY_FRACTION, int(d), float(fraction), int(float(fraction) * total))
+                except Exception:
+                    pass
+                return r
+
+            set_per_process_memory_fraction._gpufrag = True
+            torch.cuda.set_per_process_memory_fraction = set_per_process_memory_fraction
+            if memory is not None and getattr(memory, "set_per_process_memory_fraction", None) is set_fraction:
+                memory.set_per_process_memory_fraction = set_per_process_memory_fraction
 
     def say_snapshots(self, why, sep=": ", **extra):
         note = f"PyTorch blocks from snapshots every {self.interval:g} s{sep}{why}"

@@ -517,6 +517,19 @@ impl Summary {
                 first.join(", ")
             ));
         }
+        if state.fact_note_count > 0 {
+            notes.push(format!(
+                "{} fact(s) a process stated about itself could not be used and changed nothing (settings that do not parse, figures for an OOM never seen)",
+                state.fact_note_count
+            ));
+            notes.extend(state.fact_notes.iter().cloned());
+        }
+        if state.retries_total() > 0 {
+            notes.push(format!(
+                "{} failed allocation(s) recovered (retries: the same thread's next allocation of that size succeeded after memory was released): not OOMs",
+                state.retries_total()
+            ));
+        }
         if state.failed_releases > 0 {
             notes.push(format!(
                 "{} release call(s) failed with an error code (the program's own error, a bad argument): the driver kept that memory, and so does the trace",

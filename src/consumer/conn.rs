@@ -9,7 +9,7 @@
 //! converted timestamps non-decreasing), so that everything downstream, recordings included,
 //! sees nanoseconds.
 
-use crate::event::Event;
+use crate::event::{Event, EventKind};
 use crate::hello::{Hello, HELLO_BYTES, HELLO_ENV_MAX, HELLO_F_ENV, HELLO_F_TSC, SOURCE_PYTHON, SOURCE_SHIM};
 use gpufrag_wire::clock::{self, Converter};
 use gpufrag_wire::lanes::{Lanes, Merge, Prefault, SPARE_LANES};
@@ -318,6 +318,32 @@ pub const PY_FRAMEWORK_OOM: u32 = 6;
 pub const PY_BLOCKS_SOURCE: u32 = 7;
 /// Largest frame accepted.
 const PY_MAX_FRAME: u64 = 1 << 31;
+/// A Python hook's frame: the allocator settings in force (JSON `{"conf"}`: at arm, and after each
+/// `torch.cuda.memory._set_allocator_settings` with the string given), a settings event.
+pub const PY_SETTINGS: u32 = 20;
+/// A Python hook's frame: `set_per_process_memory_fraction` (device, fraction, allowed bytes).
+pub const PY_FRACTION: u32 = 21;
+/// Bytes of a [`PY_FRACTION`] frame's body.
+pub const PY_FRACTION_BYTES: usize = 24;
+/// A Python hook's frame: the framework managing the process's memory (JSON
+/// `{"framework", "version"}`).
+pub const PY_FRAMEWORK: u32 = 22;
+/// Longest settings or framework text taken from a frame.
+const PY_FACT_TEXT: usize = 4096;
+
+/// The body of a [`PY_SETTINGS`] frame.
+#[derive(serde::Deserialize)]
+struct SettingsFrame {
+    conf: String,
+}
+
+/// The body of a [`PY_FRAMEWORK`] frame.
+#[derive(serde::Deserialize)]
+struct FrameworkFrame {
+    framework: crate::alloc::Framework,
+    #[serde(default)]
+    version: String,
+}
 
 /// The body of a [`PY_BLOCKS_SOURCE`] frame.
 #[derive(serde::Deserialize)]
@@ -441,6 +467,36 @@ pub fn python_reader(hello: Hello, mut stream: impl Read, mut emit: impl FnMut(c
                     f.blocks.chars().take(40).collect::<String>()
                 ))),
                 Err(e) => emit(crate::source::Msg::Warning(format!("{name}: unusable block-source frame: {e}"))),
+            },
+            PY_SETTINGS => match serde_json::from_slice::<SettingsFrame>(&body) {
+                Ok(f) => emit(crate::source::Msg::Fact {
+                    event: Event { ts_ns: crate::source::now_ns(), ..Event::new(EventKind::AllocSettings, hello.pid, -1) },
+                    text: f.conf.chars().take(PY_FACT_TEXT).collect(),
+                }),
+                Err(e) => emit(crate::source::Msg::Warning(format!("{name}: unusable settings frame: {e}"))),
+            },
+            PY_FRACTION if body.len() == PY_FRACTION_BYTES => {
+                let q = |o: usize| u64::from_le_bytes(body[o..o + 8].try_into().unwrap_or([0; 8]));
+                let fraction = f64::from_bits(q(8));
+                emit(crate::source::Msg::Fact {
+                    event: Event {
+                        ts_ns: crate::source::now_ns(),
+                        size: q(16),
+                        ..Event::new(EventKind::MemoryFraction, hello.pid, q(0) as i64 as i16)
+                    },
+                    text: format!("{fraction}"),
+                });
+            }
+            PY_FRAMEWORK => match serde_json::from_slice::<FrameworkFrame>(&body) {
+                Ok(f) => emit(crate::source::Msg::Fact {
+                    event: Event {
+                        ts_ns: crate::source::now_ns(),
+                        flags: f.framework.flags(),
+                        ..Event::new(EventKind::FrameworkInfo, hello.pid, -1)
+                    },
+                    text: format!("{} {}", f.framework.name(), f.version.chars().take(PY_FACT_TEXT).collect::<String>()),
+                }),
+                Err(e) => emit(crate::source::Msg::Warning(format!("{name}: unusable framework frame: {e}"))),
             },
             t => emit(crate::source::Msg::Warning(format!("{name}: unknown frame type {t}"))),
         }

@@ -25,6 +25,7 @@
 
 pub mod histogram;
 pub mod oom_rule;
+pub mod settings;
 
 pub use oom_rule::{OomOutcome, OOM_HOLD_NS};
 
@@ -343,9 +344,14 @@ pub struct State {
     /// replayed record has none.
     pub identities: BTreeMap<u32, std::sync::Arc<crate::attribution::Identity>>,
     rules: AllocatorRules,
-    /// Processes whose allocator settings differ from `rules` (a live process's
-    /// `PYTORCH_CUDA_ALLOC_CONF`, told by its Python hook): their maps size blocks by these.
-    process_rules: BTreeMap<u32, AllocatorRules>,
+    /// Per process: the allocator settings, memory fractions and framework its events stated
+    /// ([`settings`]); its maps size blocks by these settings.
+    settings: BTreeMap<u32, settings::ProcessSettings>,
+    /// Facts that could not be used (settings that do not parse, a framework's OOM figures for a
+    /// process with no OOM), counted.
+    pub fact_note_count: u64,
+    /// The first [`settings::KEPT_FACT_NOTES`] of them, each a one-line reason.
+    pub fact_notes: Vec<String>,
     /// Per (pid, device): the process's latest own reading of device free.
     readings: BTreeMap<(u32, i16), Reading>,
     /// OOM records (indices into `ooms`) that a reading arriving later may still complete, in
@@ -413,7 +419,7 @@ impl State {
         self.readings.retain(|&(p, _), _| p != pid);
         self.driver_failures.retain(|&(p, _), _| p != pid);
         self.pending_allowed.retain(|&(p, _), _| p != pid);
-        self.process_rules.remove(&pid);
+        self.settings.remove(&pid);
         self.settle_pid(pid);
         let ooms = &self.ooms;
         self.awaiting.retain(|&i| ooms[i].pid != pid);
@@ -463,23 +469,18 @@ impl State {
 
     /// The map of (pid, device), created on first use.
     pub fn space(&mut self, pid: u32, device: i16) -> &mut ProcessDevice {
-        let rules = self.process_rules.get(&pid).unwrap_or(&self.rules);
+        let rules = self.settings.get(&pid).map_or(&self.rules, |s| &s.conf.rules);
         self.spaces.entry((pid, device)).or_insert_with(|| ProcessDevice::new(pid, device, rules.clone()))
     }
 
-    /// Sizes the blocks of `pid` (on every device, from now on and in the maps it has) by
-    /// `rules`: its own allocator settings, where events carry only requested sizes.
-    pub fn set_process_rules(&mut self, pid: u32, rules: AllocatorRules) {
-        for ((p, _), pd) in self.spaces.iter_mut() {
-            if *p == pid {
-                pd.map.set_rules(rules.clone());
-            }
-        }
-        self.process_rules.insert(pid, rules);
+    /// Applies one event that carries no text. Never fails: what does not fit is counted.
+    pub fn apply(&mut self, ev: &Event) {
+        self.apply_text(ev, &[]);
     }
 
-    /// Applies one event. Never fails: what does not fit is counted.
-    pub fn apply(&mut self, ev: &Event) {
+    /// Applies one event with its text (a record entry's, or what a live source handed beside
+    /// the event: a settings string, a framework's name). Never fails.
+    pub fn apply_text(&mut self, ev: &Event, text: &[u8]) {
         self.events += 1;
         if !self.awaiting.is_empty() {
             let ooms = &self.ooms;
@@ -495,7 +496,9 @@ impl State {
                 self.awaiting_unordered = false;
             }
         }
-        if !self.undecided.is_empty() {
+        // A fact (settings, fraction, framework) is stated when the front end learns it, not when
+        // the program acted: it does not move the OOM rule's clock.
+        if !self.undecided.is_empty() && !matches!(ev.kind(), Some(k) if k.is_fact()) {
             self.settle_by_event(ev.ts_ns);
         }
         let Some(kind) = ev.kind() else {
@@ -527,6 +530,10 @@ impl State {
             EventKind::ProcessExec => Ok(()),
             // The record reader consumes end markers; one from anywhere else changes nothing.
             EventKind::RecordEnd => Ok(()),
+            EventKind::AllocSettings | EventKind::MemoryFraction | EventKind::FrameworkInfo | EventKind::FrameworkFigures => {
+                self.apply_fact(ev, kind, text);
+                Ok(())
+            }
             // Placement is the attribution's (the live pipeline reads it before the state).
             EventKind::DeviceUuid => Ok(()),
             // A legacy IPC export changes no memory; whatif's advice reads it from the record.
@@ -595,7 +602,13 @@ impl State {
                     None
                 };
                 self.ooms.push(OomRecord {
-                    allowed: (ev.flags & F_ALLOWED_KNOWN != 0).then_some(ev.size).or(pending),
+                    allowed: (ev.flags & F_ALLOWED_KNOWN != 0).then_some(ev.size).or(pending).or_else(|| {
+                        if block {
+                            self.allowed_of(pid, device)
+                        } else {
+                            None
+                        }
+                    }),
                     allocator_oom,
                     allocator_reserved: (allocator_oom && ev.handle != 0).then_some(ev.handle),
                     driver_failures_before,
@@ -841,13 +854,16 @@ mod forget_tests {
 mod process_rules_tests {
     use super::*;
 
+    fn settings(pid: u32, conf: &str) -> (Event, Vec<u8>) {
+        (Event { text_len: conf.len() as u16, ..Event::new(EventKind::AllocSettings, pid, -1) }, conf.as_bytes().to_vec())
+    }
+
     /// Under `run` with the trace tracker a block event carries only the requested size: a
     /// process started with `PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:4` has its 1.1 MiB
     /// request in a 1.25 MiB block (four divisions of [1 MiB, 2 MiB)), not PyTorch's default
-    /// 512-byte rounding, and another process keeps the defaults.
+    /// 512-byte rounding, and another process keeps the defaults. The settings are an event.
     #[test]
     fn regression_tracker_blocks_are_sized_by_the_processs_own_allocator_settings() {
-        let conf = crate::alloc::pytorch::AllocConf::parse("roundup_power2_divisions:4").expect("PyTorch accepts it");
         let mut s = State::default();
         let requested = 1_153_434; // 1.1 MiB
         for pid in [7u32, 8] {
@@ -858,18 +874,52 @@ mod process_rules_tests {
                 ..Event::new(EventKind::MemAlloc, pid, 0)
             });
             if pid == 7 {
-                // Told after the process's first (driver) event, as the hook's frame arrives.
-                s.set_process_rules(7, conf.rules.clone());
+                // Stated after the process's first (driver) event, as the hook's frame arrives.
+                let (e, t) = settings(7, "roundup_power2_divisions:4");
+                s.apply_text(&e, &t);
             }
             s.apply(&Event { addr: 0x1000_0000 * u64::from(pid), requested, ..Event::new(EventKind::BlockAlloc, pid, 0) });
         }
         let allocated = |s: &State, pid| s.spaces[&(pid, 0)].map.figures().allocated;
         assert_eq!(allocated(&s, 7), 1_310_720, "1.1 MiB under roundup_power2_divisions:4");
         assert_eq!(allocated(&s, 8), 1_153_536, "1.1 MiB rounded to 512 bytes (the defaults)");
+        assert_eq!(s.settings_of(7).map(|x| x.at_start.as_str()), Some("roundup_power2_divisions:4"));
         s.forget(7);
         s.apply(&Event { addr: 0x7000_0000, size: 20 << 20, requested: 20 << 20, ..Event::new(EventKind::MemAlloc, 7, 0) });
         s.apply(&Event { addr: 0x7000_0000, requested, ..Event::new(EventKind::BlockAlloc, 7, 0) });
         assert_eq!(allocated(&s, 7), 1_153_536, "a new holder of pid 7 starts with the defaults");
+    }
+
+    /// A change at run time (`_set_allocator_settings`) replaces the keys it names and sizes the
+    /// blocks after it; settings that do not parse, or name a key PyTorch does not know, change
+    /// nothing and are a counted note with the reason.
+    #[test]
+    fn a_settings_change_applies_from_there_and_bad_settings_are_noted_not_applied() {
+        let mut s = State::default();
+        let (e, t) = settings(7, "max_split_size_mb:128");
+        s.apply_text(&e, &t);
+        s.apply(&Event { addr: 0x1000_0000, size: 64 << 20, requested: 64 << 20, ..Event::new(EventKind::MemAlloc, 7, 0) });
+        s.apply(&Event { addr: 0x1000_0000, requested: 1_153_434, ..Event::new(EventKind::BlockAlloc, 7, 0) });
+        let (e, t) = settings(7, "roundup_power2_divisions:4");
+        s.apply_text(&e, &t);
+        s.apply(&Event { addr: 0x1000_0000 + (2 << 20), requested: 1_153_434, ..Event::new(EventKind::BlockAlloc, 7, 0) });
+        let f = s.spaces[&(7, 0)].map.figures();
+        assert_eq!(f.allocated, 1_153_536 + 1_310_720, "the first block by the start's settings, the second by the change");
+        let set = s.settings_of(7).expect("settings");
+        assert_eq!(set.conf.rules.max_split_size, 128 << 20, "the change kept the keys it did not name");
+        assert_eq!(set.changes, vec!["roundup_power2_divisions:4".to_string()]);
+        let before = (s.spaces[&(7, 0)].map.figures(), set.clone());
+        for bad in ["roundup_power2_divisions:3", "no_such_key:1", "max_split_size_mb"] {
+            let (e, t) = settings(7, bad);
+            s.apply_text(&e, &t);
+        }
+        assert_eq!(s.fact_note_count, 3, "{:?}", s.fact_notes);
+        assert!(s.fact_notes[1].contains("\"no_such_key:1\" do not parse"), "{:?}", s.fact_notes);
+        assert_eq!((s.spaces[&(7, 0)].map.figures(), s.settings_of(7).cloned().expect("settings")), before, "nothing changed");
+        // A framework's OOM figures for a process with no OOM: a note, nothing else.
+        s.apply(&Event { size: 1 << 30, requested: 1 << 29, handle: 1 << 20, ..Event::new(EventKind::FrameworkFigures, 9, 0) });
+        assert_eq!(s.fact_note_count, 4);
+        assert!(s.ooms.is_empty() && !s.spaces.contains_key(&(9, 0)));
     }
 }
 

@@ -344,8 +344,16 @@ pub fn from_snapshot(snap: &Snapshot) -> Result<RequestStream, StreamError> {
     Ok(s)
 }
 
-/// The request stream of a gpufrag record's busiest (process, device) with block events.
+/// The request stream of a gpufrag record's busiest (process, device) with block events, under
+/// PyTorch's default settings (a record without settings events).
 pub fn from_events(events: &[Event]) -> Result<RequestStream, StreamError> {
+    from_events_with_texts(events, &[])
+}
+
+/// The request stream of a gpufrag record's busiest (process, device) with block events; its own
+/// settings are the process's first settings event (`texts` by index into `events`, as
+/// [`crate::record::Recording`] holds them).
+pub fn from_events_with_texts(events: &[Event], texts: &[(usize, Box<[u8]>)]) -> Result<RequestStream, StreamError> {
     let mut counts: BTreeMap<(u32, i16), usize> = BTreeMap::new();
     for e in events {
         if e.kind == EventKind::BlockAlloc as u16 {
@@ -474,10 +482,24 @@ pub fn from_events(events: &[Event]) -> Result<RequestStream, StreamError> {
         }
     }
     let expandable = mapped_ranges > 0;
-    let conf = AllocConf {
-        expandable_segments: expandable,
-        conf: if expandable { "expandable_segments:True".into() } else { String::new() },
-        ..AllocConf::default()
+    // The process's own settings at its start, as its first settings event stated them (a
+    // change at run time is noted: the simulation runs one setting throughout).
+    // (an event without text states PyTorch's defaults, "")
+    let text_of: BTreeMap<usize, &[u8]> = texts.iter().map(|(i, t)| (*i, &t[..])).collect();
+    let stated: Vec<&str> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.pid == pid && e.kind == EventKind::AllocSettings as u16)
+        .filter_map(|(i, _)| std::str::from_utf8(text_of.get(&i).copied().unwrap_or(b"")).ok())
+        .collect();
+    let own = stated.first().and_then(|t| AllocConf::parse(t).ok());
+    let conf = match own.clone() {
+        Some(c) if c.expandable_segments == expandable || !expandable => c,
+        _ => AllocConf {
+            expandable_segments: expandable,
+            conf: if expandable { "expandable_segments:True".into() } else { String::new() },
+            ..AllocConf::default()
+        },
     };
     let mut s = b.finish(conf, device, events.len(), "record")?;
     s.non_framework_peak = other_peak;
@@ -497,10 +519,20 @@ pub fn from_events(events: &[Event]) -> Result<RequestStream, StreamError> {
         ));
         s.unattributed = unattributed;
     }
-    s.notes.push(format!(
-        "a record does not carry PYTORCH_CUDA_ALLOC_CONF: its own settings are taken to be {}",
-        if expandable { "expandable_segments:True (it maps pages)" } else { "PyTorch's defaults" }
-    ));
+    match own {
+        Some(c) => s.notes.push(format!("the record's own settings: {:?} (its settings event at the process's start)", c.conf)),
+        None => s.notes.push(format!(
+            "the record carries no usable allocator settings for pid {pid}: its own settings are taken to be {}",
+            if expandable { "expandable_segments:True (it maps pages)" } else { "PyTorch's defaults" }
+        )),
+    }
+    if stated.len() > 1 {
+        s.notes.push(format!(
+            "the settings changed {} time(s) at run time ({}): the simulation runs the start's settings throughout",
+            stated.len() - 1,
+            stated[1..].join("; ")
+        ));
+    }
     Ok(s)
 }
 
@@ -512,7 +544,7 @@ pub fn stream_of_file(path: &std::path::Path) -> Result<RequestStream, String> {
     let n = crate::input::open_input(path).map_err(|e| e.0)?.read(&mut head).map_err(|e| format!("{}: {e}", path.display()))?;
     let stream = if crate::record::is_record(&head[..n]) {
         let rec = crate::record::read(path).map_err(|e| e.to_string())?;
-        from_events(&rec.events)
+        from_events_with_texts(&rec.events, &rec.texts)
     } else {
         let snap = crate::snapshot::load(path).map_err(|e| e.to_string())?;
         from_snapshot(&snap)

@@ -497,7 +497,7 @@ pub enum Meaning {
 /// file's, so the table is rewritten when the wire format changes), and what it means to the
 /// model. Beside these, the `rc` field's doc ("0 on success") makes a call that returned non-zero
 /// change nothing, except the failure record itself.
-pub const MEANINGS: [(EventKind, &str, Meaning); 24] = [
+pub const MEANINGS: [(EventKind, &str, Meaning); 29] = [
     (EventKind::MemAlloc, "`cuMemAlloc` / `cudaMalloc`: a driver segment at `addr` of `size` bytes.", Meaning::Segment(SegmentKind::Driver)),
     (EventKind::MemAllocPitch, "`cuMemAllocPitch` / `cudaMallocPitch` / `cudaMalloc3D`: `size` = pitch × height (× depth).", Meaning::Segment(SegmentKind::Pitch)),
     (EventKind::MemAllocManaged, "`cuMemAllocManaged` / `cudaMallocManaged`.", Meaning::Segment(SegmentKind::Managed)),
@@ -527,6 +527,28 @@ pub const MEANINGS: [(EventKind, &str, Meaning); 24] = [
     (
         EventKind::RecordEnd,
         "The end of a record file (never on a ring): its writer stopped cleanly here. `ts_ns` is when, `size` the events written before it. A record without one was cut (the writer was killed or its disk filled) and is never called exact.",
+        Meaning::Nothing,
+    ),
+    // The settings change how later blocks are sized; the model's own maps follow its fixed rules,
+    // and the model tests send no settings.
+    (
+        EventKind::AllocSettings,
+        "A process's caching-allocator settings (`PYTORCH_CUDA_ALLOC_CONF` syntax) in the event's text: those it started with (its environment at exec), and each later change (`torch.cuda.memory._set_allocator_settings`: the keys given replace those keys). Blocks whose events carry only the requested size are sized by them from here on.",
+        Meaning::Nothing,
+    ),
+    (
+        EventKind::MemoryFraction,
+        "`torch.cuda.set_per_process_memory_fraction` on `device`: `size` = the allowed bytes (fraction × the device's total), the text the fraction as set.",
+        Meaning::Nothing,
+    ),
+    (
+        EventKind::FrameworkInfo,
+        "The framework managing a process's memory: its allocator in `flags` (as a block's), its name and version in the text.",
+        Meaning::Nothing,
+    ),
+    (
+        EventKind::FrameworkFigures,
+        "A framework's own figures at its OOM on `device` (XLA's `memory_stats()` read right after the failure): `size` = pool bytes, `requested` = bytes in use, `handle` = largest free chunk; they are the figures of the process's latest OOM there.",
         Meaning::Nothing,
     ),
     (

@@ -64,6 +64,21 @@ pub enum EventKind {
     /// when, `size` the events written before it. A record without one was cut (the writer was
     /// killed or its disk filled) and is never called exact.
     RecordEnd = 23,
+    /// A process's caching-allocator settings (`PYTORCH_CUDA_ALLOC_CONF` syntax) in the event's
+    /// text: those it started with (its environment at exec), and each later change
+    /// (`torch.cuda.memory._set_allocator_settings`: the keys given replace those keys). Blocks
+    /// whose events carry only the requested size are sized by them from here on.
+    AllocSettings = 24,
+    /// `torch.cuda.set_per_process_memory_fraction` on `device`: `size` = the allowed bytes
+    /// (fraction × the device's total), the text the fraction as set.
+    MemoryFraction = 25,
+    /// The framework managing a process's memory: its allocator in `flags` (as a block's), its
+    /// name and version in the text.
+    FrameworkInfo = 26,
+    /// A framework's own figures at its OOM on `device` (XLA's `memory_stats()` read right after
+    /// the failure): `size` = pool bytes, `requested` = bytes in use, `handle` = largest free
+    /// chunk; they are the figures of the process's latest OOM there.
+    FrameworkFigures = 27,
     /// The driver's UUID of CUDA ordinal `device` in this process (`cuDeviceGetUuid`, asked once
     /// per ordinal before its first allocation is recorded): the 16 bytes in `addr` (bytes 0..8,
     /// big-endian) and `size` (bytes 8..16). The GPU a process's memory is on, whatever its
@@ -75,7 +90,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind, in wire order.
-    pub const ALL: [EventKind; 25] = [
+    pub const ALL: [EventKind; 29] = [
         EventKind::MemAlloc,
         EventKind::MemAllocPitch,
         EventKind::MemAllocManaged,
@@ -99,6 +114,10 @@ impl EventKind {
         EventKind::PoolReserved,
         EventKind::Adopt,
         EventKind::RecordEnd,
+        EventKind::AllocSettings,
+        EventKind::MemoryFraction,
+        EventKind::FrameworkInfo,
+        EventKind::FrameworkFigures,
         EventKind::DeviceUuid,
         EventKind::IpcExport,
     ];
@@ -106,6 +125,12 @@ impl EventKind {
     /// Decodes a wire value; `None` for 0 and for values this build does not know.
     pub fn from_u16(v: u16) -> Option<EventKind> {
         BY_WIRE_VALUE.get(v as usize).copied().flatten()
+    }
+
+    /// A fact a process states about itself (its settings, memory fraction, framework, its
+    /// framework's OOM figures), not a memory operation.
+    pub fn is_fact(self) -> bool {
+        matches!(self, EventKind::AllocSettings | EventKind::MemoryFraction | EventKind::FrameworkInfo | EventKind::FrameworkFigures)
     }
 
     /// The snake-case name used in JSON and on screen.
@@ -134,6 +159,10 @@ impl EventKind {
             EventKind::PoolReserved => "pool_reserved",
             EventKind::Adopt => "adopt",
             EventKind::RecordEnd => "record_end",
+            EventKind::AllocSettings => "alloc_settings",
+            EventKind::MemoryFraction => "memory_fraction",
+            EventKind::FrameworkInfo => "framework_info",
+            EventKind::FrameworkFigures => "framework_figures",
             EventKind::DeviceUuid => "device_uuid",
             EventKind::IpcExport => "ipc_export",
         }

@@ -8,7 +8,8 @@
 #   malloc(512): best fit is the 1024 B block at A, split: block A, 512 B
 #   malloc(5 MiB): large pool, nothing cached, cudaMalloc 20 MiB (1-10 MiB requests) = B; block B, 5 MiB
 # then, by the first argument: `oom` (the allocator's OOM entry), `retry` (a failed cudaMalloc
-# that PyTorch's release-and-retry recovers), `driver_oom` (a failed cudaMalloc nobody reports).
+# that PyTorch's release-and-retry recovers), `driver_oom` (a failed cudaMalloc nobody reports),
+# `change` (the allocator settings changed at run time, then a 5 MiB block in B).
 import ctypes
 import sys
 
@@ -67,6 +68,15 @@ elif mode == "driver_oom":
     rc = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(30 * MIB))
     assert rc == 2, rc
     print(f"DRIVER_OOM rc={rc}", flush=True)
+elif mode == "change":
+    # a settings change at run time: blocks after it are sized by the new settings (under
+    # roundup_power2_divisions:2 a 5 MiB request is a 6 MiB block), those before it keep theirs
+    torch.cuda.memory._set_allocator_settings("roundup_power2_divisions:2")
+    import time
+
+    time.sleep(0.3)  # the change's frame (socket) reaches the consumer before the next entry (ring)
+    c._trace(c.ALLOC, B + 5 * MIB, 5 * MIB, S)
+    print("CHANGE", flush=True)
 if mode == "oom":
     # a 30 MiB request the device cannot serve: the allocator's retries, then its OOM entry
     # (addr_ = device free, size_ = the rounded request)
