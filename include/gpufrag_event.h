@@ -45,7 +45,8 @@ enum gpufrag_event_kind {
 	GPUFRAG_EV_POOL_RESERVED = 21,     /* a stream-ordered pool's reserved bytes as the driver reports them: handle = pool, size */
 	GPUFRAG_EV_ADOPT = 22,             /* a caching allocator claims the segment holding addr (addr 0: manages the process's memory) */
 	GPUFRAG_EV_RECORD_END = 23,        /* the end of a record file (never on a ring): its writer stopped cleanly */
-	GPUFRAG_EV_KIND_COUNT = 24,        /* one past the largest kind (kinds may leave gaps: a number is never reused) */
+	GPUFRAG_EV_DEVICE_UUID = 32,       /* the driver's UUID of CUDA ordinal device: bytes 0..8 in addr, 8..16 in size (big-endian) */
+	GPUFRAG_EV_KIND_COUNT = 33,        /* one past the largest kind (kinds may leave gaps: a number is never reused) */
 };
 
 /* flags */

@@ -14,6 +14,7 @@ pub mod consumer;
 pub mod ebpf;
 pub mod export;
 pub mod guard;
+pub mod holders;
 pub use gpufrag_wire::{event, hello, ring};
 pub mod ingest;
 pub mod input;

@@ -5,6 +5,10 @@
 //! `agent` (eBPF). The GPUs are made to differ (6 GiB held on GPU 2, 10 GiB on GPU 3, GPU 0
 //! untouched) so that a verdict taken with another GPU's figures cannot pass: each request is
 //! more than its own GPU has free (a true OOM) but less than GPU 0 has (inconclusive there).
+//!
+//! Below them, placement from the driver (issue 25): a program that changes its own
+//! `CUDA_VISIBLE_DEVICES` before its first call, and a driver whose order is not NVML's
+//! (`SIMCUDA_FASTEST_FIRST`), so that a placement read from the environment in NVML's order fails.
 
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
@@ -153,4 +157,146 @@ fn two_visible_device_remaps_are_placed_on_their_own_gpus_under_the_agent() {
         let gpu: i64 = visible.parse().expect("index");
         check(&s, pid, gpu, &ids[gpu as usize], own_free(&text), req);
     }
+}
+
+// ---- Placement from the driver (issue 25, Build item 4) ----
+//
+// What the driver says an ordinal is comes first; the environment is the fallback. Two cases the
+// environment gets wrong: a program that sets CUDA_VISIBLE_DEVICES itself before its first call
+// (its /proc/PID/environ and the shim's hello still show the old value), and a machine whose
+// driver enumerates GPUs in another order than NVML (CUDA_DEVICE_ORDER unset on GPUs that are not
+// alike: simcuda's SIMCUDA_FASTEST_FIRST), where the environment's index counts in the driver's
+// order and names another GPU in NVML's.
+
+/// One job of a placement case: the program's arguments before `oomhold` (its own `setenv`),
+/// the `CUDA_VISIBLE_DEVICES` it starts with, MiB held, MiB requested, and the NVML index of
+/// the GPU its memory is really on.
+struct Job {
+    setenv: Option<&'static str>,
+    visible: Option<&'static str>,
+    hold: u64,
+    req: u64,
+    gpu: i64,
+}
+
+fn job_args(j: &Job, go: &std::path::Path) -> Vec<String> {
+    let mut a = Vec::new();
+    if let Some(kv) = j.setenv {
+        a.extend(["setenv".to_string(), kv.to_string()]);
+    }
+    a.extend(["oomhold".to_string(), j.hold.to_string(), j.req.to_string(), go.display().to_string()]);
+    a
+}
+
+/// Runs the jobs one after another under `gpufrag run` and checks each on its GPU.
+fn placed_under_run(m: &Machine, jobs: &[Job]) {
+    let ids = uuids(m);
+    let go = unique("go-now");
+    std::fs::write(&go, b"go").expect("go");
+    let summary = unique("run-driver-placement.json");
+    let outs: Vec<std::path::PathBuf> = (0..jobs.len()).map(|i| unique(&format!("drv-out{i}"))).collect();
+    let mut script = String::new();
+    for (j, o) in jobs.iter().zip(&outs) {
+        let env = j.visible.map(|v| format!("CUDA_VISIBLE_DEVICES={v} ")).unwrap_or_default();
+        script.push_str(&format!("{env}{} {} > {}; ", fixtures().prog.display(), job_args(j, &go).join(" "), o.display()));
+    }
+    let mut cmd = Command::new(gpufrag());
+    cmd.args(["run", "--quiet", "--no-report", "--no-feed", "--summary-json"]).arg(&summary).args(["--", "sh", "-c", &script]);
+    m.env(&mut cmd);
+    let out = cmd.stderr(Stdio::piped()).output().expect("gpufrag run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).expect("json");
+    let procs = s["processes"].as_array().expect("processes");
+    assert_eq!(procs.len(), jobs.len(), "{s:#}");
+    for (j, o) in jobs.iter().zip(&outs) {
+        let text = std::fs::read_to_string(o).expect("job output");
+        // The processes ran one after another: the OOM with this job's own free is its.
+        let free = own_free(&text);
+        let oom = s["ooms"]
+            .as_array()
+            .and_then(|v| v.iter().find(|o| o["requested"].as_u64() == Some(j.req * MIB) && o["device_free"].as_u64() == Some(free)))
+            .unwrap_or_else(|| panic!("no OOM of {} MiB with device free {free}: {s:#}", j.req));
+        let pid = oom["pid"].as_u64().expect("pid") as u32;
+        check(&s, pid, j.gpu, &ids[j.gpu as usize], free, j.req);
+    }
+}
+
+/// Runs the jobs side by side under `gpufrag agent` and checks each on its GPU.
+fn placed_under_agent(m: &Machine, jobs: &[Job]) {
+    let ids = uuids(m);
+    let summary = unique("agent-driver-placement.json");
+    let mut cmd = Command::new(gpufrag());
+    cmd.args(["agent", "--keep-exited", "--summary-json"]).arg(&summary).stderr(Stdio::piped()).stdout(Stdio::null());
+    m.env(&mut cmd);
+    let mut agent = cmd.spawn().expect("agent");
+    let mut err = Lines::new(agent.stderr.take().expect("stderr"));
+    assert!(err.wait_for("agent: tracing", Duration::from_secs(120)), "{}", err.rest());
+    let go = unique("go");
+    let mut running = Vec::new();
+    for j in jobs {
+        let mut c = Command::new(&fixtures().prog);
+        c.args(job_args(j, &go)).stdout(Stdio::piped());
+        m.env(&mut c);
+        if let Some(v) = j.visible {
+            c.env("CUDA_VISIBLE_DEVICES", v);
+        }
+        let mut child = c.spawn().expect("cuda_prog");
+        let mut out = Lines::new(child.stdout.take().expect("stdout"));
+        assert!(out.wait_for("READY", Duration::from_secs(60)), "{}", out.rest());
+        running.push((child, out, j));
+    }
+    // Each holds its memory while the agent applies its events (reorder window, NVML's list).
+    std::thread::sleep(Duration::from_millis(1500));
+    std::fs::write(&go, b"go").expect("go");
+    let mut seen = Vec::new();
+    for (mut child, mut out, j) in running {
+        assert!(wait_timeout(&mut child, Duration::from_secs(60)).success());
+        seen.push((child.id(), out.rest(), j));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
+    let st = wait_timeout(&mut agent, Duration::from_secs(60));
+    let log = err.rest();
+    assert!(st.success(), "agent: {st}\n{log}");
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap_or_else(|e| panic!("{e}\n{log}"))).expect("json");
+    for (pid, text, j) in seen {
+        check(&s, pid, j.gpu, &ids[j.gpu as usize], own_free(&text), j.req);
+    }
+}
+
+/// Started on GPU 0's environment, it sets CUDA_VISIBLE_DEVICES=3 itself: its memory is on GPU 3.
+const LATE: [Job; 1] = [Job { setenv: Some("CUDA_VISIBLE_DEVICES=3"), visible: None, hold: 10240, req: 8192, gpu: 3 }];
+
+/// The driver enumerates 3,2,1,0 (NVML 0,1,2,3): `CUDA_VISIBLE_DEVICES=1` is NVML's GPU 2, and a
+/// process with no variable at all has ordinal 0 on NVML's GPU 3.
+const REORDERED: [Job; 2] = [
+    Job { setenv: None, visible: Some("1"), hold: 6144, req: 12288, gpu: 2 },
+    Job { setenv: None, visible: None, hold: 10240, req: 8192, gpu: 3 },
+];
+
+fn reordered_machine() -> Machine {
+    Machine::new(4).with_env("SIMCUDA_FASTEST_FIRST", "3,2,1,0")
+}
+
+#[test]
+fn a_program_that_sets_cuda_visible_devices_itself_is_placed_by_its_driver_under_run() {
+    placed_under_run(&Machine::new(4), &LATE);
+}
+
+#[test]
+fn a_driver_order_unlike_nvmls_is_placed_by_the_driver_under_run() {
+    placed_under_run(&reordered_machine(), &REORDERED);
+}
+
+#[test]
+fn a_program_that_sets_cuda_visible_devices_itself_is_placed_by_its_driver_under_the_agent() {
+    require_ebpf!();
+    placed_under_agent(&Machine::new(4), &LATE);
+}
+
+#[test]
+fn a_driver_order_unlike_nvmls_is_placed_by_the_driver_under_the_agent() {
+    require_ebpf!();
+    placed_under_agent(&reordered_machine(), &REORDERED);
 }

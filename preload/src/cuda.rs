@@ -86,6 +86,8 @@ pub type CuGetProcAddressFn = unsafe extern "C" fn(*const c_char, *mut *mut c_vo
 pub type CuGetProcAddressV2Fn = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
 pub type CuCtxGetDeviceFn = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
 pub type CuDeviceGetMemPoolFn = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
+/// `cuDeviceGetUuid` / `cuDeviceGetUuid_v2`: 16 bytes (a `CUuuid`) for ordinal `dev`.
+pub type CuDeviceGetUuidFn = unsafe extern "C" fn(*mut [u8; 16], CUdevice) -> CUresult;
 
 // ---- runtime ----
 pub type CudaMallocFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> cudaError_t;

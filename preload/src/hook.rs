@@ -18,6 +18,12 @@
 //! at the first successful allocation on each device, at every failed allocation, and at most
 //! every `GPUFRAG_SAMPLE_MS` (200 ms by default) from inside allocation wrappers.
 //!
+//! Placement: before the first allocation on each ordinal is recorded, the shim asks the real
+//! `cuDeviceGetUuid_v2` (else `cuDeviceGetUuid`) which GPU that ordinal is and pushes it as a
+//! `DeviceUuid` event, so the consumer places the process by what its driver said, whatever its
+//! environment was when it started (`CUDA_VISIBLE_DEVICES` or `CUDA_DEVICE_ORDER` set by the
+//! program itself). The common case costs one relaxed load.
+//!
 //! Stream-ordered pools: the driver rounds what a pool reserves (it grows in chunks), so the
 //! consumer's model of a pool (live bytes + freed, untrimmed bytes) is a lower bound. The pools
 //! that served allocations are remembered (up to [`POOL_SLOTS`]) and their
@@ -32,7 +38,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering}
 use gpufrag_wire::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_FAILED, F_SRC_SHIM};
 
 use crate::cuda::{
-    CUdevice, CUmemoryPool, CuCtxGetDeviceFn, CuDeviceGetMemPoolFn, CuMemGetInfoFn, CuMemPoolGetAttributeFn,
+    CUdevice, CUmemoryPool, CuCtxGetDeviceFn, CuDeviceGetMemPoolFn, CuDeviceGetUuidFn, CuMemGetInfoFn, CuMemPoolGetAttributeFn,
     CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
 };
 use crate::state;
@@ -213,6 +219,46 @@ impl Helper {
 const RETRY_NS: u64 = 200_000_000;
 static CTX_GET_DEVICE: Helper = Helper::new(c"cuCtxGetDevice");
 static DEVICE_GET_MEM_POOL: Helper = Helper::new(c"cuDeviceGetMemPool");
+static DEVICE_GET_UUID_V2: Helper = Helper::new(c"cuDeviceGetUuid_v2");
+static DEVICE_GET_UUID: Helper = Helper::new(c"cuDeviceGetUuid");
+/// Ordinals 0..64 whose UUID was announced.
+static ANNOUNCED_DEVICES: AtomicU64 = AtomicU64::new(0);
+
+/// Announces ordinal `device`'s UUID the first time it is seen (one relaxed load after that).
+/// A driver without `cuDeviceGetUuid` (or one that fails) announces nothing: the consumer then
+/// falls back to the process's environment. Two threads racing may both announce (harmless).
+#[inline]
+fn announce_device(device: i16) {
+    if !(0..64).contains(&device) || ANNOUNCED_DEVICES.load(Ordering::Relaxed) & (1u64 << device) != 0 {
+        return;
+    }
+    announce_device_slow(device);
+}
+
+#[cold]
+#[inline(never)]
+fn announce_device_slow(device: i16) {
+    let p = match DEVICE_GET_UUID_V2.get() {
+        0 => DEVICE_GET_UUID.get(),
+        p => p,
+    };
+    if p == 0 {
+        return;
+    }
+    // SAFETY: p is the driver's cuDeviceGetUuid(_v2), whose C type this is.
+    let f = unsafe { std::mem::transmute::<usize, CuDeviceGetUuidFn>(p) };
+    let mut uuid = [0u8; 16];
+    // SAFETY: cuDeviceGetUuid writes one 16-byte CUuuid.
+    if unsafe { f(&mut uuid, CUdevice::from(device)) } != 0 {
+        return;
+    }
+    let mut ev = event(stamp(), EventKind::DeviceUuid, device, 0);
+    let (hi, lo) = uuid.split_at(8);
+    ev.addr = u64::from_be_bytes(hi.try_into().unwrap_or([0; 8]));
+    ev.size = u64::from_be_bytes(lo.try_into().unwrap_or([0; 8]));
+    push(&ev);
+    ANNOUNCED_DEVICES.fetch_or(1u64 << device, Ordering::Relaxed);
+}
 
 /// The current context's device; -1 when there is none or the driver cannot say.
 pub fn current_device() -> i16 {
@@ -274,6 +320,7 @@ pub fn after_fork_in_child() {
     this_thread().tid.set(0);
     LAST_SAMPLE.store(0, Ordering::Relaxed);
     SAMPLED_DEVICES.store(0, Ordering::Relaxed);
+    ANNOUNCED_DEVICES.store(0, Ordering::Relaxed);
     for (pool, device) in POOLS.iter().zip(&POOL_DEVICES) {
         pool.store(0, Ordering::Relaxed);
         device.store(-1, Ordering::Relaxed);
@@ -481,6 +528,7 @@ pub enum Pool {
 /// free bytes measured right then, followed by the `DeviceInfo` of that measurement.
 pub fn alloc(mut c: Call, device: Option<i16>, pool: Pool) {
     let device = device.unwrap_or_else(current_device);
+    announce_device(device);
     let ts = stamp();
     if pool == Pool::CurrentOfDevice {
         c.handle = current_pool(device);

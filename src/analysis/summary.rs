@@ -38,6 +38,10 @@ pub struct Summary {
     /// final failure is an entry of `ooms`).
     #[serde(default)]
     pub driver_failures: u64,
+    /// Failed allocations that recovered: the same thread's next allocation of that size
+    /// succeeded after memory was released (PyTorch's `num_alloc_retries`); never OOMs.
+    #[serde(default)]
+    pub retries: u64,
     /// What the simulation of the trace under other allocator settings gave (`gpufrag whatif`'s
     /// sweep), when the trace had an OOM and its full allocation history.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -147,6 +151,9 @@ pub struct ProcessSummary {
     pub allocs: u64,
     /// Frees seen.
     pub frees: u64,
+    /// Its recovered failed allocations (see `Summary::retries`).
+    #[serde(default)]
+    pub retries: u64,
     /// The caching allocator seen in this process: `pytorch`, `xla` or `cupy`; `null` when only
     /// driver segments were seen.
     #[serde(default)]
@@ -296,6 +303,10 @@ pub struct OomSummary {
     /// `container.id` of the failing process, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
+    /// Who else held the device at the failure (`crate::holders`): other traced processes and
+    /// those NVML listed.
+    #[serde(default)]
+    pub holders: crate::holders::Holders,
 }
 
 fn not_measured() -> String {
@@ -429,6 +440,7 @@ impl Summary {
                     figures: device_summary(device, &s.map.figures(), totals.free, totals.total, std::slice::from_ref(s)),
                     allocs: s.allocs,
                     frees: s.frees,
+                    retries: state.retries_of(s.pid, device),
                     framework: s.framework,
                     exe: None,
                     container_id: None,
@@ -440,39 +452,16 @@ impl Summary {
                 });
             }
         }
-        // A failed driver call inside a caching allocator's space is one of its tries: it folds
-        // into the allocator's own OOM when one follows (PyTorch's hook, the annotation API).
-        // Where the allocator has no such channel (eBPF sees only the driver and USDT blocks),
-        // consecutive failures of the same request fold into their last one.
-        let mut pending: std::collections::BTreeMap<(u32, i16), (&crate::ingest::OomRecord, u64)> = std::collections::BTreeMap::new();
-        let mut driver_failures = 0;
-        let mut finals = Vec::new();
-        for o in &state.ooms {
-            let key = (o.pid, o.device);
-            if o.is_framework_retry() {
-                driver_failures += 1;
-                match pending.get_mut(&key) {
-                    Some((last, n)) if last.requested == o.requested => {
-                        *last = o;
-                        *n += 1;
-                    }
-                    _ => {
-                        if let Some((last, n)) = pending.insert(key, (o, 1)) {
-                            finals.push((last, n - 1));
-                        }
-                    }
-                }
-            } else if o.op == Some(crate::event::EventKind::BlockAlloc) {
-                finals.push((o, pending.remove(&key).map_or(0, |(_, n)| n)));
-            } else {
-                finals.push((o, 0));
-            }
-        }
-        finals.extend(pending.into_values().map(|(last, n)| (last, n - 1)));
-        finals.sort_by_key(|(o, _)| o.ts_ns);
+        // One rule decides what an OOM is (crate::ingest::oom_rule): the records decided OOMs, in
+        // the order decided, then those still undecided at the end of the trace (nothing
+        // recovered them). Retries and the tries folded into an OOM are counted, not listed.
+        let mut finals: Vec<&crate::ingest::OomRecord> = state.oom_log().iter().map(|&i| &state.ooms[i]).collect();
+        finals.extend(state.ooms.iter().filter(|o| o.outcome == crate::ingest::OomOutcome::Pending));
+        let driver_failures =
+            state.ooms.iter().filter(|o| o.op != Some(crate::event::EventKind::BlockAlloc) && !o.counts_as_oom()).count() as u64;
         let ooms = finals
             .into_iter()
-            .map(|(o, driver_failures_before)| {
+            .map(|o| {
                 let inputs = OomInputs::of(o);
                 OomSummary {
                     device: o.device,
@@ -494,12 +483,14 @@ impl Summary {
                     rc: o.rc,
                     op: o.op.map_or("unknown", |k| k.name()).to_string(),
                     verdict: inputs.verdict(),
-                    explanation: inputs.explanation(),
-                    fix: inputs.fix(),
-                    driver_failures_before,
+                    explanation: o.holders.explain(inputs.explanation()),
+                    // A neighbour is the fix only when the memory is missing, not in pieces.
+                    fix: if inputs.verdict() == Verdict::TrueOom { o.holders.fix(inputs.fix()) } else { inputs.fix() },
+                    driver_failures_before: o.driver_failures_before,
                     framework: o.framework,
                     hw_id: None,
                     container_id: None,
+                    holders: o.holders.clone(),
                 }
             })
             .collect();
@@ -526,6 +517,12 @@ impl Summary {
                 first.join(", ")
             ));
         }
+        if state.failed_releases > 0 {
+            notes.push(format!(
+                "{} release call(s) failed with an error code (the program's own error, a bad argument): the driver kept that memory, and so does the trace",
+                state.failed_releases
+            ));
+        }
         if state.unknown_kinds > 0 {
             notes.push(format!("{} events had a kind this build does not know", state.unknown_kinds));
         }
@@ -547,6 +544,7 @@ impl Summary {
             dropped: state.dropped,
             anomalies: state.anomaly_count,
             driver_failures,
+            retries: state.retries_total(),
             framework_stats: Vec::new(),
             whatif: None,
             failed_calls: state

@@ -9,7 +9,14 @@
 //!    prefix, `GPU-` optional); the list ends at the first entry that names no device, as the
 //!    driver reads it.
 //!
-//! Ordinal N is then the Nth GPU left. What cannot be resolved is said, not guessed: a MIG
+//! Ordinal N is then the Nth GPU left, in PCI order (NVML's): right when the process runs with
+//! `CUDA_DEVICE_ORDER=PCI_BUS_ID` or its GPUs are alike; the driver's default order
+//! (`FASTEST_FIRST`) may differ on a machine of unlike GPUs, and a program may set either variable
+//! itself before its first CUDA call. That is why this is the fallback only: the driver's own word
+//! ([`NodeGpus::by_driver_uuid`], the UUID the process's driver gives for the ordinal, which the
+//! shim asks and the eBPF path reads from NVML's process list) comes first.
+//!
+//! What cannot be resolved is said, not guessed: a MIG
 //! instance (`MIG-...`: its memory is not the GPU's), a UUID without NVML to look it up, an
 //! ordinal past the end, a value in a form not listed here (the toolkit's
 //! `/var/run/nvidia-container-devices` volume strategy, CDI names).
@@ -156,6 +163,15 @@ impl NodeGpus {
         Ok(out)
     }
 
+    /// The node GPU whose UUID is these 16 bytes (a `CUuuid` as `cuDeviceGetUuid` writes it),
+    /// `None` when NVML is absent or lists no such GPU (a MIG instance's UUID, for one).
+    pub fn by_driver_uuid(&self, bytes: &[u8; 16]) -> Option<NodeGpu> {
+        let want: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let uuids = self.uuids.as_ref()?;
+        let i = uuids.iter().position(|u| uuid_hex(u).as_deref() == Some(want.as_str()))?;
+        Some(NodeGpu { index: i as u32, uuid: Some(uuids[i].clone()) })
+    }
+
     /// The node GPU of CUDA ordinal `ordinal` for a process with `env`.
     pub fn resolve(&self, env: &VisibleEnv, ordinal: i16) -> Result<NodeGpu, Unresolved> {
         let seen = self.visible(env)?;
@@ -168,6 +184,32 @@ impl NodeGpus {
         }
         Ok(NodeGpu { index, uuid: self.uuids.as_ref().and_then(|u| u.get(index as usize).cloned()) })
     }
+}
+
+/// The 32 hex digits of a UUID as NVML prints it (`GPU-…` or `MIG-…`, dashes anywhere),
+/// lowercase; `None` when it is not 16 bytes of hex.
+pub fn uuid_hex(s: &str) -> Option<String> {
+    let body = s.strip_prefix("GPU-").or_else(|| s.strip_prefix("MIG-")).unwrap_or(s);
+    let hex: String = body.chars().filter(|&c| c != '-').map(|c| c.to_ascii_lowercase()).collect();
+    (hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then_some(hex)
+}
+
+/// The 16 bytes of a UUID as NVML prints it (the inverse of `cuDeviceGetUuid`'s bytes).
+pub fn uuid_bytes(s: &str) -> Option<[u8; 16]> {
+    let hex = uuid_hex(s)?;
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+/// A `DeviceUuid` event's 16 bytes (`addr` then `size`, big-endian).
+pub fn event_uuid(e: &crate::event::Event) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&e.addr.to_be_bytes());
+    out[8..].copy_from_slice(&e.size.to_be_bytes());
+    out
 }
 
 #[cfg(test)]
@@ -215,6 +257,23 @@ mod tests {
         assert_eq!(idx(&g, &env(Some("all"), Some("2")), 0), Ok(2));
         assert!(matches!(idx(&g, &env(Some("none"), None), 0), Err(Unresolved::Beyond { .. })));
         assert!(matches!(idx(&g, &env(Some("/var/run/nvidia-container-devices"), None), 0), Err(Unresolved::Form(_))));
+    }
+
+    #[test]
+    fn a_driver_uuid_names_its_gpu_and_nothing_else() {
+        let g = node(4);
+        let u = uuid_bytes("GPU-00000003-1111-2222-3333-444455556663").unwrap();
+        assert_eq!(g.by_driver_uuid(&u).map(|g| g.index), Some(3));
+        let e = crate::event::Event {
+            addr: u64::from_be_bytes(u[..8].try_into().unwrap()),
+            size: u64::from_be_bytes(u[8..].try_into().unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(event_uuid(&e), u);
+        assert_eq!(g.by_driver_uuid(&[0xab; 16]), None, "no GPU has it (a MIG instance's, say)");
+        assert_eq!(NodeGpus { uuids: None }.by_driver_uuid(&u), None);
+        assert_eq!(uuid_bytes("GPU-0000"), None);
+        assert_eq!(uuid_hex("MIG-00000003-1111-2222-3333-444455556663").as_deref(), Some("00000003111122223333444455556663"));
     }
 
     #[test]

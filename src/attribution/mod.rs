@@ -345,6 +345,32 @@ impl Attribution {
         d
     }
 
+    /// What `pid`'s driver said CUDA ordinal `ordinal` is (a `DeviceUuid` event: the shim's
+    /// `cuDeviceGetUuid`, or the eBPF path's reading of NVML's process list): the ordinal is
+    /// placed on that GPU from now on, over what the environment said. A UUID NVML does not list
+    /// leaves the placement as it was and is counted as a gap.
+    pub fn driver_uuid(&mut self, pid: u32, ordinal: i16, uuid: &[u8; 16]) {
+        if pid == 0 || ordinal < 0 {
+            return;
+        }
+        if !self.known.contains_key(&pid) {
+            self.identify(pid);
+        }
+        match self.gpus.by_driver_uuid(uuid) {
+            Some(g) => {
+                let d = i16::try_from(g.index).unwrap_or(ordinal);
+                if let Some(k) = self.known.get_mut(&pid) {
+                    k.placed.insert(ordinal, d);
+                }
+            }
+            None => {
+                let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+                let d = self.node_device(pid, ordinal);
+                self.gap(GapKind::GpuUnresolved, pid, format!("CUDA ordinal {ordinal}: the driver names UUID {hex}, which NVML lists as no GPU; filed under device {d} as its environment says"));
+            }
+        }
+    }
+
     /// The UUID of node GPU `index`, when NVML gave one.
     pub fn gpu_uuid(&self, index: i16) -> Option<&str> {
         self.gpus.uuids.as_ref()?.get(usize::try_from(index).ok()?).map(String::as_str)

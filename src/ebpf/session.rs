@@ -114,6 +114,8 @@ pub struct Session {
     /// Which node GPU each process's CUDA ordinal is, for the NVML readings this session takes
     /// itself (the pipeline places the events with its own, fed the same `/proc` readings).
     placement: crate::attribution::Attribution,
+    /// Places ordinals from NVML's process list (the driver's word, `DeviceUuid` events).
+    placer: super::nvml::DriverPlacer,
 }
 
 /// How long probe events wait before they are applied, so that a free (stamped when its call
@@ -166,6 +168,7 @@ impl Session {
             failures_after_exit: 0,
             nvml_due: false,
             placement: crate::attribution::Attribution::for_node(None),
+            placer: super::nvml::DriverPlacer::default(),
         };
         if let Some(e) = &s.probes.mmap_probe_error {
             s.notes.push(format!("no kprobe on a kernel mmap function ({e}): a libcuda file not probed at start is found only by the /proc scan, every {} ms", s.opts.scan_interval.as_millis()));
@@ -473,6 +476,12 @@ impl Session {
         for a in actions {
             match a {
                 Action::Apply(e) => {
+                    if let Some(n) = &self.nvml {
+                        if let Some(u) = self.placer.place(&e, |pid| n.gpus_of(pid)) {
+                            self.placement.driver_uuid(u.pid, u.device, &crate::attribution::gpu::event_uuid(&u));
+                            out.push(Msg::Event(u));
+                        }
+                    }
                     if matches!(e.kind(), Some(EventKind::ProcessExec | EventKind::ProcessExit)) {
                         let name = self.table.get(e.pid).map(|p| p.name.clone()).unwrap_or_default();
                         out.push(Msg::Named { pid: e.pid, name });
@@ -481,6 +490,7 @@ impl Session {
                 }
                 Action::Forget(pid) => {
                     self.placement.forget(pid);
+                    self.placer.forget(pid);
                     out.push(Msg::Forget(pid));
                 }
             }

@@ -185,6 +185,25 @@ pub static METRICS: &[Metric] = &[
             out
         },
     },
+    Metric { name: "gpufrag.alloc_retries", unit: "{retry}", kind: Kind::Counter, float: false, help: "Failed allocations that recovered: the same thread's next allocation of that size succeeded after memory was released (PyTorch's num_alloc_retries); never counted in gpufrag.ooms", points: |v| per_process(v, |p, _| U64(p.retries)) },
+    Metric {
+        name: "gpufrag.ooms.held",
+        unit: "{oom}",
+        kind: Kind::Counter,
+        float: false,
+        help: "Out-of-memory failures at which other processes held memory on the GPU, by gpufrag.oom.holders: traced (other traced processes), untraced (only NVML listed them), both",
+        points: |v| {
+            let mut out = Vec::new();
+            for p in &v.processes {
+                for (i, kind) in crate::holders::HELD_KINDS.iter().enumerate() {
+                    let mut attrs = process_attrs(p);
+                    attrs.push(("gpufrag.oom.holders", AttrValue::Static(kind)));
+                    out.push(Point { attrs, value: U64(p.ooms_held[i]) });
+                }
+            }
+            out
+        },
+    },
     // Global.
     Metric { name: "gpufrag.events.dropped", unit: "{event}", kind: Kind::Counter, float: false, help: "Events the capture dropped rather than block the traced program (figures are lower bounds when this grows)", points: |v| vec![Point { attrs: Vec::new(), value: U64(v.dropped) }] },
 ];

@@ -76,7 +76,7 @@ impl Observer for OomReportWriter {
     }
 
     fn finish(&mut self, state: &State) {
-        if state.ooms.is_empty() {
+        if !state.ooms.iter().any(|o| o.counts_as_oom()) {
             return;
         }
         if !self.saw_events {

@@ -229,6 +229,23 @@ fn verdict_section(out: &mut String, s: &Summary, oom: Option<usize>) {
             );
             put(out, format_args!("<p class=\"why\">{}</p>\n", esc(&o.explanation)));
             put(out, format_args!("<p class=\"fix\"><b>What to do:</b> {}</p>\n", esc(&o.fix)));
+            // Who else held the GPU (crate::holders; a minimal addition of the shared-GPU work).
+            if !o.holders.list.is_empty() {
+                out.push_str("<ul class=\"holders\" id=\"holders\">\n");
+                for h in &o.holders.list {
+                    put(
+                        out,
+                        format_args!(
+                            "<li data-pid=\"{}\" data-holds=\"{}\" data-traced=\"{}\">{}</li>\n",
+                            h.pid,
+                            h.holds(),
+                            h.traced,
+                            esc(&h.sentence())
+                        ),
+                    );
+                }
+                out.push_str("</ul>\n");
+            }
             put(out, format_args!("<div class=\"cards\">\n"));
             let free = if o.device_free_known { human_bytes(o.device_free) } else { "not measured".into() };
             for (id, name, val, bytes) in [
@@ -429,7 +446,23 @@ fn tables(out: &mut String, s: &Summary) {
     if s.ooms.is_empty() {
         out.push_str("<tr><td colspan=\"10\">none</td></tr>\n");
     }
-    out.push_str("</table>\n</section>\n");
+    out.push_str("</table>\n");
+    // Recovered allocations (crate::ingest::oom_rule): never OOMs, counted per process.
+    let per: Vec<String> = s
+        .processes
+        .iter()
+        .filter(|p| p.retries > 0)
+        .map(|p| format!("pid {} on device {}: {}", p.pid, p.figures.device, p.retries))
+        .collect();
+    put(
+        out,
+        format_args!(
+            "<p id=\"retries\">Recovered allocations (retries: the same thread's next allocation of that size succeeded after memory was released; not OOMs): {}{}</p>\n",
+            s.retries,
+            if per.is_empty() { String::new() } else { format!(" ({})", esc(&per.join(", "))) }
+        ),
+    );
+    out.push_str("</section>\n");
 }
 
 const CSS: &str = r#"

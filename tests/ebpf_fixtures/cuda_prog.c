@@ -435,6 +435,17 @@ int main(int argc, char **argv)
 		argv += 2;
 		argc -= 2;
 	}
+	/* setenv NAME=VALUE: the program changes its own environment before its first CUDA call
+	 * (what /proc/PID/environ and the shim's hello never see). */
+	while (argc > 2 && !strcmp(argv[1], "setenv")) {
+		char *eq = strchr(argv[2], '=');
+		if (eq) {
+			*eq = 0;
+			setenv(argv[2], eq + 1, 1);
+		}
+		argv += 2;
+		argc -= 2;
+	}
 	const char *s = argc > 1 ? argv[1] : "basic";
 	load();
 	use_device(0);

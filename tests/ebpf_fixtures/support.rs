@@ -197,13 +197,15 @@ pub struct Machine {
     pub state: PathBuf,
     /// `SIMCUDA_MEM`, when not the default 16 GiB.
     pub mem: Option<String>,
+    /// Further `SIMCUDA_*` settings (`SIMCUDA_FASTEST_FIRST`, the sharing layers).
+    pub extra: Vec<(String, String)>,
 }
 
 impl Machine {
     pub fn new(devices: u32) -> Machine {
         let state = unique("simcuda-state");
         std::fs::create_dir_all(&state).expect("state dir");
-        Machine { devices, state, mem: None }
+        Machine { devices, state, mem: None, extra: Vec::new() }
     }
 
     pub fn with_mem(mut self, mem: &str) -> Machine {
@@ -211,7 +213,16 @@ impl Machine {
         self
     }
 
+    /// Sets one more variable on every process of the machine.
+    pub fn with_env(mut self, key: &str, value: &str) -> Machine {
+        self.extra.push((key.to_string(), value.to_string()));
+        self
+    }
+
     pub fn env(&self, cmd: &mut Command) {
+        for (k, v) in &self.extra {
+            cmd.env(k, v);
+        }
         cmd.env("LD_LIBRARY_PATH", simcuda_dir());
         cmd.env("SIMCUDA_DEVICES", self.devices.to_string());
         cmd.env("SIMCUDA_STATE_DIR", &self.state);

@@ -64,11 +64,16 @@ pub enum EventKind {
     /// when, `size` the events written before it. A record without one was cut (the writer was
     /// killed or its disk filled) and is never called exact.
     RecordEnd = 23,
+    /// The driver's UUID of CUDA ordinal `device` in this process (`cuDeviceGetUuid`, asked once
+    /// per ordinal before its first allocation is recorded): the 16 bytes in `addr` (bytes 0..8,
+    /// big-endian) and `size` (bytes 8..16). The GPU a process's memory is on, whatever its
+    /// environment said when it started.
+    DeviceUuid = 32,
 }
 
 impl EventKind {
     /// Every kind, in wire order.
-    pub const ALL: [EventKind; 23] = [
+    pub const ALL: [EventKind; 24] = [
         EventKind::MemAlloc,
         EventKind::MemAllocPitch,
         EventKind::MemAllocManaged,
@@ -92,6 +97,7 @@ impl EventKind {
         EventKind::PoolReserved,
         EventKind::Adopt,
         EventKind::RecordEnd,
+        EventKind::DeviceUuid,
     ];
 
     /// Decodes a wire value; `None` for 0 and for values this build does not know.
@@ -125,6 +131,7 @@ impl EventKind {
             EventKind::PoolReserved => "pool_reserved",
             EventKind::Adopt => "adopt",
             EventKind::RecordEnd => "record_end",
+            EventKind::DeviceUuid => "device_uuid",
         }
     }
 }

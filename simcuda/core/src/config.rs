@@ -28,11 +28,16 @@ pub struct Config {
     pub slack: u64,
     /// `SIMCUDA_STATE_DIR` (default `/tmp/simcuda-$UID`): holds the state file shared by processes.
     pub state_dir: PathBuf,
-    /// The physical devices this process sees, in ordinal order: all of them, or what
-    /// `CUDA_VISIBLE_DEVICES` lists (see [`visible_devices`]). The driver's ordinal N is physical
-    /// device `visible[N]`; NVML ignores the variable and always lists every device, as the real
-    /// one does.
+    /// The physical devices this process sees, in ordinal order: all of them in the driver's
+    /// enumeration order, or what `CUDA_VISIBLE_DEVICES` lists (see [`visible_devices`]). The
+    /// driver's ordinal N is physical device `visible[N]`; NVML ignores the variable and always
+    /// lists every device in PCI order (physical index order), as the real one does.
     pub visible: Vec<u32>,
+    /// `SIMCUDA_FASTEST_FIRST` (a permutation of the physical indices, `3,1,0,2`): the order in
+    /// which the driver enumerates devices when `CUDA_DEVICE_ORDER` is unset or `FASTEST_FIRST`,
+    /// as a real machine with unlike GPUs does; NVML keeps PCI order. Unset: PCI order.
+    /// `CUDA_DEVICE_ORDER=PCI_BUS_ID` makes the driver use PCI order whatever this says.
+    pub fastest_first: Option<Vec<u32>>,
 }
 
 impl Config {
@@ -72,11 +77,20 @@ impl Config {
                 std::env::temp_dir().join(format!("simcuda-{uid}"))
             }
         };
-        let visible = match get("CUDA_VISIBLE_DEVICES") {
-            None => (0..devices).collect(),
-            Some(v) => visible_devices(&v, devices),
+        let fastest_first = match get("SIMCUDA_FASTEST_FIRST") {
+            None => None,
+            Some(v) => Some(permutation(&v, devices).map_err(|e| format!("SIMCUDA_FASTEST_FIRST={v}: {e}"))?),
         };
-        Ok(Config { devices, total, reserve, slack, state_dir, visible })
+        let pci = get("CUDA_DEVICE_ORDER").is_some_and(|o| o.trim() == "PCI_BUS_ID");
+        let order: Vec<u32> = match (&fastest_first, pci) {
+            (Some(p), false) => p.clone(),
+            _ => (0..devices).collect(),
+        };
+        let visible = match get("CUDA_VISIBLE_DEVICES") {
+            None => order,
+            Some(v) => visible_devices_in(&v, &order),
+        };
+        Ok(Config { devices, total, reserve, slack, state_dir, visible, fastest_first })
     }
 
     /// What `cuMemGetInfo` reports as total: the device less the driver's reserve.
@@ -96,16 +110,23 @@ impl Config {
 /// entry that names no device, names one twice, or is a form the stand-in does not model (a MIG
 /// instance, `MIG-...`); an empty value hides every device.
 pub fn visible_devices(value: &str, devices: u32) -> Vec<u32> {
+    visible_devices_in(value, &(0..devices).collect::<Vec<u32>>())
+}
+
+/// [`visible_devices`] where the driver enumerates the physical devices in `order`: an index
+/// entry is a position in that order (a UUID names its device wherever it is).
+pub fn visible_devices_in(value: &str, order: &[u32]) -> Vec<u32> {
     let mut out = Vec::new();
     for entry in value.split(',') {
         let e = entry.trim();
         let found = if !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit()) {
-            e.parse::<u32>().ok().filter(|&i| i < devices)
+            e.parse::<usize>().ok().and_then(|i| order.get(i).copied())
         } else if e.is_empty() || e.starts_with("MIG-") {
             None
         } else {
             let want = e.strip_prefix("GPU-").unwrap_or(e).to_ascii_lowercase();
-            let matches: Vec<u32> = (0..devices).filter(|&i| crate::device_uuid_string(i)["GPU-".len()..].starts_with(&want)).collect();
+            let matches: Vec<u32> =
+                order.iter().copied().filter(|&i| crate::device_uuid_string(i)["GPU-".len()..].starts_with(&want)).collect();
             (matches.len() == 1).then(|| matches[0])
         };
         match found {
@@ -114,6 +135,22 @@ pub fn visible_devices(value: &str, devices: u32) -> Vec<u32> {
         }
     }
     out
+}
+
+/// A comma-separated permutation of `0..devices`.
+fn permutation(v: &str, devices: u32) -> Result<Vec<u32>, String> {
+    let mut out = Vec::new();
+    for e in v.split(',') {
+        let i: u32 = e.trim().parse().map_err(|_| format!("{:?} is not a device index", e.trim()))?;
+        if i >= devices || out.contains(&i) {
+            return Err(format!("expected each of 0..{devices} once"));
+        }
+        out.push(i);
+    }
+    if out.len() != devices as usize {
+        return Err(format!("expected each of 0..{devices} once"));
+    }
+    Ok(out)
 }
 
 /// Parses `12GiB`, `615 MiB`, `1.5G`, `4096`, `2MB` (decimal), `512KiB` into bytes. A bare
@@ -183,6 +220,34 @@ mod tests {
         assert_eq!(visible_devices(&uuid[..12], 4), vec![3], "a unique prefix names the device");
         assert_eq!(visible_devices(&uuid["GPU-".len()..], 4), vec![3], "GPU- is optional");
         assert_eq!(visible_devices(&format!("MIG-{}", &uuid[4..]), 4), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn the_driver_enumerates_fastest_first_unless_told_pci_order() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            Config::from_lookup(move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())).expect("valid")
+        };
+        let c = env(&[("SIMCUDA_DEVICES", "4"), ("SIMCUDA_FASTEST_FIRST", "3,1,0,2")]);
+        assert_eq!(c.visible, vec![3, 1, 0, 2]);
+        let c = env(&[("SIMCUDA_DEVICES", "4"), ("SIMCUDA_FASTEST_FIRST", "3,1,0,2"), ("CUDA_VISIBLE_DEVICES", "1")]);
+        assert_eq!(c.visible, vec![1], "an index counts in the driver's order");
+        let c = env(&[("SIMCUDA_DEVICES", "4"), ("SIMCUDA_FASTEST_FIRST", "3,1,0,2"), ("CUDA_VISIBLE_DEVICES", "0")]);
+        assert_eq!(c.visible, vec![3]);
+        let c = env(&[
+            ("SIMCUDA_DEVICES", "4"),
+            ("SIMCUDA_FASTEST_FIRST", "3,1,0,2"),
+            ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+            ("CUDA_VISIBLE_DEVICES", "0"),
+        ]);
+        assert_eq!(c.visible, vec![0], "PCI_BUS_ID: NVML's order");
+        for bad in ["3,1,0", "3,1,1,0", "0,1,2,4", "a,b,c,d"] {
+            let r = Config::from_lookup(|k| match k {
+                "SIMCUDA_DEVICES" => Some("4".to_string()),
+                "SIMCUDA_FASTEST_FIRST" => Some(bad.to_string()),
+                _ => None,
+            });
+            assert!(r.is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -62,10 +62,12 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
         (None, Some(_)) => {}
     }
     let (events, dropped, exact) = app.frame.as_ref().map_or((0, 0, true), |fr| (fr.summary.events, fr.summary.dropped, fr.summary.exact));
+    // OOMs and recovered allocations by the one rule (crate::ingest::oom_rule), as the summary has them.
+    let (ooms, retries) = app.frame.as_ref().map_or((0, 0), |fr| (fr.summary.ooms.len(), fr.summary.retries));
     let order = if app.sort.ascending() ^ app.reversed { "▲" } else { "▼" };
     // The source (a path, any length) goes last: a narrow terminal cuts it, not the figures.
     title_spans.push(Span::raw(format!(
-        "{position} sort: {}{order} · {} events · dropped {} · {} · {}",
+        "{position} sort: {}{order} · {} events · dropped {} · {ooms} OOMs · {retries} retries · {} · {}",
         app.sort.name(),
         events,
         dropped,
@@ -78,7 +80,7 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
         f.render_widget(
             Paragraph::new(Line::from(vec![Span::styled(
                 format!(
-                    "OOM pid {} gpu {}: {} requested: {} (largest free block {}, stranded {}, device free {}{}{})",
+                    "OOM pid {} gpu {}: {} requested: {} (largest free block {}, stranded {}, device free {}{}{}){}",
                     o.pid,
                     o.device,
                     human_bytes(o.requested),
@@ -88,7 +90,9 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
                     if o.device_free_known { human_bytes(o.device_free) } else { "not measured".into() },
                     // Driver-level fragmentation: free bytes in partly used 2 MiB pages.
                     if o.page_stranded > 0 { format!(", page-stranded {}", human_bytes(o.page_stranded)) } else { String::new() },
-                    o.allowed.map_or(String::new(), |a| format!(", allowed {}", human_bytes(a)))
+                    o.allowed.map_or(String::new(), |a| format!(", allowed {}", human_bytes(a))),
+                    // Who else held the GPU (crate::holders): the largest holder.
+                    o.holders.list.first().map_or(String::new(), |h| format!("; {}", h.sentence()))
                 ),
                 Style::default().fg(Color::Red).add_modifier(Modifier::BOLD),
             )])),

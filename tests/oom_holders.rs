@@ -1,0 +1,138 @@
+//! Who held the GPU at an OOM (issue 25, Build item 1): on one simulated 16 GiB GPU a process
+//! holds 12 GiB (12,290 MiB: 12 GiB and one 2 MiB page), a second asks 8 GiB and fails. The
+//! failing process's OOM must name the first as its holder, with the bytes it reserved (traced)
+//! and NVML's used bytes for it (what PyTorch prints as "Process N has X GiB memory in use"), in
+//! `ooms[].holders`, the explanation and the fix; under `run` a third process that `run` does not
+//! trace (started beside it) holds 1 GiB and must be listed from NVML's process list as not traced.
+
+#[path = "ebpf_fixtures/support.rs"]
+mod support;
+mod tool_support;
+
+use serde_json::Value;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use support::*;
+
+const MIB: u64 = 1 << 20;
+/// What the holder takes: 12 GiB and a 2 MiB page (whole pages: NVML's figure is the same).
+const HOLD_MIB: [u64; 2] = [12288, 2];
+const ASK_MIB: u64 = 8192;
+
+fn the_oom(s: &Value) -> &Value {
+    let ooms = s["ooms"].as_array().unwrap_or_else(|| panic!("no ooms: {s:#}"));
+    ooms.iter().find(|o| o["requested"].as_u64() == Some(ASK_MIB * MIB)).unwrap_or_else(|| panic!("no OOM of 8 GiB: {s:#}"))
+}
+
+fn holder<'a>(o: &'a Value, pid: u64) -> &'a Value {
+    o["holders"]["list"]
+        .as_array()
+        .and_then(|l| l.iter().find(|h| h["pid"].as_u64() == Some(pid)))
+        .unwrap_or_else(|| panic!("pid {pid} is not among the holders: {o:#}"))
+}
+
+/// The holder is named with its 12 GiB: traced bytes, NVML's bytes, and in the words.
+fn check_traced_holder(o: &Value, pid: u64) {
+    let held = (HOLD_MIB[0] + HOLD_MIB[1]) * MIB;
+    let h = holder(o, pid);
+    assert_eq!(h["traced"].as_bool(), Some(true), "{h:#}");
+    assert_eq!(h["reserved"].as_u64(), Some(held), "the holder's traced bytes: {h:#}");
+    assert_eq!(h["nvml_used"].as_u64(), Some(held), "NVML's used bytes for it: {h:#}");
+    assert_eq!(h["exe"].as_str(), Some("cuda_prog"), "{h:#}");
+    let words = format!("process {pid} (cuda_prog) holds 12.00 GiB");
+    assert!(o["explanation"].as_str().is_some_and(|e| e.contains(&words)), "explanation must name the holder ({words}): {o:#}");
+    assert!(o["fix"].as_str().is_some_and(|e| e.starts_with(&words)), "the fix must name the holder first: {o:#}");
+    assert_eq!(o["verdict"].as_str(), Some("true_oom"), "{o:#}");
+}
+
+#[test]
+fn the_neighbour_holding_12_of_16_gib_is_named_at_the_oom_under_run() {
+    let m = Machine::new(1);
+    let prog = fixtures().prog.display().to_string();
+    // An untraced neighbour, started here (not under run): NVML lists it, the capture does not.
+    let outside_go = unique("outside-go");
+    let mut outside = Command::new(&fixtures().prog);
+    outside.args(["oomhold", "1024", "2"]).arg(&outside_go).stdout(Stdio::piped());
+    m.env(&mut outside);
+    let mut outside = outside.spawn().expect("untraced neighbour");
+    let mut out = Lines::new(outside.stdout.take().expect("stdout"));
+    assert!(out.wait_for("READY", Duration::from_secs(60)), "{}", out.rest());
+    let go = unique("holder-go");
+    let done = unique("asker-done");
+    std::fs::write(&done, b"go").expect("done");
+    let (hout, aout) = (unique("holder.out"), unique("asker.out"));
+    let script = format!(
+        "{prog} oomhold {} {} {go} > {h} & echo $! > {h}.pid; while ! grep -q READY {h}; do sleep 0.05; done; {prog} oomhold 64 {ASK_MIB} {done} > {a}; touch {go}; wait",
+        HOLD_MIB[0],
+        HOLD_MIB[1],
+        go = go.display(),
+        done = done.display(),
+        h = hout.display(),
+        a = aout.display(),
+    );
+    let summary = unique("holders-run.json");
+    let mut cmd = Command::new(gpufrag());
+    cmd.args(["run", "--quiet", "--no-report", "--no-feed", "--summary-json"]).arg(&summary).args(["--", "sh", "-c", &script]);
+    m.env(&mut cmd);
+    let res = cmd.stderr(Stdio::piped()).output().expect("gpufrag run");
+    std::fs::write(&outside_go, b"go").expect("release the neighbour");
+    assert!(wait_timeout(&mut outside, Duration::from_secs(30)).success());
+    assert!(res.status.success(), "{}", String::from_utf8_lossy(&res.stderr));
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).expect("json");
+    let holder_pid: u64 = std::fs::read_to_string(format!("{}.pid", hout.display())).expect("pid").trim().parse().expect("pid");
+    let asked = std::fs::read_to_string(&aout).expect("asker output");
+    assert!(asked.starts_with("OOM rc=2 "), "the 8 GiB request must fail: {asked}");
+    let o = the_oom(&s);
+    check_traced_holder(o, holder_pid);
+    let n = holder(o, u64::from(outside.id()));
+    assert_eq!(n["traced"].as_bool(), Some(false), "{n:#}");
+    assert_eq!(n["nvml_used"].as_u64(), Some(1026 * MIB), "NVML's figure for the untraced neighbour: {n:#}");
+    assert_eq!(n["reserved"].as_u64(), Some(0), "{n:#}");
+    assert!(
+        o["explanation"].as_str().is_some_and(|e| e.contains(&format!("process {} (cuda_prog, not traced) holds 1.00 GiB", outside.id()))),
+        "{o:#}"
+    );
+    assert_eq!(o["holders"]["nvml_read"].as_bool(), Some(true), "{o:#}");
+}
+
+#[test]
+fn the_neighbour_holding_12_of_16_gib_is_named_at_the_oom_under_the_agent() {
+    require_ebpf!();
+    let m = Machine::new(1);
+    let summary = unique("holders-agent.json");
+    let mut cmd = Command::new(gpufrag());
+    cmd.args(["agent", "--keep-exited", "--summary-json"]).arg(&summary).stderr(Stdio::piped()).stdout(Stdio::null());
+    m.env(&mut cmd);
+    let mut agent = cmd.spawn().expect("agent");
+    let mut err = Lines::new(agent.stderr.take().expect("stderr"));
+    assert!(err.wait_for("agent: tracing", Duration::from_secs(120)), "{}", err.rest());
+    let go = unique("go");
+    let mut running = Vec::new();
+    for (hold, req) in [(HOLD_MIB[0].to_string(), HOLD_MIB[1].to_string()), ("64".to_string(), ASK_MIB.to_string())] {
+        let mut c = Command::new(&fixtures().prog);
+        c.args(["oomhold", &hold, &req]).arg(&go).stdout(Stdio::piped());
+        m.env(&mut c);
+        let mut child = c.spawn().expect("cuda_prog");
+        let mut out = Lines::new(child.stdout.take().expect("stdout"));
+        assert!(out.wait_for("READY", Duration::from_secs(60)), "{}", out.rest());
+        running.push((child, out));
+    }
+    // Both hold their memory while the agent applies the OOM (its reorder window).
+    std::thread::sleep(Duration::from_millis(1500));
+    std::fs::write(&go, b"go").expect("go");
+    let mut pids = Vec::new();
+    for (mut child, _) in running {
+        assert!(wait_timeout(&mut child, Duration::from_secs(60)).success());
+        pids.push(u64::from(child.id()));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
+    let st = wait_timeout(&mut agent, Duration::from_secs(60));
+    let log = err.rest();
+    assert!(st.success(), "agent: {st}\n{log}");
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap_or_else(|e| panic!("{e}\n{log}"))).expect("json");
+    let o = the_oom(&s);
+    assert_eq!(o["pid"].as_u64(), Some(pids[1]), "{o:#}");
+    check_traced_holder(o, pids[0]);
+}
