@@ -70,7 +70,7 @@ fn check_ancestors(dir: &Path) -> Result<(), Refused> {
                 p.display()
             )));
         }
-        if mode & 0o022 != 0 && mode & libc::S_ISVTX as u32 == 0 {
+        if mode & 0o022 != 0 && mode & libc::S_ISVTX == 0 {
             return Err(Refused(format!(
                 "{}: refused, the folder {} above it may be changed by other users (mode {:o}, not sticky)",
                 dir.display(),
