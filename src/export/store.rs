@@ -9,7 +9,7 @@
 //! process series in one export.
 
 use super::gpu::GpuIds;
-use crate::analysis::{OomInputs, Verdict};
+use crate::analysis::Verdict;
 use crate::ingest::histogram::{SizeStats, BUCKET_BOUNDS};
 use crate::ingest::State;
 use crate::map::Figures;
@@ -45,7 +45,7 @@ pub struct ProcessPoint {
     /// OOMs by verdict, in the order of [`Verdict::ALL`].
     pub ooms: [u64; Verdict::ALL.len()],
     /// Of those, the OOMs at which other processes held memory on the GPU, by who they were:
-    /// traced only, untraced only (NVML's list), both (`crate::holders::Holders::kind`).
+    /// traced only, untraced only (NVML's list), both (`crate::ingest::holders::Holders::kind`).
     pub ooms_held: [u64; 3],
     /// The caching allocator whose blocks it uses, when one was seen (the `gpufrag.framework`
     /// attribute: one of [`crate::alloc::Framework::ALL`]'s names, or `none`).
@@ -360,9 +360,8 @@ impl Builder {
             if o.is_framework_retry() {
                 continue;
             }
-            let inputs = OomInputs::of(o);
-            ooms.entry((o.pid, o.device)).or_default()[inputs.verdict().index()] += 1;
-            if let Some(i) = crate::holders::HELD_KINDS.iter().position(|k| *k == o.holders.kind()) {
+            ooms.entry((o.pid, o.device)).or_default()[crate::analysis::sharing::verdict(o).index()] += 1;
+            if let Some(i) = crate::ingest::holders::HELD_KINDS.iter().position(|k| *k == o.shared.holders.kind()) {
                 held.entry((o.pid, o.device)).or_default()[i] += 1;
             }
         }

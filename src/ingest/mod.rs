@@ -24,6 +24,7 @@
 //! summary) live beside it in [`histogram`].
 
 pub mod histogram;
+pub mod holders;
 
 use crate::alloc::pytorch::AllocatorRules;
 use crate::alloc::Framework;
@@ -188,8 +189,9 @@ pub struct OomRecord {
     pub driver_failures_before: u64,
     /// The device's total bytes as last measured before the failure (`cuMemGetInfo` or NVML).
     pub device_total: Option<u64>,
-    /// Who else held the device at that moment (`crate::holders`).
-    pub holders: crate::holders::Holders,
+    /// Who else held the device at that moment and the sharing layer's limit
+    /// (`crate::ingest::holders`, `crate::limits`).
+    pub shared: crate::ingest::holders::Shared,
 }
 
 /// One instance of XLA's BFC allocator, as its chunks showed it (`State::bfc_instances`).
@@ -544,7 +546,10 @@ impl State {
                     device_free_age_ns,
                     device_free_after_ns: None,
                     figures,
-                    holders: crate::holders::Holders::traced(self, pid, device),
+                    shared: crate::ingest::holders::Shared {
+                        holders: crate::ingest::holders::Holders::traced(self, pid, device),
+                        limit: None,
+                    },
                 });
                 Ok(())
             }

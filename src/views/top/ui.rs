@@ -89,7 +89,7 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
                     // Driver-level fragmentation: free bytes in partly used 2 MiB pages.
                     if o.page_stranded > 0 { format!(", page-stranded {}", human_bytes(o.page_stranded)) } else { String::new() },
                     o.allowed.map_or(String::new(), |a| format!(", allowed {}", human_bytes(a))),
-                    // Who else held the GPU (crate::holders): the largest holder.
+                    // Who else held the GPU (crate::ingest::holders): the largest holder.
                     o.holders.list.first().map_or(String::new(), |h| format!("; {}", h.sentence()))
                 ),
                 Style::default().fg(Color::Red).add_modifier(Modifier::BOLD),
