@@ -72,10 +72,44 @@ pub fn rules_from(settings: &AllocatorSettings) -> AllocatorRules {
     AllocatorRules { max_split_size: settings.max_split_size.unwrap_or(u64::MAX), roundup_power2_divisions: divisions }
 }
 
+/// Opens an input file: only a regular file (a FIFO, a socket or a device would block or never
+/// end: "a FIFO given as input blocks for ever", issue 23). The open itself never blocks
+/// (`O_NONBLOCK`, cleared once the file is known to be regular).
+pub fn open_input(path: &Path) -> Result<std::fs::File, UnusableInput> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| UnusableInput(format!("{}: {e}", path.display())))?;
+    let ft = f.metadata().map_err(|e| UnusableInput(format!("{}: {e}", path.display())))?.file_type();
+    if !ft.is_file() {
+        let what = if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_socket() {
+            "a socket"
+        } else if ft.is_char_device() || ft.is_block_device() {
+            "a device"
+        } else if ft.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file"
+        };
+        return Err(UnusableInput(format!("{}: {what}; gpufrag reads regular files only (copy it to a file first)", path.display())));
+    }
+    // SAFETY: fcntl on a descriptor we own, clearing one status flag.
+    unsafe {
+        let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
+    }
+    Ok(f)
+}
+
 /// Loads `path`, whatever it holds.
 pub fn load(path: &Path) -> anyhow::Result<Loaded> {
     let mut head = [0u8; 8];
-    let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).map_err(|e| UnusableInput(format!("{}: {e}", path.display())))?;
+    let n = open_input(path)?.read(&mut head).map_err(|e| UnusableInput(format!("{}: {e}", path.display())))?;
     if record::is_record(&head[..n]) {
         let mut reader = record::Reader::open(path).map_err(|e| UnusableInput(e.to_string()))?;
         let rules = AllocatorRules::default();

@@ -1,9 +1,9 @@
 //! The live pipeline that `run`, `attach` and `agent` share ([`Live`]): every message a source
 //! hands over (the consumer's channel for the shim and the Python hook, the eBPF session's
 //! returned messages) is applied to the [`State`], written to the record file and given to the
-//! observers (exporters, live feed, report writers); each OOM verdict is printed the moment it is
-//! known (a caching allocator's first failed driver call is held back until the allocator's own
-//! report, or half a second); the status line and the summary come from here.
+//! observers (exporters, live feed, report writers); each OOM verdict is printed the moment the
+//! state decides it is one (crate::ingest::oom_rule: a failed driver call waits for its retry or
+//! its framework's report); the status line and the summary come from here.
 
 use crate::analysis::summary::Summary;
 use crate::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_FAILED};
@@ -36,8 +36,6 @@ pub struct Live {
     pub processes: std::collections::VecDeque<(u32, String)>,
     /// Exporters, live feeds, report writers.
     pub observers: Vec<Box<dyn crate::observe::Observer>>,
-    /// Driver failures held back: (index in `state.ooms`, when seen).
-    pending_ooms: Vec<(usize, Instant)>,
     /// The frameworks' own statistics from Python hooks: the latest per (pid, device, framework)
     /// and kind of read (`periodic`, `oom`, `exit`; any other `when` is kept as `other`), so the
     /// last periodic read survives the one at exit (JAX has freed everything by then).
@@ -58,10 +56,6 @@ pub const PROCESSES_KEPT: usize = 4096;
 /// How long an OOM without a device free of its own event waits for a reading that follows it
 /// before it is printed (the reorder window of the eBPF path plus the reading window).
 const READING_HOLD: Duration = Duration::from_millis(300);
-
-/// How long a caching allocator's failed driver call waits for the allocator's own OOM report
-/// before it is printed as the verdict.
-const OOM_HOLD: Duration = Duration::from_millis(500);
 
 impl Live {
     /// A live state with every output the command line asked for: the record file, the metrics
@@ -127,7 +121,6 @@ impl Live {
             quiet,
             processes: std::collections::VecDeque::new(),
             observers: Vec::new(),
-            pending_ooms: Vec::new(),
             held_ooms: Vec::new(),
             framework_reports: BTreeMap::new(),
             attribution: crate::attribution::Attribution::for_node(std::env::var("GPUFRAG_NVML_LIB").ok().as_deref()),
@@ -348,38 +341,27 @@ impl Live {
         self.processes.push_back((pid, name));
     }
 
+    /// Prints the OOMs the state decided since the last call (crate::ingest::oom_rule decides;
+    /// a failed driver call undecided for 500 ms is settled by the clock here). One without a
+    /// device free of its own event waits [`READING_HOLD`] for a reading that follows it.
     fn report_new_ooms(&mut self) {
-        while self.oom_seen < self.state.ooms.len() {
-            let i = self.oom_seen;
+        self.state.settle(now_ns());
+        while self.oom_seen < self.state.oom_log().len() {
+            let i = self.state.oom_log()[self.oom_seen];
             self.oom_seen += 1;
-            let o = &self.state.ooms[i];
-            let key = (o.pid, o.device);
-            if o.is_framework_retry() {
-                // A caching allocator's try: it frees cache and retries, and reports its own OOM
-                // if the request fails for good. Held back until that report comes, or until
-                // OOM_HOLD passes without one (eBPF has no such report: then this is the verdict).
-                self.pending_ooms.retain(|&(j, _)| (self.state.ooms[j].pid, self.state.ooms[j].device) != key);
-                self.pending_ooms.push((i, Instant::now()));
-                continue;
-            }
-            self.pending_ooms.retain(|&(j, _)| (self.state.ooms[j].pid, self.state.ooms[j].device) != key);
-            if o.device_free_source != crate::ingest::DeviceFreeSource::FailureEvent {
+            if self.state.ooms[i].device_free_source != crate::ingest::DeviceFreeSource::FailureEvent {
                 self.held_ooms.push((i, Instant::now()));
                 continue;
             }
             self.print_oom(i);
         }
-        self.flush_pending_ooms(false);
+        self.flush_held_ooms(false);
     }
 
-    /// Prints held-back driver failures whose allocator said nothing within [`OOM_HOLD`] (all of
-    /// them with `all`).
-    fn flush_pending_ooms(&mut self, all: bool) {
-        let mut due: Vec<usize> = self.pending_ooms.iter().filter(|(_, t)| all || t.elapsed() >= OOM_HOLD).map(|&(i, _)| i).collect();
-        due.extend(self.held_ooms.iter().filter(|(_, t)| all || t.elapsed() >= READING_HOLD).map(|&(i, _)| i));
-        self.pending_ooms.retain(|(i, _)| !due.contains(i));
+    /// Prints held OOMs whose reading window passed ([`READING_HOLD`]; all of them with `all`).
+    fn flush_held_ooms(&mut self, all: bool) {
+        let due: Vec<usize> = self.held_ooms.iter().filter(|(_, t)| all || t.elapsed() >= READING_HOLD).map(|&(i, _)| i).collect();
         self.held_ooms.retain(|(i, _)| !due.contains(i));
-        due.sort_unstable();
         for i in due {
             self.print_oom(i);
         }
@@ -407,7 +389,7 @@ impl Live {
 
     /// Gives every observer the current state.
     pub fn tick(&mut self) {
-        self.flush_pending_ooms(false);
+        self.report_new_ooms();
         for o in self.observers.iter_mut() {
             o.tick(&self.state);
         }
@@ -416,7 +398,10 @@ impl Live {
     /// Gives every observer the final state and ends the record file with its end marker (a
     /// record without one reads as cut).
     pub fn finish(&mut self) {
-        self.flush_pending_ooms(true);
+        // The end of the run: what nothing recovered is an OOM.
+        self.state.settle_all();
+        self.report_new_ooms();
+        self.flush_held_ooms(true);
         for o in self.observers.iter_mut() {
             o.finish(&self.state);
         }
@@ -447,7 +432,11 @@ impl Live {
         if parts.is_empty() {
             parts.push("no CUDA memory traced yet".into());
         }
-        format!("[gpufrag] {} | dropped {}", parts.join(" | "), self.state.dropped)
+        // The same rule as every other output (crate::ingest::oom_rule).
+        let ooms = self.state.ooms.iter().filter(|o| o.counts_as_oom()).count();
+        let retries = self.state.retries_total();
+        let tail = if ooms + retries as usize > 0 { format!(" | ooms {ooms} retries {retries}") } else { String::new() };
+        format!("[gpufrag] {} | dropped {}{tail}", parts.join(" | "), self.state.dropped)
     }
 
     /// The summary, with notes on how block figures were obtained.

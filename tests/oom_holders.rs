@@ -62,7 +62,7 @@ fn the_neighbour_holding_12_of_16_gib_is_named_at_the_oom_under_run() {
     std::fs::write(&done, b"go").expect("done");
     let (hout, aout) = (unique("holder.out"), unique("asker.out"));
     let script = format!(
-        "{prog} oomhold {} {} {go} > {h} & echo $! > {h}.pid; while ! grep -q READY {h}; do sleep 0.05; done; {prog} oomhold 64 {ASK_MIB} {done} > {a}; touch {go}; wait",
+        "{prog} oomhold {} {} {go} > {h} & echo $! > {h}.pid; while ! grep -q READY {h}; do sleep 0.05; done; {prog} oomhold 64 {ASK_MIB} {done} > {a}; sleep 1; touch {go}; wait",
         HOLD_MIB[0],
         HOLD_MIB[1],
         go = go.display(),

@@ -60,15 +60,25 @@ impl Scratch {
 
     /// `gpufrag run` of the sequence with these extra arguments and environment: (summary, output).
     fn run(&self, tag: &str, extra: &[&str], env: &[(&str, &std::ffi::OsStr)], oom: bool) -> (Value, Output) {
+        self.run_mode(tag, extra, env, if oom { "oom" } else { "" }, true)
+    }
+
+    /// `gpufrag run` of the sequence in `mode` (its first argument: `oom`, `retry`, `driver_oom`
+    /// or none); `quiet` passes `-q` (no live line).
+    fn run_mode(&self, tag: &str, extra: &[&str], env: &[(&str, &std::ffi::OsStr)], mode: &str, quiet: bool) -> (Value, Output) {
         let bin = Path::new(env!("CARGO_BIN_EXE_gpufrag"));
         let simcuda = bin.with_file_name("simcuda");
         assert!(simcuda.join("libcuda.so.1").exists(), "{} has no libcuda.so.1: build the workspace", simcuda.display());
         let summary = self.dir.join(format!("{tag}.json"));
         let mut cmd = Command::new(bin);
-        cmd.args(["run", "-q", "--no-report", "--no-feed", "--summary-json"]).arg(&summary).args(extra).arg("--").arg("python3");
+        cmd.arg("run");
+        if quiet {
+            cmd.arg("-q");
+        }
+        cmd.args(["--no-report", "--no-feed", "--summary-json"]).arg(&summary).args(extra).arg("--").arg("python3");
         cmd.arg(root().join("tests/python_hook/tracker/sequence.py"));
-        if oom {
-            cmd.arg("oom");
+        if !mode.is_empty() {
+            cmd.arg(mode);
         }
         cmd.env("PYTHONPATH", root().join("tests/python_hook/tracker"))
             .env("FAKE_TORCH_LIB", self.dir.join("lib"))
@@ -244,4 +254,139 @@ fn regression_tracker_blocks_follow_the_processs_own_alloc_conf() {
     assert_eq!(got("stranded"), 22 * MIB - (512 + 3072 + 6 * MIB), "{s:#}");
     assert_eq!(got("largest_free_block"), 14 * MIB, "{s:#}");
     assert!(notes(&s).contains("PyTorch blocks: trace tracker (event level)"), "{}", notes(&s));
+}
+
+mod export_support;
+mod tool_support;
+
+/// `gpufrag analyze --json` of a record file.
+fn analyze(record: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpufrag")).arg("analyze").arg("--json").arg(record).output().expect("analyze");
+    assert!(out.status.success(), "analyze {}: {}", record.display(), String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("analyze json")
+}
+
+/// The figures, OOMs (with verdicts) and retries of a summary: what a replay of the run's record
+/// must give as the live run did.
+fn story(s: &Value) -> Value {
+    let figures = |p: &Value| {
+        let keep = ["device", "reserved", "allocated", "stranded", "releasable", "largest_free_block", "segments", "blocks", "retries"];
+        Value::Object(keep.iter().map(|k| (k.to_string(), p[*k].clone())).collect())
+    };
+    let ooms: Vec<Value> = s["ooms"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|o| serde_json::json!([o["requested"], o["verdict"], o["op"], o["stranded"], o["largest_free_block"], o["allowed"]]))
+                .collect()
+        })
+        .unwrap_or_default();
+    serde_json::json!({
+        "processes": s["processes"].as_array().map(|a| a.iter().map(figures).collect::<Vec<_>>()),
+        "ooms": ooms,
+        "retries": s["retries"],
+    })
+}
+
+/// Asserts that `analyze` of `record` tells the live summary's story.
+fn assert_replays(live: &Value, record: &Path) {
+    let replay = analyze(record);
+    assert_eq!(story(&replay), story(live), "the record's replay differs from the live run\nlive: {live:#}\nreplay: {replay:#}");
+}
+
+/// What the exporters said of the record's events (replayed through a real exporter, as `run`
+/// feeds it): (Prometheus text from its endpoint, OTLP points a real collector received; `None`
+/// without rotel-agent, where the tool skip mechanism says so).
+fn exported(record: &Path, dir: &Path) -> (String, Option<Vec<export_support::Received>>) {
+    use export_support::*;
+    let events = gpufrag::record::read(record).expect("record").events;
+    let prom = free_port();
+    let rotel = rotel_agent().map(|bin| {
+        let (grpc, http) = (free_port(), free_port());
+        (Rotel::start(&bin, dir, grpc, http), http)
+    });
+    let args = gpufrag::export::ExportArgs {
+        otlp: rotel.as_ref().map(|(_, http)| format!("http://127.0.0.1:{http}")),
+        otlp_protocol: Some(gpufrag::export::otlp::Protocol::HttpProtobuf),
+        otlp_interval: Some(std::time::Duration::from_millis(300)),
+        prometheus: Some(format!("127.0.0.1:{prom}")),
+        nvml_lib: Some("none".into()),
+    };
+    let mut exporter = gpufrag::export::exporter_from_args(&args, std::sync::Arc::new(|_: &str| {})).expect("exporter");
+    gpufrag::export::replay(&events, &mut exporter, std::time::Duration::from_millis(700));
+    let text = http_get(prom, "/metrics").expect("a Prometheus scrape");
+    let otlp = match rotel {
+        Some((r, _)) => Some(r.wait_for(std::time::Duration::from_secs(10), |g| !points(g, "gpufrag.alloc_retries", &[]).is_empty())),
+        None => {
+            require("rotel-agent", None, "pip install rotel");
+            None
+        }
+    };
+    (text, otlp)
+}
+
+/// The sum of a Prometheus counter's series.
+fn prom_sum(text: &str, name: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or_else(|| panic!("{l}")) as u64)
+        .sum()
+}
+
+/// The sum of the last value of each series of an OTLP metric.
+fn otlp_sum(got: &[export_support::Received], metric: &str) -> u64 {
+    let mut last = std::collections::BTreeMap::new();
+    for r in export_support::points(got, metric, &[]) {
+        last.insert(format!("{:?}", r.attrs), r.value.parse::<u64>().unwrap_or_else(|_| panic!("{metric} {}", r.value)));
+    }
+    last.values().sum()
+}
+
+/// One OOM story in every output: the summary, the live line (the verdict printed on stderr), the
+/// record's replay (`analyze`), the report, Prometheus and OTLP: `ooms` OOMs and `retries` retries.
+fn assert_every_output(sc: &Scratch, mode: &str, ooms: u64, retries: u64) {
+    let record = sc.dir.join(format!("{mode}.gpufrag"));
+    let (s, out) = sc.run_mode(mode, &["--torch-tracker=build", "--record", record.to_str().expect("utf-8")], &[], mode, false);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("trackers=1"), "the tracker was attached: {s:#}");
+    let counts = (s["ooms"].as_array().map_or(0, Vec::len) as u64, s["retries"].as_u64().unwrap_or(u64::MAX));
+    assert_eq!(counts, (ooms, retries), "summary (OOMs, retries): {s:#}\n{stderr}");
+    assert_eq!(s["processes"][0]["retries"].as_u64(), Some(retries), "{s:#}");
+    assert_eq!(stderr.matches("[gpufrag] OOM in pid").count() as u64, ooms, "the live line: {stderr}");
+    assert_replays(&s, &record);
+    // The report of the record.
+    let html = sc.dir.join(format!("{mode}.html"));
+    let rep = Command::new(env!("CARGO_BIN_EXE_gpufrag")).arg("report").arg(&record).arg("-o").arg(&html).output().expect("report");
+    assert!(rep.status.success(), "{}", String::from_utf8_lossy(&rep.stderr));
+    let html = std::fs::read_to_string(&html).expect("report html");
+    assert_eq!(html.matches("<tr data-verdict=").count() as u64, ooms, "report OOM rows");
+    assert!(
+        html.contains(&format!("not OOMs): {retries}")),
+        "report retries: {}",
+        &html[html.find("id=\"retries\"").unwrap_or(0)..][..300]
+    );
+    // The exporters.
+    let (prom, otlp) = exported(&record, &sc.dir);
+    assert_eq!((prom_sum(&prom, "gpufrag_ooms_total"), prom_sum(&prom, "gpufrag_alloc_retries_total")), (ooms, retries), "{prom}");
+    if let Some(got) = otlp {
+        assert_eq!((otlp_sum(&got, "gpufrag.ooms"), otlp_sum(&got, "gpufrag.alloc_retries")), (ooms, retries), "OTLP");
+    }
+}
+
+/// Issue 22: a cudaMalloc that fails once, after which PyTorch releases its cache and the retry
+/// succeeds (`memory_stats()`: `num_alloc_retries` 1, `num_ooms` 0) was an OOM in the summary and
+/// the live line, and not in Prometheus. One rule: 0 OOMs and 1 retry in every output.
+#[test]
+fn regression_a_recovered_allocation_is_one_retry_and_no_oom_in_every_output() {
+    let sc = Scratch::new("retry");
+    assert_every_output(&sc, "retry", 0, 1);
+}
+
+/// Issue 22: a failed cudaMalloc nobody reports or retries was 1 OOM in the summary and the live
+/// line and 0 in Prometheus. One rule: 1 OOM in every output, no retry.
+#[test]
+fn regression_an_unrecovered_driver_failure_is_one_oom_in_every_output() {
+    let sc = Scratch::new("driver-oom");
+    assert_every_output(&sc, "driver_oom", 1, 0);
 }

@@ -27,9 +27,10 @@
 //! | `cuMemGetInfo_v2` | `DeviceInfo{size = total, device_free = free}` |
 //!
 //! A failed allocation becomes `AllocFailed{requested, rc, op}` (see `hook::alloc`). A failed
-//! release is its event followed by the same event with `rc` and `F_FAILED`: the consumer ignores
-//! the failed one, but the first has already removed the memory from its state (a known
-//! imprecision, for a call that fails only on a program bug or at context teardown).
+//! release is its event followed by the same event with `rc` and `F_FAILED`. The state refuses a
+//! release the driver would refuse (an unmap that cuts a mapping, an address free with memory
+//! mapped, an unknown handle) and leaves itself unchanged; the failed twin then takes that
+//! anomaly back (`ingest::State::refused_release`).
 
 #![allow(non_snake_case)]
 

@@ -6,15 +6,132 @@ cached per torch version, CUDA version, C++ ABI and source hash, loaded with cty
 right after CUDA's lazy initialisation, before the first block (torch_blocks.blocks_source
 decides when). The build writes to a temporary file then renames it, so no process ever loads
 half of one.
+
+No file another local user could have placed is ever loaded (the library runs in the traced
+process, often as root): the cache folder must be this user's own (created 0700; owner and mode
+checked, opened with O_NOFOLLOW; every folder above it owned by this user or root and writable by
+nobody else unless sticky: the rule of src/private.rs), and the library is loaded only when it is
+a regular file of this user, writable by nobody else, whose SHA-256 matches the one recorded when
+it was built; it is loaded through its verified descriptor (/proc/self/fd/N), so a path swapped
+after the check changes nothing. The build runs in a fresh private folder (tempfile.mkdtemp) and
+its result, hash and log are renamed into place, never written through a symlink.
 """
 
+import hashlib
 import os
+import stat
 import time
+
+
+class Refused(Exception):
+    """A cache folder or file that is not this user's own: the message says which and why."""
+
+
+def _check_ancestors(path):
+    me = os.geteuid()
+    p = os.path.realpath(path)
+    while True:
+        st = os.stat(p)
+        if st.st_uid not in (me, 0):
+            raise Refused(f"{path}: the folder {p} above it belongs to uid {st.st_uid}, not to you (uid {me}) or root")
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise Refused(f"{path}: the folder {p} above it may be changed by other users (mode {st.st_mode & 0o7777:o})")
+        if p == "/":
+            return
+        p = os.path.dirname(p)
+
+
+def _verify_dir_fd(fd, path):
+    st = os.fstat(fd)
+    me = os.geteuid()
+    if not stat.S_ISDIR(st.st_mode):
+        raise Refused(f"{path}: not a directory")
+    if st.st_uid != me:
+        raise Refused(f"{path}: the folder belongs to uid {st.st_uid}, not to you (uid {me})")
+    if st.st_mode & 0o022:
+        raise Refused(f"{path}: the folder is writable by other users (mode {st.st_mode & 0o7777:o})")
+    if st.st_mode & 0o077:
+        os.fchmod(fd, 0o700)  # ours, only readable by others: nothing can have been planted
+
+
+def private_dir(path):
+    """Creates (0700) or checks the folder `path`; returns an open descriptor of it, or raises Refused."""
+    parent = os.path.dirname(path)
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    _check_ancestors(parent)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise Refused(f"{path}: a symlink or not a directory ({e.strerror})")
+    try:
+        _verify_dir_fd(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def cache_dir():
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "gpufrag")
+
+
+def file_hash(fd):
+    h = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    while True:
+        b = os.read(fd, 1 << 20)
+        if not b:
+            break
+        h.update(b)
+    return h.hexdigest()
+
+
+def _open_own_file(name, dfd, shown):
+    """A regular file of this user in the private folder `dfd`, writable by nobody else, opened
+    without following a symlink; raises Refused."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError as e:
+        raise Refused(f"{shown}: {e.strerror}")
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        raise Refused(f"{shown}: not a regular file of yours that only you can write (uid {st.st_uid}, mode {st.st_mode & 0o7777:o})")
+    return fd
+
+
+def verified_library(path):
+    """Opens the cached library at `path` after checking its folder, owner, mode and the hash
+    recorded at build time: (descriptor, None) or (None, why)."""
+    d, name = os.path.split(path)
+    try:
+        dfd = private_dir(d)
+    except (Refused, OSError) as e:
+        return None, f"the cache folder is refused: {e}"
+    try:
+        try:
+            hfd = _open_own_file(name + ".sha256", dfd, path + ".sha256")
+            try:
+                want = os.read(hfd, 256).decode(errors="replace").strip()
+            finally:
+                os.close(hfd)
+        except Refused as e:
+            return None, f"no hash recorded at its build ({e}); it is not loaded"
+        fd = _open_own_file(name, dfd, path)
+        got = file_hash(fd)
+        if got != want:
+            os.close(fd)
+            return None, f"its SHA-256 {got[:16]}… is not the one recorded at its build ({want[:16]}…); it is not loaded"
+        return fd, None
+    except Refused as e:
+        return None, f"refused: {e}"
+    finally:
+        os.close(dfd)
 
 
 def tracker_sources():
@@ -56,7 +173,25 @@ def cached_library(torch):
     key = h.hexdigest()[:16]
     safe = "".join(c if c.isalnum() or c in ".+-" else "_" for c in str(torch.__version__))
     d = cache_dir()
-    return os.path.join(d, f"torch-tracker-{safe}-{key}.so"), os.path.join(d, f"src-{key}"), srcs
+    try:
+        dfd = private_dir(d)
+    except (Refused, OSError) as e:
+        return f"the cache folder is refused: {e}"
+    lib = f"torch-tracker-{safe}-{key}.so"
+    try:
+        # A library without the hash of its build (an older gpufrag's, or a half-finished one):
+        # removed from our own folder so that it is rebuilt, never loaded.
+        try:
+            os.lstat(lib, dir_fd=dfd)
+            os.lstat(lib + ".sha256", dir_fd=dfd)
+        except FileNotFoundError:
+            try:
+                os.unlink(lib, dir_fd=dfd)
+            except OSError:
+                pass
+    finally:
+        os.close(dfd)
+    return os.path.join(d, lib), os.path.join(d, f"src-{key}"), srcs
 
 
 def build_command(torch, src_dir):
@@ -102,12 +237,28 @@ def build_command(torch, src_dir):
 
 
 def write_sources(src_dir, srcs):
-    os.makedirs(src_dir, exist_ok=True)
+    os.close(private_dir(src_dir))
     for name, body in srcs.items():
         tmp = os.path.join(src_dir, f".{name}.{os.getpid()}")
-        with open(tmp, "wb") as f:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
             f.write(body)
         os.replace(tmp, os.path.join(src_dir, name))
+
+
+def build_folder(out):
+    """A fresh private folder beside `out` for one build (mkdtemp: 0700, made by this call)."""
+    import tempfile
+
+    os.close(private_dir(os.path.dirname(out)))
+    return tempfile.mkdtemp(prefix=".build-", dir=os.path.dirname(out))
+
+
+HASH_SCRIPT = "import hashlib,sys;print(hashlib.sha256(open(sys.argv[1],'rb').read()).hexdigest())"
 
 
 def clean_env():
@@ -119,19 +270,33 @@ def build_now(out, cmd, src_dir, srcs):
     """Builds the library (temp file + rename: no process ever loads half of one); (seconds, error)."""
     import subprocess
 
+    import shutil
+
     t0 = time.monotonic()
-    write_sources(src_dir, srcs)
-    tmp = f"{out}.{os.getpid()}.tmp"
-    r = subprocess.run(cmd + [tmp], env=clean_env(), stdin=subprocess.DEVNULL, capture_output=True, timeout=600)
-    if r.returncode != 0:
+    try:
+        write_sources(src_dir, srcs)
+        work = build_folder(out)
+    except (Refused, OSError) as e:
+        return time.monotonic() - t0, f"the cache folder is refused: {e}"
+    try:
+        tmp = os.path.join(work, "lib.so")
+        r = subprocess.run(cmd + [tmp], env=clean_env(), stdin=subprocess.DEVNULL, capture_output=True, timeout=600)
+        if r.returncode != 0:
+            last = (r.stderr or b"").decode(errors="replace").strip().splitlines()[-3:]
+            return time.monotonic() - t0, f"the build failed (exit {r.returncode}): {' / '.join(last)}"
+        fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        last = (r.stderr or b"").decode(errors="replace").strip().splitlines()[-3:]
-        return time.monotonic() - t0, f"the build failed (exit {r.returncode}): {' / '.join(last)}"
-    os.replace(tmp, out)
-    return time.monotonic() - t0, None
+            digest = file_hash(fd)
+        finally:
+            os.close(fd)
+        hfd = os.open(os.path.join(work, "lib.sha256"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(hfd, "w") as f:
+            f.write(digest + "\n")
+        os.replace(os.path.join(work, "lib.sha256"), out + ".sha256")
+        os.replace(tmp, out)
+        return time.monotonic() - t0, None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def build_detached(out, cmd, src_dir, srcs):
@@ -139,7 +304,12 @@ def build_detached(out, cmd, src_dir, srcs):
     another build of the same library is under way."""
     import subprocess
 
-    os.makedirs(os.path.dirname(out), exist_ok=True)
+    import sys
+
+    try:
+        os.close(private_dir(os.path.dirname(out)))
+    except (Refused, OSError):
+        return False
     lock = f"{out}.building"
     try:
         if time.time() - os.stat(lock).st_mtime < 900:
@@ -152,11 +322,19 @@ def build_detached(out, cmd, src_dir, srcs):
         os.close(fd)
     except OSError:
         return False
-    write_sources(src_dir, srcs)
-    tmp = f"{out}.{os.getpid()}.tmp"
-    script = 'start=$(date +%s); "$@" "$T" > "$L" 2>&1 && mv -f "$T" "$O" && echo "built in $(( $(date +%s) - start )) s" >> "$L"; rm -f "$T" "$K"'
+    try:
+        write_sources(src_dir, srcs)
+        work = build_folder(out)
+    except (Refused, OSError):
+        os.unlink(lock)
+        return False
+    # Everything is made in the private build folder (the log too: never written through a
+    # symlink someone placed at OUT.log), then renamed into place: hash first, then the library.
+    script = ('start=$(date +%s); "$@" "$D/lib.so" > "$D/build.log" 2>&1'
+              ' && "$PY" -I -S -c "$H" "$D/lib.so" > "$D/lib.sha256" && mv -fT "$D/lib.sha256" "$O.sha256" && mv -fT "$D/lib.so" "$O"'
+              ' && echo "built in $(( $(date +%s) - start )) s" >> "$D/build.log"; mv -fT "$D/build.log" "$O.log"; rm -rf "$D"; rm -f "$K"')
     env = clean_env()
-    env.update({"T": tmp, "O": out, "L": f"{out}.log", "K": lock})
+    env.update({"D": work, "O": out, "K": lock, "PY": sys.executable, "H": HASH_SCRIPT})
     subprocess.Popen(["/bin/sh", "-c", script, "gpufrag-tracker-build"] + cmd, env=env, stdin=subprocess.DEVNULL,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
     return True
@@ -166,7 +344,13 @@ def attach_library(path):
     """Loads the library and attaches it to PyTorch's allocator: (library, None) or (None, why)."""
     import ctypes
 
-    lib = ctypes.CDLL(path)
+    fd, why = verified_library(path)
+    if fd is None:
+        return None, why
+    try:
+        lib = ctypes.CDLL(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
     lib.gpufrag_torch_tracker_attach.restype = ctypes.c_int
     rc = lib.gpufrag_torch_tracker_attach()
     if rc < 0:

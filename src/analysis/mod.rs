@@ -192,13 +192,15 @@ impl OomInputs {
             let one = largest_allocatable(0, self.device_free, self.releasable);
             return if self.need() <= one {
                 Verdict::Inconclusive
-            } else if self.page_stranded > 0 && self.requested <= self.device_free + self.releasable + self.page_stranded {
+            } else if self.page_stranded > 0
+                && self.requested <= self.device_free.saturating_add(self.releasable).saturating_add(self.page_stranded)
+            {
                 Verdict::Fragmentation
             } else {
                 Verdict::TrueOom
             };
         }
-        let total = self.device_free + self.stranded + self.releasable;
+        let total = self.device_free.saturating_add(self.stranded).saturating_add(self.releasable);
         if self.requested > total {
             Verdict::TrueOom
         } else if self.requested > largest_allocatable(self.largest_free_block, self.device_free, self.releasable) {
@@ -210,7 +212,7 @@ impl OomInputs {
 
     /// The verdict in plain words, with the numbers.
     pub fn explanation(&self) -> String {
-        let total = self.device_free + self.stranded + self.releasable;
+        let total = self.device_free.saturating_add(self.stranded).saturating_add(self.releasable);
         let h = human_bytes;
         if self.allocator == Some(Framework::Xla) {
             return match self.verdict() {
@@ -268,8 +270,10 @@ impl OomInputs {
                 self.device_total.filter(|&t| t > 0).map_or(String::new(), |t| format!(": {:.4} of the device's {}", a as f64 / t as f64, h(t))),
                 h(self.reserved),
                 h(self.requested),
-                h(self.reserved + self.requested),
-                h(self.reserved + self.requested - a),
+                // Checked: input sizes near 2^64 wrapped here ("would make 3917296640.00 GiB" from
+                // larger parts, found by the record fuzz target); a sum past 2^64 saturates.
+                h(self.reserved.saturating_add(self.requested)),
+                h(self.reserved.saturating_add(self.requested).saturating_sub(a)),
                 room
             ),
             None => format!(
@@ -280,6 +284,14 @@ impl OomInputs {
                 h(self.requested)
             ),
         }
+    }
+
+    /// The sums the explanation prints, worked out in 128 bits and capped at 2^64 − 1 as the
+    /// explanation caps them: (reserved + requested, the bytes over the allowed limit). The fuzz
+    /// targets check that the explanation shows exactly these.
+    pub fn allowed_sums(&self) -> (u64, u64) {
+        let sum = (self.reserved as u128 + self.requested as u128).min(u64::MAX as u128) as u64;
+        (sum, sum.saturating_sub(self.allowed.unwrap_or(0)))
     }
 
     /// A driver-level verdict (no caching allocator) in words, in 2 MiB pages.
@@ -529,5 +541,34 @@ mod tests {
     fn nothing_free_means_no_fragmentation() {
         assert_eq!(fragmentation(0, 0, 0, 0), 0.0);
         assert_eq!(fragmentation(0, 1 << 30, 0, 0), 1.0 - ((1u64 << 30) - DRIVER_SLACK) as f64 / (1u64 << 30) as f64);
+    }
+
+    /// Issue 23: the record fuzz target found "would make 3917296640.00 GiB" printed from a
+    /// reserved and a request whose sum passes 2^64 (it wrapped in release builds).
+    #[test]
+    fn regression_allowed_limit_sums_near_two_to_the_64_never_wrap() {
+        let o = OomInputs {
+            requested: u64::MAX - 1000,
+            reserved: 1 << 40,
+            allowed: Some(1 << 30),
+            device_free: u64::MAX / 2,
+            device_free_known: true,
+            stranded: u64::MAX / 2,
+            releasable: u64::MAX / 2,
+            allocator: None,
+            allocator_refused: false,
+            ..frag_oom()
+        };
+        assert_eq!(o.verdict(), Verdict::AllowedLimit);
+        let e = o.explanation();
+        let (sum, over) = o.allowed_sums();
+        assert_eq!((sum, over), (u64::MAX, u64::MAX - (1 << 30)));
+        assert!(e.contains(&format!("would make {}, {} over", human_bytes(sum), human_bytes(over))), "{e}");
+        assert!(!e.contains("3917296640"), "{e}");
+        // The sums of the other verdicts saturate too (no panic in debug builds).
+        let t = OomInputs { allowed: None, ..o };
+        let _ = (t.verdict(), t.explanation());
+        let d = OomInputs { framework: false, ..t };
+        let _ = (d.verdict(), d.explanation());
     }
 }

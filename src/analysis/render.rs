@@ -112,6 +112,15 @@ fn render_ooms(s: &Summary, explain: bool) -> String {
     if s.ooms.is_empty() {
         let _ = writeln!(out, "\nno failed allocation in this trace");
     }
+    if s.retries > 0 {
+        let per: Vec<String> = s.processes.iter().filter(|p| p.retries > 0).map(|p| format!("pid {}: {}", p.pid, p.retries)).collect();
+        let _ = writeln!(
+            out,
+            "\n{} recovered allocation(s) (retries: the same thread's next allocation of that size succeeded after memory was released; not OOMs): {}",
+            s.retries,
+            per.join(", ")
+        );
+    }
     if !explain && !s.ooms.is_empty() {
         let _ = writeln!(out);
     }

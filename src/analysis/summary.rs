@@ -38,6 +38,10 @@ pub struct Summary {
     /// final failure is an entry of `ooms`).
     #[serde(default)]
     pub driver_failures: u64,
+    /// Failed allocations that recovered: the same thread's next allocation of that size
+    /// succeeded after memory was released (PyTorch's `num_alloc_retries`); never OOMs.
+    #[serde(default)]
+    pub retries: u64,
     /// What the simulation of the trace under other allocator settings gave (`gpufrag whatif`'s
     /// sweep), when the trace had an OOM and its full allocation history.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -147,6 +151,9 @@ pub struct ProcessSummary {
     pub allocs: u64,
     /// Frees seen.
     pub frees: u64,
+    /// Its recovered failed allocations (see `Summary::retries`).
+    #[serde(default)]
+    pub retries: u64,
     /// The caching allocator seen in this process: `pytorch`, `xla` or `cupy`; `null` when only
     /// driver segments were seen.
     #[serde(default)]
@@ -437,6 +444,7 @@ impl Summary {
                     figures: device_summary(device, &s.map.figures(), totals.free, totals.total, std::slice::from_ref(s)),
                     allocs: s.allocs,
                     frees: s.frees,
+                    retries: state.retries_of(s.pid, device),
                     framework: s.framework,
                     exe: None,
                     container_id: None,
@@ -448,39 +456,16 @@ impl Summary {
                 });
             }
         }
-        // A failed driver call inside a caching allocator's space is one of its tries: it folds
-        // into the allocator's own OOM when one follows (PyTorch's hook, the annotation API).
-        // Where the allocator has no such channel (eBPF sees only the driver and USDT blocks),
-        // consecutive failures of the same request fold into their last one.
-        let mut pending: std::collections::BTreeMap<(u32, i16), (&crate::ingest::OomRecord, u64)> = std::collections::BTreeMap::new();
-        let mut driver_failures = 0;
-        let mut finals = Vec::new();
-        for o in &state.ooms {
-            let key = (o.pid, o.device);
-            if o.is_framework_retry() {
-                driver_failures += 1;
-                match pending.get_mut(&key) {
-                    Some((last, n)) if last.requested == o.requested => {
-                        *last = o;
-                        *n += 1;
-                    }
-                    _ => {
-                        if let Some((last, n)) = pending.insert(key, (o, 1)) {
-                            finals.push((last, n - 1));
-                        }
-                    }
-                }
-            } else if o.op == Some(crate::event::EventKind::BlockAlloc) {
-                finals.push((o, pending.remove(&key).map_or(0, |(_, n)| n)));
-            } else {
-                finals.push((o, 0));
-            }
-        }
-        finals.extend(pending.into_values().map(|(last, n)| (last, n - 1)));
-        finals.sort_by_key(|(o, _)| o.ts_ns);
+        // One rule decides what an OOM is (crate::ingest::oom_rule): the records decided OOMs, in
+        // the order decided, then those still undecided at the end of the trace (nothing
+        // recovered them). Retries and the tries folded into an OOM are counted, not listed.
+        let mut finals: Vec<&crate::ingest::OomRecord> = state.oom_log().iter().map(|&i| &state.ooms[i]).collect();
+        finals.extend(state.ooms.iter().filter(|o| o.outcome == crate::ingest::OomOutcome::Pending));
+        let driver_failures =
+            state.ooms.iter().filter(|o| o.op != Some(crate::event::EventKind::BlockAlloc) && !o.counts_as_oom()).count() as u64;
         let ooms = finals
             .into_iter()
-            .map(|(o, driver_failures_before)| {
+            .map(|o| {
                 let inputs = OomInputs::of(o);
                 OomSummary {
                     device: o.device,
@@ -504,7 +489,7 @@ impl Summary {
                     verdict: super::sharing::verdict(o),
                     explanation: super::sharing::explanation(o, &inputs),
                     fix: super::sharing::fix(o, &inputs),
-                    driver_failures_before,
+                    driver_failures_before: o.driver_failures_before,
                     framework: o.framework,
                     hw_id: None,
                     container_id: None,
@@ -536,6 +521,12 @@ impl Summary {
                 first.join(", ")
             ));
         }
+        if state.failed_releases > 0 {
+            notes.push(format!(
+                "{} release call(s) failed with an error code (the program's own error, a bad argument): the driver kept that memory, and so does the trace",
+                state.failed_releases
+            ));
+        }
         if state.unknown_kinds > 0 {
             notes.push(format!("{} events had a kind this build does not know", state.unknown_kinds));
         }
@@ -557,6 +548,7 @@ impl Summary {
             dropped: state.dropped,
             anomalies: state.anomaly_count,
             driver_failures,
+            retries: state.retries_total(),
             framework_stats: Vec::new(),
             whatif: None,
             failed_calls: state

@@ -51,7 +51,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         serde_json::to_writer_pretty(&mut out, &s)?;
         writeln!(out)?;
     } else {
-        out.write_all(render(&s).as_bytes())?;
+        out.write_all(crate::terminal::escape(&render(&s)).as_bytes())?;
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)

@@ -108,12 +108,13 @@ pub fn main() -> ExitCode {
         Err(err) => {
             let code = exit_code(&err);
             if code != 0 {
-                let mut stderr = std::io::stderr().lock();
-                let _ = write!(stderr, "gpufrag: {err}");
+                // The message names files and may quote an input: escaped (src/terminal.rs).
+                let mut line = format!("gpufrag: {err}");
                 for cause in err.chain().skip(1) {
-                    let _ = write!(stderr, ": {cause}");
+                    line.push_str(&format!(": {cause}"));
                 }
-                let _ = writeln!(stderr);
+                let mut stderr = std::io::stderr().lock();
+                let _ = writeln!(stderr, "{}", crate::terminal::escape(&line));
             }
             ExitCode::from(code)
         }

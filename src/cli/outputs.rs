@@ -38,6 +38,55 @@ pub fn check_output(flag: &str, path: &Path) -> anyhow::Result<()> {
     }
 }
 
+/// What a path names, for comparing two of them: an existing file by (device, inode), a file yet to
+/// be made by its folder's (device, inode) and its name. `None` when the folder is missing (then
+/// [`check_output`] refuses the path anyway).
+fn identity(p: &Path) -> Option<(u64, u64, Option<std::ffi::OsString>)> {
+    use std::os::unix::fs::MetadataExt;
+    if let Ok(md) = std::fs::metadata(p) {
+        return Some((md.dev(), md.ino(), None));
+    }
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let md = std::fs::metadata(dir).ok()?;
+    Some((md.dev(), md.ino(), Some(p.file_name()?.to_os_string())))
+}
+
+/// Refuses two outputs on one file, and an output on an input, before anything is started or
+/// written (`run --record X --summary-json X` left a file that was neither, the record lost).
+/// `outputs` and `inputs` are (flag, path) pairs; paths are compared by what they name (hard
+/// links, `./x` and `x`, symlinks included).
+pub fn check_distinct(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> anyhow::Result<()> {
+    let ids: Vec<_> = outputs.iter().map(|(f, p)| (*f, *p, identity(p))).collect();
+    for (i, (fa, pa, ia)) in ids.iter().enumerate() {
+        let Some(ia) = ia else { continue };
+        for (fb, pb, ib) in &ids[i + 1..] {
+            if ib.as_ref() == Some(ia) {
+                return Err(crate::input::UnusableInput(format!(
+                    "{fa} {} and {fb} {}: two outputs on one file; give each its own path",
+                    pa.display(),
+                    pb.display()
+                ))
+                .into());
+            }
+        }
+        for (fi, pi) in inputs {
+            if identity(pi).as_ref() == Some(ia) {
+                let name = if fi.is_empty() { "the input".to_string() } else { format!("the input {fi}") };
+                return Err(crate::input::UnusableInput(format!(
+                    "{fa} {}: is {name} {}; an output never overwrites an input",
+                    pa.display(),
+                    pi.display()
+                ))
+                .into());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Checks that `cmd` names a program that can be started: a path to an executable file, or a
 /// name found in `$PATH`.
 pub fn check_command(cmd: &std::ffi::OsStr) -> anyhow::Result<()> {
@@ -77,6 +126,26 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&f).expect("untouched"), "kept");
         assert!(check_command(std::ffi::OsStr::new("sh")).is_ok());
         assert!(check_command(std::ffi::OsStr::new("/nonexistent/gpufrag-no-such-command")).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Issue 23: `run --record X --summary-json X` exited 0 and left a file that was neither.
+    #[test]
+    fn regression_two_outputs_on_one_file_or_an_output_on_an_input_are_refused() {
+        let dir = std::env::temp_dir().join(format!("gpufrag-outputs-distinct-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("test setup");
+        let (a, b) = (dir.join("a.rec"), dir.join("b.json"));
+        check_distinct(&[("--record", &a), ("--summary-json", &b)], &[]).expect("distinct");
+        let same = dir.join("./a.rec");
+        let e = check_distinct(&[("--record", &a), ("--summary-json", &same)], &[]).expect_err("same new file");
+        assert!(e.to_string().contains("two outputs on one file"), "{e}");
+        std::fs::write(&b, "{}").expect("test setup");
+        std::os::unix::fs::symlink(&b, dir.join("link.json")).expect("test setup");
+        let e = check_distinct(&[("--summary-json", &b), ("--report", &dir.join("link.json"))], &[]).expect_err("a symlink to it");
+        assert!(e.to_string().starts_with(&format!("--summary-json {}", b.display())), "{e}");
+        let e = check_distinct(&[("-o", &b)], &[("", &b)]).expect_err("output on input");
+        assert!(e.to_string().contains("is the input"), "{e}");
+        assert_eq!(std::fs::read_to_string(&b).expect("untouched"), "{}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -39,6 +39,15 @@ pub struct Args {
 /// Runs `report`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     crate::snapshot::set_inflate_limit(args.max_inflated_bytes);
+    {
+        let default_html = (args.output.is_none() && args.svg.is_none() && args.memviz.is_none()).then(|| PathBuf::from("report.html"));
+        let outs: Vec<(&str, &std::path::Path)> =
+            [("-o", args.output.as_ref().or(default_html.as_ref())), ("--svg", args.svg.as_ref()), ("--memviz", args.memviz.as_ref())]
+                .into_iter()
+                .filter_map(|(f, p)| Some((f, p?.as_path())))
+                .collect();
+        crate::cli::outputs::check_distinct(&outs, &[("", args.input.as_path())])?;
+    }
     let memviz_entries = args.memviz.as_ref().map(|_| usize::MAX);
     let data = report::load(&args.input, args.points, memviz_entries)?;
     let oom = report::pick_oom(&data.summary, args.oom);
@@ -74,8 +83,16 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             ))
             .into());
         };
-        for f in memviz::export_all(state, data.log.as_ref(), p).context("writing the memory_viz snapshot")? {
+        let (files, left) = memviz::export_all_counted(state, data.log.as_ref(), p).context("writing the memory_viz snapshot")?;
+        for f in files {
             writeln!(out, "memory_viz snapshot: {}", f.display())?;
+        }
+        if left > 0 {
+            writeln!(
+                out,
+                "memory_viz: {left} more process(es) left out: at most {} files, those with a failed allocation first, then the most reserved",
+                memviz::MAX_FILES
+            )?;
         }
     }
     out.flush()?;

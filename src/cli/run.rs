@@ -182,11 +182,21 @@ fn check_args(args: &Args) -> anyhow::Result<()> {
         ),
         ("--feed", views.feed.clone()),
     ];
-    for (flag, path) in outputs {
+    for (flag, path) in &outputs {
         if let Some(p) = path {
-            crate::cli::outputs::check_output(flag, &p)?;
+            crate::cli::outputs::check_output(flag, p)?;
         }
     }
+    let named: Vec<(&str, &Path)> = outputs.iter().filter_map(|(f, p)| Some((*f, p.as_deref()?))).collect();
+    let mut inputs: Vec<(&str, PathBuf)> = Vec::new();
+    if let Some(p) = &args.preload {
+        inputs.push(("--preload", p.clone()));
+    }
+    if Path::new(&args.cmd[0]).components().count() > 1 {
+        inputs.push(("CMD", PathBuf::from(&args.cmd[0])));
+    }
+    let inputs: Vec<(&str, &Path)> = inputs.iter().map(|(f, p)| (*f, p.as_path())).collect();
+    crate::cli::outputs::check_distinct(&named, &inputs)?;
     if let Some(p) = &views.feed {
         use std::os::unix::fs::FileTypeExt;
         if std::fs::symlink_metadata(p).is_ok_and(|m| !m.file_type().is_socket()) {
@@ -282,7 +292,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         eprint!("\r\x1b[K");
     }
     if !args.out.quiet {
-        eprint!("\n[gpufrag] summary\n{}", render_after_live(&summary));
+        eprint!("\n[gpufrag] summary\n{}", crate::terminal::escape(&render_after_live(&summary)));
     }
     let code = exit_code_of(status);
     if let Some(p) = &args.out.summary_json {

@@ -35,7 +35,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     } else if let Some(p) = &args.connect {
         Source::Connect(p.clone())
     } else {
-        match feed::live_sockets().into_iter().next() {
+        let socks = feed::live_sockets().map_err(|e| crate::input::UnusableInput(format!("the feed folder {e}")))?;
+        match socks.into_iter().next() {
             Some(p) => Source::Connect(p),
             None => anyhow::bail!(
                 "no live gpufrag feed in {} (start one with `gpufrag run -- CMD`, or use --connect SOCK or --replay FILE)",

@@ -244,7 +244,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         serde_json::to_writer_pretty(&mut out, &to_json(&w, &args.file))?;
         writeln!(out)?;
     } else {
-        out.write_all(render(&w, &args.file).as_bytes())?;
+        out.write_all(crate::terminal::escape(&render(&w, &args.file)).as_bytes())?;
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)

@@ -50,20 +50,13 @@ pub struct Consumer {
     rx: Receiver<Msg>,
 }
 
-/// Makes a fresh directory only the owner can enter.
+/// Makes a fresh directory only the owner can enter (src/private.rs: created 0700 by this call,
+/// checked by its descriptor, in a base whose folders no other user may change).
 fn private_dir() -> io::Result<PathBuf> {
-    use std::os::unix::fs::DirBuilderExt;
     let base = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from).filter(|p| p.is_dir()).unwrap_or_else(std::env::temp_dir);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-    for i in 0..100u32 {
-        let p = base.join(format!("gpufrag-{}-{:08x}", std::process::id(), nanos.wrapping_add(i.wrapping_mul(0x9e37_79b9))));
-        match std::fs::DirBuilder::new().mode(0o700).create(&p) {
-            Ok(()) => return Ok(p),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(io::Error::new(io::ErrorKind::AlreadyExists, "no fresh directory name"))
+    crate::private::PrivateDir::fresh(&base, "gpufrag")
+        .map(|d| d.path().to_path_buf())
+        .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e.to_string()))
 }
 
 impl Consumer {

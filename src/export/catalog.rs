@@ -203,6 +203,7 @@ pub static METRICS: &[Metric] = &[
             out
         },
     },
+    Metric { name: "gpufrag.alloc_retries", unit: "{retry}", kind: Kind::Counter, float: false, help: "Failed allocations that recovered: the same thread's next allocation of that size succeeded after memory was released (PyTorch's num_alloc_retries); never counted in gpufrag.ooms", points: |v| per_process(v, |p, _| U64(p.retries)) },
     // Global.
     Metric { name: "gpufrag.events.dropped", unit: "{event}", kind: Kind::Counter, float: false, help: "Events the capture dropped rather than block the traced program (figures are lower bounds when this grows)", points: |v| vec![Point { attrs: Vec::new(), value: U64(v.dropped) }] },
 ];

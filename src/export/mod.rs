@@ -242,6 +242,8 @@ pub fn replay(events: &[Event], exporter: &mut Exporter, hold: Duration) {
         std::thread::sleep(Duration::from_millis(500).min(end.saturating_duration_since(Instant::now())));
         exporter.tick(&state);
     }
+    // The end of the run, as `Live::finish` has it: what nothing recovered is an OOM.
+    state.settle_all();
     exporter.finish(&state);
 }
 

@@ -47,6 +47,8 @@ pub struct ProcessPoint {
     /// Of those, the OOMs at which other processes held memory on the GPU, by who they were:
     /// traced only, untraced only (NVML's list), both (`crate::ingest::holders::Holders::kind`).
     pub ooms_held: [u64; 3],
+    /// Recovered failed allocations (`crate::ingest::OomOutcome::Retry`).
+    pub retries: u64,
     /// The caching allocator whose blocks it uses, when one was seen (the `gpufrag.framework`
     /// attribute: one of [`crate::alloc::Framework::ALL`]'s names, or `none`).
     pub framework: Option<crate::alloc::Framework>,
@@ -351,15 +353,12 @@ impl Builder {
         for pid in state.exited.keys() {
             self.exited_at.entry(*pid).or_insert(now);
         }
-        // OOMs per (pid, device) and verdict. In a process whose caching allocator is seen, a
-        // failure of the driver call is the allocator's first try (it frees its cache and tries
-        // again, and reports the OOM itself if that fails too): not counted.
+        // OOMs per (pid, device) and verdict: the records the state decided OOMs
+        // (crate::ingest::oom_rule); one still undecided is counted once decided (a counter
+        // never goes down), and at the end of the run every undecided one is decided.
         let mut ooms: BTreeMap<(u32, i16), [u64; Verdict::ALL.len()]> = BTreeMap::new();
         let mut held: BTreeMap<(u32, i16), [u64; 3]> = BTreeMap::new();
-        for o in &state.ooms {
-            if o.is_framework_retry() {
-                continue;
-            }
+        for o in state.oom_log().iter().map(|&i| &state.ooms[i]) {
             ooms.entry((o.pid, o.device)).or_default()[crate::analysis::sharing::verdict(o).index()] += 1;
             if let Some(i) = crate::ingest::holders::HELD_KINDS.iter().position(|k| *k == o.shared.holders.kind()) {
                 held.entry((o.pid, o.device)).or_default()[i] += 1;
@@ -415,6 +414,7 @@ impl Builder {
                 frees: s.frees,
                 ooms: ooms.get(&key).copied().unwrap_or_default(),
                 ooms_held: held.get(&key).copied().unwrap_or_default(),
+                retries: state.retries_of(pid, device),
                 framework: s.framework,
                 exited,
                 identity,

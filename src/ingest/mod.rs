@@ -25,11 +25,15 @@
 
 pub mod histogram;
 pub mod holders;
+pub mod oom_rule;
+
+pub use oom_rule::{OomOutcome, OOM_HOLD_NS};
 
 use crate::alloc::pytorch::AllocatorRules;
 use crate::alloc::Framework;
 use crate::event::{
-    Event, EventKind, F_ALLOCATOR_OOM, F_ALLOC_XLA_BFC, F_ALLOWED_KNOWN, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED, F_OOM_AMEND, F_SRC_NVML,
+    Event, EventKind, F_ALLOCATOR_OOM, F_ALLOC_XLA_BFC, F_ALLOWED_KNOWN, F_BLOCK_SIZE_KNOWN, F_FAILED, F_FRAMEWORK_OWNED, F_OOM_AMEND,
+    F_SRC_NVML, F_SRC_SNAPSHOT,
 };
 use crate::map::{AddressSpace, Anomaly, Figures, SegmentKind};
 use histogram::SizeStats;
@@ -192,6 +196,10 @@ pub struct OomRecord {
     /// Who else held the device at that moment and the sharing layer's limit
     /// (`crate::ingest::holders`, `crate::limits`).
     pub shared: crate::ingest::holders::Shared,
+    /// What the failure turned out to be ([`oom_rule`]): the one rule every output reads.
+    pub outcome: OomOutcome,
+    /// The failing thread.
+    pub tid: u32,
 }
 
 /// One instance of XLA's BFC allocator, as its chunks showed it (`State::bfc_instances`).
@@ -213,15 +221,6 @@ const MAX_BFC_INSTANCES: usize = 256;
 impl OomRecord {
     fn traced(&self) -> u64 {
         self.figures.reserved + self.figures.unmapped_physical
-    }
-}
-
-impl OomRecord {
-    /// A driver-level failure inside a caching allocator's address space: the allocator retries
-    /// (PyTorch releases its cache and calls cudaMalloc again) and reports its own OOM if the
-    /// request fails for good, so this one is evidence, not the verdict.
-    pub fn is_framework_retry(&self) -> bool {
-        self.op != Some(EventKind::BlockAlloc) && self.figures.framework_seen
     }
 }
 
@@ -247,6 +246,33 @@ pub struct FailedCall {
     pub rc: i32,
     /// What kind of call failed.
     pub op: Option<EventKind>,
+}
+
+/// A release the state refused, awaiting its failed twin (see `State::refused_release`).
+#[derive(Clone, Copy, Debug)]
+struct RefusedRelease {
+    kind: EventKind,
+    key: u64,
+    /// The anomaly's event index (its kept record, if kept, carries it).
+    index: u64,
+    ts_ns: u64,
+}
+
+/// How long after a refused release its failed twin may come (the real call's duration).
+const TWIN_WINDOW_NS: u64 = 1_000_000_000;
+
+/// The kinds the shim records before the real call (a failure follows as a twin with `F_FAILED`).
+fn is_release(kind: EventKind) -> bool {
+    matches!(kind, EventKind::MemFree | EventKind::PoolFree | EventKind::Unmap | EventKind::PhysRelease | EventKind::AddressFree)
+}
+
+/// What names a release's target: the handle of a `cuMemRelease`, the address of the others.
+fn release_key(kind: EventKind, ev: &Event) -> u64 {
+    if kind == EventKind::PhysRelease {
+        ev.handle
+    } else {
+        ev.addr
+    }
 }
 
 /// Device-wide totals as last measured.
@@ -284,6 +310,13 @@ pub struct State {
     pub failed_calls: Vec<FailedCall>,
     /// All such calls, counted.
     pub failed_call_count: u64,
+    /// Release calls (`cuMemFree`, `cuMemUnmap`, `cuMemRelease`, `cuMemAddressFree`, ...) that
+    /// failed with an error code: the driver kept the memory, and so does the state.
+    pub failed_releases: u64,
+    /// Per process, the last release event that did not fit the state: the shim records a
+    /// release before the real call, and when the call then fails (a program's bad argument), its
+    /// failed twin (same kind and target, within [`TWIN_WINDOW_NS`]) takes the anomaly back.
+    refused_release: BTreeMap<u32, RefusedRelease>,
     /// Events the sources reported dropped.
     pub dropped: u64,
     /// Anomalies counted.
@@ -317,13 +350,27 @@ pub struct State {
     process_rules: BTreeMap<u32, AllocatorRules>,
     /// Per (pid, device): the process's latest own reading of device free.
     readings: BTreeMap<(u32, i16), Reading>,
-    /// OOM records (indices into `ooms`) that a reading arriving later may still complete.
-    awaiting: Vec<usize>,
+    /// OOM records (indices into `ooms`) that a reading arriving later may still complete, in
+    /// the order they failed.
+    awaiting: std::collections::VecDeque<usize>,
+    /// Whether `awaiting` is in time order (OOMs arrive in order almost always): then the
+    /// records whose reading window closed are a prefix, popped in O(1) each, not a `retain`
+    /// over all of them on every event (issue 23: quadratic in OOMs).
+    awaiting_unordered: bool,
     /// Per (pid, device): failed driver allocations since the last successful one or the last
     /// allocator OOM ([`OomRecord::driver_failures_before`]).
     driver_failures: BTreeMap<(u32, i16), u64>,
     /// Per (pid, device): allowed bytes that arrived before the OOM they amend (time, bytes).
     pending_allowed: BTreeMap<(u32, i16), (u64, u64)>,
+    /// Failed driver allocations not yet decided ([`oom_rule`]).
+    undecided: Vec<oom_rule::Undecided>,
+    /// Releases of device memory seen (any process, any device): a retry comes after one.
+    releases: u64,
+    /// Per (pid, device): recovered failures ([`OomOutcome::Retry`]); kept when a process is
+    /// forgotten, like its OOM records.
+    retries: BTreeMap<(u32, i16), u64>,
+    /// Indices into `ooms` of the records decided as OOMs, in the order decided.
+    oom_log: Vec<usize>,
 }
 
 /// How far apart in time an OOM and the amendment that gives it its allowed bytes may be (they
@@ -369,6 +416,7 @@ impl State {
         self.driver_failures.retain(|&(p, _), _| p != pid);
         self.pending_allowed.retain(|&(p, _), _| p != pid);
         self.process_rules.remove(&pid);
+        self.settle_pid(pid);
         let ooms = &self.ooms;
         self.awaiting.retain(|&i| ooms[i].pid != pid);
     }
@@ -437,7 +485,20 @@ impl State {
         self.events += 1;
         if !self.awaiting.is_empty() {
             let ooms = &self.ooms;
-            self.awaiting.retain(|&i| ev.ts_ns <= ooms[i].ts_ns.saturating_add(READING_WINDOW_NS));
+            let open = |i: usize| ev.ts_ns <= ooms[i].ts_ns.saturating_add(READING_WINDOW_NS);
+            if self.awaiting_unordered {
+                self.awaiting.retain(|&i| open(i));
+            } else {
+                while self.awaiting.front().is_some_and(|&i| !open(i)) {
+                    self.awaiting.pop_front();
+                }
+            }
+            if self.awaiting.is_empty() {
+                self.awaiting_unordered = false;
+            }
+        }
+        if !self.undecided.is_empty() {
+            self.settle_by_event(ev.ts_ns);
         }
         let Some(kind) = ev.kind() else {
             self.unknown_kinds += 1;
@@ -471,6 +532,8 @@ impl State {
             // Placement is the attribution's (the live pipeline reads it before the state).
             EventKind::DeviceUuid => Ok(()),
             EventKind::ProcessExit => {
+                self.refused_release.remove(&pid);
+                self.settle_pid(pid);
                 self.exited.insert(pid, ev.ts_ns);
                 if self.exited.len() > EXITED_KEPT {
                     // The oldest exit goes: a long-running agent stays bounded.
@@ -513,7 +576,10 @@ impl State {
                     },
                 };
                 if device_free_source != DeviceFreeSource::FailureEvent {
-                    self.awaiting.push(self.ooms.len());
+                    if self.awaiting.back().is_some_and(|&b| self.ooms[b].ts_ns > ev.ts_ns) {
+                        self.awaiting_unordered = true;
+                    }
+                    self.awaiting.push_back(self.ooms.len());
                 }
                 let block = ev.failed_op() == Some(EventKind::BlockAlloc);
                 let driver_failures_before = if block {
@@ -550,7 +616,24 @@ impl State {
                         holders: crate::ingest::holders::Holders::traced(self, pid, device),
                         limit: None,
                     },
+                    outcome: OomOutcome::Pending,
+                    tid: ev.tid,
                 });
+                self.on_failure(self.ooms.len() - 1, ev);
+                Ok(())
+            }
+            _ if ev.rc != 0 && ev.flags & F_FAILED != 0 && is_release(kind) => {
+                // The failed twin of a release: the driver kept the memory. If the state refused
+                // the release too (the program's bad argument), that was no lost event.
+                self.failed_releases += 1;
+                if let Some(r) = self
+                    .refused_release
+                    .remove(&pid)
+                    .filter(|r| r.kind == kind && r.key == release_key(kind, ev) && ev.ts_ns.saturating_sub(r.ts_ns) <= TWIN_WINDOW_NS)
+                {
+                    self.anomaly_count = self.anomaly_count.saturating_sub(1);
+                    self.anomalies.retain(|a| !(a.pid == pid && a.index == r.index));
+                }
                 Ok(())
             }
             _ if ev.rc != 0 => Ok(()), // a failed call changes nothing; sources send AllocFailed for OOMs
@@ -581,6 +664,8 @@ impl State {
                         Ok(())
                     }
                     EventKind::PhysRelease => m.phys_release(ev.handle),
+                    // A snapshot's map entry may be many driver calls; a captured one is one.
+                    EventKind::Map if ev.flags & F_SRC_SNAPSHOT != 0 => m.map_pages(ev.addr, ev.size, framework),
                     EventKind::Map => m.map(ev.addr, ev.size, framework),
                     EventKind::Unmap => m.unmap(ev.addr, ev.size),
                     EventKind::PoolAlloc => m.pool_alloc(ev.addr, ev.size, ev.handle, ev.stream),
@@ -626,11 +711,21 @@ impl State {
                 if segment || kind == EventKind::PhysCreate {
                     self.driver_failures.remove(&(pid, device));
                 }
+                if r.is_ok() && oom_rule::is_release(kind) {
+                    self.releases += 1;
+                }
+                if r.is_ok() && oom_rule::is_driver_alloc(kind) {
+                    self.on_driver_alloc(ev);
+                }
                 r
             }
         };
         if let Err(a) = result {
             self.note_anomaly(pid, device, a);
+            if is_release(kind) && ev.rc == 0 && self.refused_release.len() < MAX_SPACES {
+                let index = self.events.saturating_sub(1);
+                self.refused_release.insert(pid, RefusedRelease { kind, key: release_key(kind, ev), index, ts_ns: ev.ts_ns });
+            }
         }
     }
 
@@ -939,5 +1034,75 @@ mod device_free_tests {
         let sum = crate::analysis::summary::Summary::from_state(&s, "t");
         assert_eq!(sum.ooms[0].verdict, crate::analysis::Verdict::Inconclusive);
         assert_eq!(sum.ooms[0].device_free_source, "not_measured");
+    }
+}
+
+#[cfg(test)]
+mod failed_release_tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn ev(kind: EventKind, ts_ns: u64, addr: u64, size: u64, handle: u64) -> Event {
+        Event { ts_ns, addr, size, handle, ..Event::new(kind, 9, 0) }
+    }
+
+    fn twin(e: Event) -> Event {
+        Event { rc: 1, flags: e.flags | F_FAILED, ..e }
+    }
+
+    /// The vmm scenario's bad arguments, as the shim records them: each release before the real
+    /// call, then, since the driver refused it, the same event failed. The state ends as the
+    /// driver does, with no anomaly and four failed releases noted.
+    #[test]
+    fn a_refused_release_and_its_failed_twin_leave_no_anomaly_and_no_change() {
+        let base = 0x5000_0000_0000;
+        let mut s = State::default();
+        let mut t = 0;
+        let mut apply = |s: &mut State, e: Event| {
+            t += 1;
+            s.apply(&Event { ts_ns: t, ..e });
+        };
+        apply(&mut s, ev(EventKind::AddressReserve, 0, base, 1 << 30, 0));
+        for i in 0..3 {
+            apply(&mut s, ev(EventKind::PhysCreate, 0, 0, 20 * MIB, 0x10 + i));
+            apply(&mut s, ev(EventKind::Map, 0, base + i * 20 * MIB, 20 * MIB, 0x10 + i));
+        }
+        let before = s.spaces[&(9, 0)].map.figures();
+        for bad in [
+            ev(EventKind::Unmap, 0, base + 40 * 20 * MIB, 20 * MIB, 0), // nothing mapped there
+            ev(EventKind::Unmap, 0, base, 2 * MIB, 0),                  // cuts a mapping
+            ev(EventKind::PhysRelease, 0, 0, 0, 0x99),                  // never created
+            ev(EventKind::AddressFree, 0, base, 1 << 30, 0),            // still mapped
+        ] {
+            apply(&mut s, bad);
+            assert_eq!(s.anomaly_count, 1, "{bad:?} is refused as the driver refuses it");
+            apply(&mut s, twin(bad));
+            assert_eq!(s.anomaly_count, 0, "its failed twin takes the anomaly back: {:?}", s.anomalies);
+        }
+        assert_eq!(s.failed_releases, 4);
+        assert_eq!(s.spaces[&(9, 0)].map.figures(), before, "nothing changed");
+        // The cleanup the program does next fits: whole mappings, then the range.
+        for i in 0..3 {
+            apply(&mut s, ev(EventKind::Unmap, 0, base + i * 20 * MIB, 20 * MIB, 0));
+            apply(&mut s, ev(EventKind::PhysRelease, 0, 0, 0, 0x10 + i));
+        }
+        apply(&mut s, ev(EventKind::AddressFree, 0, base, 1 << 30, 0));
+        assert_eq!(s.anomaly_count, 0, "{:?}", s.anomalies);
+        assert_eq!(s.spaces[&(9, 0)].map.figures().reserved, 0);
+    }
+
+    /// A release that does not fit and is not followed by a failure is a lost event: the anomaly
+    /// stays. So does one whose "twin" names another target or comes too late.
+    #[test]
+    fn a_refused_release_without_its_twin_stays_an_anomaly() {
+        let mut s = State::default();
+        s.apply(&ev(EventKind::MemFree, 1, 0x1000, 0, 0));
+        s.apply(&ev(EventKind::MemAlloc, 2, 0x20_0000, 2 * MIB, 0));
+        s.apply(&twin(ev(EventKind::MemFree, 3, 0x2000, 0, 0)));
+        assert_eq!(s.anomaly_count, 1, "another target's failure does not take it back");
+        s.apply(&twin(ev(EventKind::MemFree, 1 + TWIN_WINDOW_NS + 1, 0x1000, 0, 0)));
+        assert_eq!(s.anomaly_count, 1, "nor one past the window");
+        assert_eq!(s.failed_releases, 2);
     }
 }

@@ -198,6 +198,21 @@ pub enum Anomaly {
     /// A VMM handle or reservation the map never saw created.
     #[error("unknown handle or range {0:#x}")]
     UnknownHandle(u64),
+    /// An unmap that cuts a mapping (the driver unmaps only whole mappings and refuses it): the
+    /// map is left as it was.
+    #[error("unmap of {addr:#x} ({size} bytes) cuts the mapping at {mapping:#x}, which the driver refuses; nothing changed")]
+    UnmapPartial {
+        /// Start of the range asked.
+        addr: u64,
+        /// Its length.
+        size: u64,
+        /// Start of the mapping it cuts.
+        mapping: u64,
+    },
+    /// A reserved range freed while memory is still mapped in it (the driver refuses it): the
+    /// range and its mappings stay.
+    #[error("address free of {0:#x} with memory still mapped in it, which the driver refuses; nothing changed")]
+    FreeMapped(u64),
     /// An event kind this map does not apply.
     #[error("event kind {0} does not change the address map")]
     NotAMapEvent(u16),
@@ -344,6 +359,10 @@ pub struct AddressSpace {
     tiling: Tiling,
     pages: PageOccupancy,
     reservations: BTreeMap<u64, u64>,
+    /// Each `cuMemMap`'s own range (start → size), kept apart from the segments (which join
+    /// touching mappings): the driver unmaps only whole mappings, so an unmap that cuts one is
+    /// refused, and the map must refuse it too to stay what the driver holds.
+    extents: BTreeMap<u64, u64>,
     handles: HashMap<u64, u64>,
     physical_bytes: u64,
     mapped_bytes: u64,
@@ -570,7 +589,9 @@ impl AddressSpace {
         if !overlapping.is_empty() {
             result = Err(Anomaly::SegmentOverlap(seg.start));
             for a in overlapping {
-                let _ = self.remove_segment(a);
+                if let Some((old, _)) = self.remove_segment(a) {
+                    self.drop_extents(old.start, old.end());
+                }
             }
         }
         let (start, size, framework) = (seg.start, seg.size, seg.framework);
@@ -632,7 +653,15 @@ impl AddressSpace {
             };
             let flags = if s.framework { F_FRAMEWORK_OWNED } else { 0 };
             let handle = if s.kind == SegmentKind::Pool { s.owner } else { 0 };
-            out.push(Event { addr: s.start, size: s.size, stream: s.stream, handle, flags, ..ev(kind) });
+            // A mapped segment goes back as the mappings it was made of, so that a later unmap of
+            // one of them is whole in the rebuilt map too (they join again as they are applied).
+            let pieces = if kind == EventKind::Map { self.extents_tiling(s.start, s.end()) } else { None };
+            match pieces {
+                Some(pieces) => {
+                    out.extend(pieces.into_iter().map(|(addr, size)| Event { addr, size, stream: s.stream, flags, ..ev(kind) }))
+                }
+                None => out.push(Event { addr: s.start, size: s.size, stream: s.stream, handle, flags, ..ev(kind) }),
+            }
         }
         for b in self.blocks() {
             let bfc = self.segment_at(b.addr).is_some_and(|s| s.bfc_pool);
@@ -681,17 +710,51 @@ impl AddressSpace {
         Ok(())
     }
 
-    /// `cuMemAddressFree`: the range goes; anything still mapped in it is dropped.
+    /// `cuMemAddressFree`: the range goes. With memory still mapped in it the driver refuses the
+    /// call, and the map keeps the range and its mappings (an anomaly).
     pub fn reserve_free(&mut self, addr: u64) -> Result<(), Anomaly> {
-        let size = self.reservations.remove(&addr).ok_or(Anomaly::UnknownHandle(addr))?;
-        let mapped: Vec<u64> = self.index.range(addr..addr + size).map(|(&a, _)| a).collect();
-        if mapped.is_empty() {
-            return Ok(());
+        let &size = self.reservations.get(&addr).ok_or(Anomaly::UnknownHandle(addr))?;
+        if self.index.range(addr..addr.saturating_add(size)).next().is_some() {
+            return Err(Anomaly::FreeMapped(addr));
         }
-        for a in mapped {
-            let _ = self.remove_segment(a);
+        self.reservations.remove(&addr);
+        self.drop_extents(addr, addr.saturating_add(size));
+        Ok(())
+    }
+
+    /// The mappings' own ranges that tile `[lo, hi)` exactly, in order; None if they do not.
+    fn extents_tiling(&self, lo: u64, hi: u64) -> Option<Vec<(u64, u64)>> {
+        let mut at = lo;
+        let mut pieces = Vec::new();
+        for (&a, &l) in self.extents.range(lo..hi) {
+            if a != at {
+                return None;
+            }
+            pieces.push((a, l));
+            at = a + l;
         }
-        Err(Anomaly::UnmapUnknown(addr))
+        (at == hi).then_some(pieces)
+    }
+
+    /// Forgets the mappings' own ranges that overlap `[lo, hi)`.
+    fn drop_extents(&mut self, lo: u64, hi: u64) {
+        let gone: Vec<u64> = self.extents.range(..hi).rev().take_while(|(&a, &l)| a + l > lo).map(|(&a, _)| a).collect();
+        for a in gone {
+            self.extents.remove(&a);
+        }
+    }
+
+    /// The lowest mapping whose own range `[addr, addr + size)` cuts (overlaps without holding it
+    /// whole), if any.
+    fn cut_extent(&self, addr: u64, size: u64) -> Option<u64> {
+        let end = addr + size;
+        self.extents
+            .range(..end)
+            .rev()
+            .take_while(|(&a, &l)| a + l > addr)
+            .filter(|(&a, &l)| a < addr || a + l > end)
+            .last()
+            .map(|(&a, _)| a)
     }
 
     /// `cuMemCreate`: physical memory behind `handle`.
@@ -717,7 +780,21 @@ impl AddressSpace {
     /// memory of the same reserved range joins it into one segment (expandable segments grow in
     /// place); driver segments never join.
     pub fn map(&mut self, addr: u64, size: u64, framework: bool) -> Result<(), Anomaly> {
+        self.map_as(addr, size, framework, true)
+    }
+
+    /// [`AddressSpace::map`] of a range that may be several driver calls (a PyTorch snapshot's
+    /// `segment_map` entry covers pages mapped one call each): its parts may be unmapped apart.
+    pub fn map_pages(&mut self, addr: u64, size: u64, framework: bool) -> Result<(), Anomaly> {
+        self.map_as(addr, size, framework, false)
+    }
+
+    fn map_as(&mut self, addr: u64, size: u64, framework: bool, one_call: bool) -> Result<(), Anomaly> {
         check_range(addr, size)?;
+        self.drop_extents(addr, addr + size);
+        if one_call {
+            self.extents.insert(addr, size);
+        }
         let owner = self.reservation_of(addr);
         let seg = Segment {
             start: addr,
@@ -792,6 +869,10 @@ impl AddressSpace {
     /// the segment holding it, or to the next segment start above it).
     pub fn unmap(&mut self, addr: u64, size: u64) -> Result<(), Anomaly> {
         check_range(addr, size)?;
+        if let Some(mapping) = self.cut_extent(addr, size) {
+            return Err(Anomaly::UnmapPartial { addr, size, mapping });
+        }
+        self.drop_extents(addr, addr + size);
         let end = addr + size;
         let mut at = addr;
         let mut result = Ok(());
@@ -1174,7 +1255,11 @@ mod tests {
     fn unmapping_free_pages_parts_the_segment_and_mapping_them_joins_it() {
         let mut m = AddressSpace::default();
         m.reserve(BASE, 1 << 30).unwrap();
-        m.map(BASE, 10 * MIB, true).unwrap();
+        // three mappings, joined into one segment (the driver unmaps only whole mappings)
+        for (at, len) in [(0, 4 * MIB), (4 * MIB, 2 * MIB), (6 * MIB, 4 * MIB)] {
+            m.map(BASE + at, len, true).unwrap();
+        }
+        assert_eq!(m.figures().segments, 1);
         for i in 0..3 {
             m.block_alloc(BASE + i * MIB, MIB, Some(MIB)).unwrap();
         }
@@ -1194,8 +1279,36 @@ mod tests {
         m.map(BASE + 4 * MIB, 2 * MIB, true).unwrap();
         let f = m.figures();
         assert_eq!((f.segments, f.blocks, f.largest_free_block), (1, 2, 8 * MIB));
-        // a cut through a live block drops it (an anomaly), as before
-        assert!(m.unmap(BASE, MIB).is_err());
+        // an unmap that cuts a mapping is refused, as the driver refuses it: nothing changes
+        assert_eq!(m.unmap(BASE, MIB), Err(Anomaly::UnmapPartial { addr: BASE, size: MIB, mapping: BASE }));
+        assert_eq!(m.figures().blocks, 2);
+        // a whole mapping unmapped under live blocks drops them (an anomaly), as before
+        assert!(matches!(m.unmap(BASE, 4 * MIB), Err(Anomaly::LiveBlocksDropped { .. })));
+        assert_eq!((m.figures().blocks, m.figures().segments), (0, 1), "[4, 10) MiB stays, without blocks");
+    }
+
+    #[test]
+    fn an_address_free_with_memory_mapped_is_refused_and_rebuilds_keep_the_mappings() {
+        let mut m = AddressSpace::default();
+        m.reserve(BASE, 1 << 30).unwrap();
+        m.map(BASE, 2 * MIB, false).unwrap();
+        m.map(BASE + 2 * MIB, 2 * MIB, false).unwrap();
+        assert_eq!(m.reserve_free(BASE), Err(Anomaly::FreeMapped(BASE)));
+        assert_eq!(m.figures().reserved, 4 * MIB, "the range and its mappings stay");
+        // a map rebuilt from its events still unmaps one mapping of the joined segment whole
+        let mut r = AddressSpace::default();
+        for e in m.to_events(1, 0) {
+            match e.kind() {
+                Some(EventKind::AddressReserve) => r.reserve(e.addr, e.size).unwrap(),
+                Some(EventKind::Map) => r.map(e.addr, e.size, false).unwrap(),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(r.figures().segments, 1);
+        r.unmap(BASE + 2 * MIB, 2 * MIB).unwrap();
+        r.unmap(BASE, 2 * MIB).unwrap();
+        r.reserve_free(BASE).unwrap();
+        assert_eq!(r.figures().reserved, 0);
     }
 
     #[test]

@@ -483,7 +483,7 @@ pub fn from_events(events: &[Event]) -> Result<RequestStream, StreamError> {
 pub fn stream_of_file(path: &std::path::Path) -> Result<RequestStream, String> {
     use std::io::Read;
     let mut head = [0u8; 8];
-    let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).map_err(|e| format!("{}: {e}", path.display()))?;
+    let n = crate::input::open_input(path).map_err(|e| e.0)?.read(&mut head).map_err(|e| format!("{}: {e}", path.display()))?;
     let stream = if crate::record::is_record(&head[..n]) {
         let rec = crate::record::read(path).map_err(|e| e.to_string())?;
         from_events(&rec.events)

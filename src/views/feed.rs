@@ -102,24 +102,17 @@ pub fn default_socket() -> PathBuf {
     feed_dir().join(format!("run-{}.sock", std::process::id()))
 }
 
-/// Creates `dir` with mode 0700, or checks that an existing one is ours and private.
+/// Creates `dir` with mode 0700, or checks that an existing one is ours and private
+/// (src/private.rs).
 fn private_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    match std::fs::DirBuilder::new().mode(0o700).recursive(true).create(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
-    }
-    let md = std::fs::metadata(dir)?;
-    // SAFETY: getuid cannot fail and touches no memory.
-    let me = unsafe { libc::getuid() };
-    if md.uid() != me || md.mode() & 0o077 != 0 {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::PermissionDenied,
-            format!("{} is not a private directory of uid {me} (owner {}, mode {:o})", dir.display(), md.uid(), md.mode() & 0o777),
-        ));
-    }
-    Ok(())
+    crate::private::PrivateDir::ensure(dir).map(drop).map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string()))
+}
+
+/// Whether a feed server of `uid` may be trusted by this process: its own uid, or root.
+fn trusted_server(uid: u32) -> bool {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let me = unsafe { libc::geteuid() };
+    uid == me || uid == 0
 }
 
 fn peer_uid(s: &UnixStream) -> std::io::Result<u32> {
@@ -312,6 +305,14 @@ pub enum Update {
 /// Connects to a feed and reads it on a thread; updates arrive on the receiver.
 pub fn connect(path: &Path) -> std::io::Result<Receiver<Update>> {
     let stream = UnixStream::connect(path)?;
+    // The server must be this user (or root): another user's socket could feed forged frames.
+    let uid = peer_uid(&stream)?;
+    if !trusted_server(uid) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("{}: refused, the feed is served by uid {uid}, not by you or root", path.display()),
+        ));
+    }
     let (tx, rx) = sync_channel(16);
     let name = path.display().to_string();
     std::thread::Builder::new().name("gpufrag-feed-reader".into()).spawn(move || {
@@ -362,16 +363,23 @@ pub fn read_feed(mut reader: impl BufRead, name: &str, mut on: impl FnMut(Update
     on(Update::Ended("the feed closed".into()));
 }
 
-/// The sockets in the feed directory that answer, newest first.
-pub fn live_sockets() -> Vec<PathBuf> {
-    let Ok(rd) = std::fs::read_dir(feed_dir()) else { return Vec::new() };
+/// The sockets in the feed directory that answer, newest first: only when the folder is the
+/// user's own (owner and mode checked, src/private.rs) and only those served by this user or
+/// root (SO_PEERCRED). `Err` says why the folder itself is refused.
+pub fn live_sockets() -> Result<Vec<PathBuf>, crate::private::Refused> {
+    let dir = feed_dir();
+    if !dir.exists() {
+        return Ok(Vec::new());
+    }
+    crate::private::PrivateDir::existing(&dir)?;
+    let Ok(rd) = std::fs::read_dir(&dir) else { return Ok(Vec::new()) };
     let mut socks: Vec<(std::time::SystemTime, PathBuf)> = rd
         .filter_map(|e| e.ok())
         .filter(|e| e.path().extension().is_some_and(|x| x == "sock"))
         .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
         .collect();
     socks.sort_by_key(|s| std::cmp::Reverse(s.0));
-    socks.into_iter().map(|s| s.1).filter(|p| UnixStream::connect(p).is_ok()).collect()
+    Ok(socks.into_iter().map(|s| s.1).filter(|p| UnixStream::connect(p).is_ok_and(|c| peer_uid(&c).is_ok_and(trusted_server))).collect())
 }
 
 #[cfg(test)]

@@ -200,9 +200,11 @@ impl History {
     }
 
     fn note_ooms(&mut self, state: &State, t_ns: u64) {
-        while self.marks.len() < state.ooms.len() {
+        // The OOMs as the state decided them (crate::ingest::oom_rule): the k-th mark is the
+        // summary's k-th OOM.
+        while self.marks.len() < state.oom_log().len() {
             let index = self.marks.len();
-            let o = &state.ooms[index];
+            let o = &state.ooms[state.oom_log()[index]];
             self.marks.push(OomMark {
                 index,
                 t_ns: if o.ts_ns > 0 { o.ts_ns } else { t_ns },

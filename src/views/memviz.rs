@@ -404,9 +404,38 @@ pub fn snapshot_pickle(state: &State, log: Option<&TraceLog>, pid: Option<u32>) 
     w.finish()
 }
 
+/// The most files one memviz export writes (issue 23: 18,709 files from a 1.6 MB record).
+pub const MAX_FILES: usize = 32;
+
+/// The processes a bounded export keeps, at most [`MAX_FILES`]: those with a failed allocation
+/// first, then the most reserved bytes (ties by pid), in pid order.
+fn bounded(state: &State, mut pids: Vec<u32>) -> (Vec<u32>, usize) {
+    if pids.len() <= MAX_FILES {
+        return (pids, 0);
+    }
+    let mut reserved: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
+    for ((pid, _), sp) in &state.spaces {
+        let r = reserved.entry(*pid).or_default();
+        *r = sp.map.segments().fold(*r, |a, s| a.saturating_add(s.size));
+    }
+    let failed: std::collections::HashSet<u32> = state.ooms.iter().map(|o| o.pid).collect();
+    pids.sort_by_key(|p| (std::cmp::Reverse(failed.contains(p)), std::cmp::Reverse(reserved.get(p).copied().unwrap_or(0)), *p));
+    let left = pids.len() - MAX_FILES;
+    pids.truncate(MAX_FILES);
+    pids.sort_unstable();
+    (pids, left)
+}
+
 /// Writes one pickle per process: `path` itself for a single process, else `path` with `-PID`
-/// before its extension for each. Returns the files written; an error names the file it is about.
+/// before its extension for each, at most [`MAX_FILES`] of them (see [`bounded`]; the export says
+/// how many were left out with [`export_all_counted`]). Returns the files written; an error names
+/// the file it is about.
 pub fn export_all(state: &State, log: Option<&TraceLog>, path: &Path) -> std::io::Result<Vec<PathBuf>> {
+    export_all_counted(state, log, path).map(|(w, _)| w)
+}
+
+/// [`export_all`], with the number of processes left out by the bound.
+pub fn export_all_counted(state: &State, log: Option<&TraceLog>, path: &Path) -> std::io::Result<(Vec<PathBuf>, usize)> {
     let pids = match log {
         Some(l) => l.pids(state),
         None => {
@@ -419,14 +448,15 @@ pub fn export_all(state: &State, log: Option<&TraceLog>, path: &Path) -> std::io
     if pids.len() <= 1 {
         std::fs::write(path, snapshot_pickle(state, log, pids.first().copied())).map_err(|e| named(path, e))?;
         written.push(path.to_path_buf());
-        return Ok(written);
+        return Ok((written, 0));
     }
+    let (pids, left) = bounded(state, pids);
     for pid in pids {
         let p = with_pid(path, pid);
         std::fs::write(&p, snapshot_pickle(state, log, Some(pid))).map_err(|e| named(&p, e))?;
         written.push(p);
     }
-    Ok(written)
+    Ok((written, left))
 }
 
 fn named(path: &Path, e: std::io::Error) -> std::io::Error {

@@ -19,24 +19,30 @@ fn now_ns() -> u64 {
 }
 
 /// Where the automatic report goes when the user named a place: `explicit`, else `report.html`
-/// beside the summary JSON; `None` means [`default_report_path`] of the failed process.
+/// beside the summary JSON, unless that folder is shared with other users or a device folder
+/// (`--summary-json /tmp/x.json`, `/dev/stdout`: then the default place); `None` means
+/// [`default_report_path`] of the failed process.
 pub fn report_path(explicit: Option<&Path>, summary_json: Option<&Path>) -> Option<PathBuf> {
     if let Some(p) = explicit {
         return Some(p.to_path_buf());
     }
-    summary_json.map(|s| s.parent().unwrap_or(Path::new("")).join("report.html"))
+    let s = summary_json?;
+    let dir = match s.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if crate::private::is_shared_folder(dir) {
+        return None;
+    }
+    Some(dir.join("report.html"))
 }
 
-/// The report of an OOM in `pid` when no place was named: `gpufrag/report-PID.html` under
-/// `$XDG_STATE_HOME` (default `~/.local/state`), else under the temporary directory; never the
-/// current directory.
-pub fn default_report_path(pid: u32) -> PathBuf {
-    let base = std::env::var_os("XDG_STATE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").filter(|v| !v.is_empty()).map(|h| PathBuf::from(h).join(".local/state")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("gpufrag").join(format!("report-{pid}.html"))
+/// The report of an OOM in `pid` when no place was named: `report-PID.html` in the state folder
+/// ([`crate::private::state_dir`], `$XDG_STATE_HOME/gpufrag` or `~/.local/state/gpufrag`, a
+/// private folder); `None` without a state folder (never a shared one like /tmp, never the
+/// current directory).
+pub fn default_report_path(pid: u32) -> Option<PathBuf> {
+    crate::private::state_dir().map(|d| d.join(format!("report-{pid}.html")))
 }
 
 /// Writes report.html at the end of a run in which an allocation failed, and prints its path.
@@ -70,7 +76,7 @@ impl Observer for OomReportWriter {
     }
 
     fn finish(&mut self, state: &State) {
-        if state.ooms.is_empty() {
+        if !state.ooms.iter().any(|o| o.counts_as_oom()) {
             return;
         }
         if !self.saw_events {
@@ -84,18 +90,30 @@ impl Observer for OomReportWriter {
         let data = ReportData { summary, state: Some(state.clone()), history: Some(self.history.clone()), log: None };
         let oom = report::pick_oom(&data.summary, None);
         let pid = oom.map_or(0, |i| data.summary.ooms[i].pid);
-        let path = self.path.clone().unwrap_or_else(|| default_report_path(pid));
-        if self.path.is_none() {
-            if let Some(dir) = path.parent() {
-                let _ = std::fs::create_dir_all(dir);
+        let html = report::html(&data, oom);
+        let written = match &self.path {
+            Some(p) => {
+                std::fs::write(p, html).map(|()| p.clone()).map_err(|e| format!("could not write the OOM report {}: {e}", p.display()))
             }
-        }
-        match std::fs::write(&path, report::html(&data, oom)) {
-            Ok(()) => {
+            None => match crate::private::state_dir() {
+                None => {
+                    Err("no OOM report written: there is no state folder ($XDG_STATE_HOME and $HOME are unset); give --report PATH".into())
+                }
+                Some(dir) => crate::private::PrivateDir::ensure(&dir)
+                    .map_err(|e| format!("no OOM report written: {e}; give --report PATH"))
+                    .and_then(|d| {
+                        let name = format!("report-{pid}.html");
+                        d.write(&name, html.as_bytes())
+                            .map_err(|e| format!("could not write the OOM report {}: {e}", d.join(&name).display()))
+                    }),
+            },
+        };
+        match written {
+            Ok(path) => {
                 eprintln!("[gpufrag] OOM report: {}", path.display());
                 self.written = Some(path);
             }
-            Err(e) => eprintln!("[gpufrag] could not write the OOM report {}: {e}", path.display()),
+            Err(e) => eprintln!("[gpufrag] {e}"),
         }
     }
 }

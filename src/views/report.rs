@@ -44,7 +44,7 @@ pub struct ReportData {
 pub fn is_summary_json(path: &Path) -> bool {
     use std::io::Read;
     let mut head = [0u8; 64];
-    let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).unwrap_or(0);
+    let n = crate::input::open_input(path).ok().and_then(|mut f| f.read(&mut head).ok()).unwrap_or(0);
     head[..n].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
 }
 
@@ -456,7 +456,23 @@ fn tables(out: &mut String, s: &Summary) {
     if s.ooms.is_empty() {
         out.push_str("<tr><td colspan=\"10\">none</td></tr>\n");
     }
-    out.push_str("</table>\n</section>\n");
+    out.push_str("</table>\n");
+    // Recovered allocations (crate::ingest::oom_rule): never OOMs, counted per process.
+    let per: Vec<String> = s
+        .processes
+        .iter()
+        .filter(|p| p.retries > 0)
+        .map(|p| format!("pid {} on device {}: {}", p.pid, p.figures.device, p.retries))
+        .collect();
+    put(
+        out,
+        format_args!(
+            "<p id=\"retries\">Recovered allocations (retries: the same thread's next allocation of that size succeeded after memory was released; not OOMs): {}{}</p>\n",
+            s.retries,
+            if per.is_empty() { String::new() } else { format!(" ({})", esc(&per.join(", "))) }
+        ),
+    );
+    out.push_str("</section>\n");
 }
 
 const CSS: &str = r#"

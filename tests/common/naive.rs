@@ -15,7 +15,7 @@
 #![allow(dead_code)]
 
 use gpufrag::alloc::pytorch::{AllocatorRules, DRIVER_PAGE};
-use gpufrag::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
+use gpufrag::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED, F_SRC_SNAPSHOT};
 use gpufrag::map::{Anomaly, Block, Figures, Segment, SegmentKind};
 
 /// A segment as the model keeps it: no counters, only what the driver said.
@@ -66,6 +66,8 @@ pub struct NaiveSpace {
     pub reservations: Vec<(u64, u64)>,
     /// `(handle, size)`.
     pub handles: Vec<(u64, u64)>,
+    /// `(start, size)` of each mapping as the program made it; the driver unmaps only whole ones.
+    pub extents: Vec<(u64, u64)>,
     pub pools: Vec<NaivePool>,
     pub framework_seen: bool,
     /// A pool allocation was seen.
@@ -234,7 +236,8 @@ impl NaiveSpace {
         bad_range(seg.start, seg.size)?;
         let mut result = Ok(());
         while let Some(i) = self.segments.iter().position(|s| s.start < seg.end() && seg.start < s.end()) {
-            self.take_segment(i);
+            let (old, _) = self.take_segment(i);
+            self.extents.retain(|&(a, l)| !(a < old.end() && old.start < a + l));
             result = Err(Anomaly::SegmentOverlap(seg.start));
         }
         self.framework_seen |= seg.framework;
@@ -271,16 +274,16 @@ impl NaiveSpace {
         Ok(())
     }
 
-    /// The range goes, and every segment that starts inside it.
+    /// The range goes, unless a segment starts inside it (the driver refuses: nothing changes).
     pub fn reserve_free(&mut self, addr: u64) -> Result<(), Anomaly> {
         let i = self.reservations.iter().position(|&(s, _)| s == addr).ok_or(Anomaly::UnknownHandle(addr))?;
-        let (_, size) = self.reservations.swap_remove(i);
-        let mut result = Ok(());
-        while let Some(i) = self.segments.iter().position(|s| addr <= s.start && s.start < addr + size) {
-            self.take_segment(i);
-            result = Err(Anomaly::UnmapUnknown(addr));
+        let (_, size) = self.reservations[i];
+        if self.segments.iter().any(|s| addr <= s.start && s.start < addr.saturating_add(size)) {
+            return Err(Anomaly::FreeMapped(addr));
         }
-        result
+        self.reservations.swap_remove(i);
+        self.extents.retain(|&(a, l)| !(a < addr.saturating_add(size) && addr < a + l));
+        Ok(())
     }
 
     pub fn phys_create(&mut self, handle: u64, size: u64) {
@@ -304,8 +307,13 @@ impl NaiveSpace {
     }
 
     /// A mapping joins the mapped segments of the same range that touch it on either side.
-    pub fn map(&mut self, addr: u64, size: u64, framework: bool) -> Result<(), Anomaly> {
+    /// `one_call`: the range is one driver call, unmapped only whole (a snapshot's may be many).
+    pub fn map(&mut self, addr: u64, size: u64, framework: bool, one_call: bool) -> Result<(), Anomaly> {
         bad_range(addr, size)?;
+        self.extents.retain(|&(a, l)| !(a < addr + size && addr < a + l));
+        if one_call {
+            self.extents.push((addr, size));
+        }
         let owner = self.reservation_of(addr);
         let result = self.insert(NaiveSegment { start: addr, size, kind: SegmentKind::Mapped, framework, owner, stream: 0 });
         let joins = |s: &NaiveSegment| s.kind == SegmentKind::Mapped && s.owner == owner;
@@ -331,6 +339,12 @@ impl NaiveSpace {
     pub fn unmap(&mut self, addr: u64, size: u64) -> Result<(), Anomaly> {
         bad_range(addr, size)?;
         let end = addr + size;
+        // A mapping the range overlaps without holding whole: the driver refuses, nothing changes.
+        let cut = self.extents.iter().filter(|&&(a, l)| a < end && addr < a + l && (a < addr || a + l > end)).map(|&(a, _)| a).min();
+        if let Some(mapping) = cut {
+            return Err(Anomaly::UnmapPartial { addr, size, mapping });
+        }
+        self.extents.retain(|&(a, l)| !(a < end && addr < a + l));
         let mut anomaly = false;
         // Holes: any byte of the range that no segment holds.
         let mut covered: Vec<(u64, u64)> =
@@ -580,7 +594,7 @@ impl NaiveState {
                 Ok(())
             }
             Meaning::PhysRelease => m.phys_release(ev.handle),
-            Meaning::Map => m.map(ev.addr, ev.size, framework),
+            Meaning::Map => m.map(ev.addr, ev.size, framework, ev.flags & F_SRC_SNAPSHOT == 0),
             Meaning::Unmap => m.unmap(ev.addr, ev.size),
             Meaning::PoolAlloc => m.pool_alloc(ev.addr, ev.size, ev.handle, ev.stream),
             Meaning::PoolFree => m.pool_free(ev.addr),

@@ -62,10 +62,12 @@ pub fn draw(f: &mut TermFrame<'_>, app: &App) {
         (None, Some(_)) => {}
     }
     let (events, dropped, exact) = app.frame.as_ref().map_or((0, 0, true), |fr| (fr.summary.events, fr.summary.dropped, fr.summary.exact));
+    // OOMs and recovered allocations by the one rule (crate::ingest::oom_rule), as the summary has them.
+    let (ooms, retries) = app.frame.as_ref().map_or((0, 0), |fr| (fr.summary.ooms.len(), fr.summary.retries));
     let order = if app.sort.ascending() ^ app.reversed { "▲" } else { "▼" };
     // The source (a path, any length) goes last: a narrow terminal cuts it, not the figures.
     title_spans.push(Span::raw(format!(
-        "{position} sort: {}{order} · {} events · dropped {} · {} · {}",
+        "{position} sort: {}{order} · {} events · dropped {} · {ooms} OOMs · {retries} retries · {} · {}",
         app.sort.name(),
         events,
         dropped,

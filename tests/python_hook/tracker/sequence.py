@@ -7,6 +7,8 @@
 #   free(A): requested, then completed (no other stream used it)
 #   malloc(512): best fit is the 1024 B block at A, split: block A, 512 B
 #   malloc(5 MiB): large pool, nothing cached, cudaMalloc 20 MiB (1-10 MiB requests) = B; block B, 5 MiB
+# then, by the first argument: `oom` (the allocator's OOM entry), `retry` (a failed cudaMalloc
+# that PyTorch's release-and-retry recovers), `driver_oom` (a failed cudaMalloc nobody reports).
 import ctypes
 import sys
 
@@ -40,7 +42,32 @@ B = segment(20 * MIB)
 c._trace(c.SEGMENT_ALLOC, B, 20 * MIB, S)
 c._trace(c.ALLOC, B, 5 * MIB, S)
 print(f"SEQ A={A} B={B} trackers={n}", flush=True)
-if len(sys.argv) > 1 and sys.argv[1] == "oom":
+mode = sys.argv[1] if len(sys.argv) > 1 else ""
+last = B  # the block freed at teardown
+if mode == "retry":
+    # PyTorch's release-and-retry (memory_stats: num_alloc_retries 1, num_ooms 0): the program
+    # frees the 5 MiB tensor (segment B cached, empty); a 30 MiB request finds no cached block and
+    # cudaMalloc fails (26 MiB free); release_cached_blocks frees B; the retry gets 30 MiB = C
+    c._trace(c.FREE_REQUESTED, B, 5 * MIB, S)
+    c._trace(c.FREE_COMPLETED, B, 5 * MIB, S)
+    p = ctypes.c_uint64()
+    rc = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(30 * MIB))
+    assert rc == 2, rc
+    assert cu.cuMemFree_v2(ctypes.c_uint64(B)) == 0
+    c._trace(c.SEGMENT_FREE, B, 20 * MIB, S)
+    C = segment(30 * MIB)
+    c._trace(c.SEGMENT_ALLOC, C, 30 * MIB, S)
+    c._trace(c.ALLOC, C, 30 * MIB, S)
+    last = C
+    print(f"RETRY rc={rc} C={C}", flush=True)
+elif mode == "driver_oom":
+    # a raw cudaMalloc the device cannot serve, with no allocator's report and no retry: the
+    # program goes on without it
+    p = ctypes.c_uint64()
+    rc = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(30 * MIB))
+    assert rc == 2, rc
+    print(f"DRIVER_OOM rc={rc}", flush=True)
+if mode == "oom":
     # a 30 MiB request the device cannot serve: the allocator's retries, then its OOM entry
     # (addr_ = device free, size_ = the rounded request)
     free, total = ctypes.c_size_t(), ctypes.c_size_t()
@@ -62,4 +89,4 @@ class AtTeardown:
         self.trace(*self.args)
 
 
-late = AtTeardown(torch._lib.standin_trace, (c.FREE_COMPLETED, B, 5 * MIB, S, 0))
+late = AtTeardown(torch._lib.standin_trace, (c.FREE_COMPLETED, last, 30 * MIB if last != B else 5 * MIB, S, 0))
