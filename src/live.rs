@@ -46,7 +46,7 @@ pub struct Live {
     /// Who each process is and which node GPU each of its CUDA ordinals is: every event is
     /// filed under the node's GPU index before it is applied.
     pub attribution: crate::attribution::Attribution,
-    /// NVML's process list at each OOM: the untraced holders (`crate::holders`).
+    /// NVML's process list at each OOM: the untraced holders (`crate::ingest::holders`).
     pub holder_reader: crate::ebpf::nvml::HolderReader,
 }
 
@@ -178,9 +178,12 @@ impl Live {
         let ooms = self.state.ooms.len();
         self.state.apply_text(e, text);
         if self.state.ooms.len() > ooms && e.pid != 0 {
-            // Who else holds the GPU, as NVML lists it right now (crate::holders).
+            // Who else holds the GPU, as NVML lists it right now (crate::ingest::holders), and the
+            // sharing layer's limit the process runs under (crate::limits).
             if let Some(o) = self.state.ooms.last_mut() {
-                self.holder_reader.add(&mut o.holders, o.pid, o.device);
+                self.holder_reader.add(&mut o.shared.holders, o.pid, o.device);
+                o.shared.limit =
+                    self.attribution.limit_on(o.pid, o.device).map(|l| crate::limits::LimitHit::judge(&l, o.figures.reserved, o.requested));
             }
         }
         for o in self.observers.iter_mut() {

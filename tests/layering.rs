@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 /// Each layer, its top-level modules, and the layers it may import from (besides itself).
 const LAYERS: &[(&str, &[&str], &[&str])] = &[
     ("foundation", &["event", "hello", "ring", "units", "alloc"], &[]),
-    ("state", &["map", "ingest", "attribution", "holders"], &["foundation"]),
+    ("state", &["map", "ingest", "attribution", "limits"], &["foundation"]),
     ("sources", &["snapshot", "record", "source", "consumer", "ebpf", "input"], &["foundation", "state"]),
     ("analysis", &["analysis"], &["foundation", "state", "sources"]),
     ("simulation", &["sim", "foresight"], &["foundation", "state", "analysis", "sources"]),

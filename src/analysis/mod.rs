@@ -7,6 +7,7 @@
 //! [`summary::Summary`] that `analyze --json`, `run` and `attach` all write.
 
 pub mod render;
+pub mod sharing;
 pub mod summary;
 
 use crate::alloc::Framework;
@@ -48,11 +49,15 @@ pub enum Verdict {
     /// (the allowed bytes), and the allocator refuses a segment that would pass the cap without
     /// asking the driver.
     AllowedLimit,
+    /// A sharing layer's limit refused the request (MPS's pinned memory limit, a preload quota
+    /// such as HAMi-core's: `crate::limits`): the process passed its share, not the device.
+    SharingLimit,
 }
 
 impl Verdict {
     /// Every verdict, in the order exported counts list them ([`Verdict::index`]).
-    pub const ALL: [Verdict; 4] = [Verdict::TrueOom, Verdict::Fragmentation, Verdict::Inconclusive, Verdict::AllowedLimit];
+    pub const ALL: [Verdict; 5] =
+        [Verdict::TrueOom, Verdict::Fragmentation, Verdict::Inconclusive, Verdict::AllowedLimit, Verdict::SharingLimit];
 
     /// This verdict's place in [`Verdict::ALL`].
     pub fn index(self) -> usize {
@@ -61,6 +66,7 @@ impl Verdict {
             Verdict::Fragmentation => 1,
             Verdict::Inconclusive => 2,
             Verdict::AllowedLimit => 3,
+            Verdict::SharingLimit => 4,
         }
     }
 
@@ -71,6 +77,7 @@ impl Verdict {
             Verdict::Fragmentation => "fragmentation",
             Verdict::Inconclusive => "inconclusive",
             Verdict::AllowedLimit => "allowed_limit",
+            Verdict::SharingLimit => "sharing_limit",
         }
     }
 }
@@ -214,7 +221,7 @@ impl OomInputs {
                     "fragmentation OOM inside XLA's BFC pool: {} requested and {} free in the pool, but its largest free chunk is {}",
                     h(self.requested), h(total), h(self.largest_free_block)
                 ),
-                Verdict::Inconclusive | Verdict::AllowedLimit => format!(
+                Verdict::Inconclusive | Verdict::AllowedLimit | Verdict::SharingLimit => format!(
                     "inconclusive: {} requested and by the traced figures XLA's pool has a free chunk of {}; the failure comes from outside what was traced",
                     h(self.requested), h(self.largest_free_block)
                 ),
@@ -227,7 +234,8 @@ impl OomInputs {
             return self.driver_explanation();
         }
         match self.verdict() {
-            Verdict::AllowedLimit => unreachable_verdict(),
+            // A sharing layer's limit is judged by crate::analysis::sharing, never here.
+            Verdict::AllowedLimit | Verdict::SharingLimit => unreachable_verdict(),
             Verdict::TrueOom => format!(
                 "true OOM: {} requested, but only {} is free in all (device free {} + stranded {} + releasable {})",
                 h(self.requested), h(total), h(self.device_free), h(self.stranded), h(self.releasable)
@@ -364,7 +372,7 @@ impl OomInputs {
                 "pool the small allocations: a caching allocator (PyTorch's, CuPy's memory pool, or your own slab) carves sub-2 MiB requests out of segments it keeps, so freed pieces serve later requests instead of leaving {} stranded in half-used 2 MiB pages (with PyTorch, expandable_segments:True maps its segments in whole pages); or allocate the large buffers first, before small allocations pin pages around them{}",
                 h(self.page_stranded), release
             ),
-            (Verdict::AllowedLimit, _) => unreachable_verdict(),
+            (Verdict::AllowedLimit | Verdict::SharingLimit, _) => unreachable_verdict(),
             (Verdict::TrueOom, _) if self.driver_level() => format!(
                 "the request is larger than what the device has left in new 2 MiB pages (short by {}): free device memory (other processes, or this one's own allocations), or move work to another device",
                 h(self.need().saturating_sub(largest_allocatable(0, self.device_free, self.releasable)))

@@ -303,10 +303,14 @@ pub struct OomSummary {
     /// `container.id` of the failing process, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
-    /// Who else held the device at the failure (`crate::holders`): other traced processes and
+    /// Who else held the device at the failure (`crate::ingest::holders`): other traced processes and
     /// those NVML listed.
     #[serde(default)]
-    pub holders: crate::holders::Holders,
+    pub holders: crate::ingest::holders::Holders,
+    /// The sharing layer's limit the process ran under on this device (MPS, a preload quota:
+    /// `crate::limits`), judged against the request; absent when none was set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<crate::limits::LimitHit>,
 }
 
 fn not_measured() -> String {
@@ -482,15 +486,15 @@ impl Summary {
                     allowed: o.allowed,
                     rc: o.rc,
                     op: o.op.map_or("unknown", |k| k.name()).to_string(),
-                    verdict: inputs.verdict(),
-                    explanation: o.holders.explain(inputs.explanation()),
-                    // A neighbour is the fix only when the memory is missing, not in pieces.
-                    fix: if inputs.verdict() == Verdict::TrueOom { o.holders.fix(inputs.fix()) } else { inputs.fix() },
+                    verdict: super::sharing::verdict(o),
+                    explanation: super::sharing::explanation(o, &inputs),
+                    fix: super::sharing::fix(o, &inputs),
                     driver_failures_before: o.driver_failures_before,
                     framework: o.framework,
                     hw_id: None,
                     container_id: None,
-                    holders: o.holders.clone(),
+                    holders: o.shared.holders.clone(),
+                    limit: o.shared.limit.clone(),
                 }
             })
             .collect();

@@ -96,6 +96,8 @@ pub enum GapKind {
     GpuUnresolved,
     /// NVML is absent: GPUs are known by index only.
     NvmlAbsent,
+    /// A sharing layer's limit variable did not parse (`crate::limits`): no limit is assumed.
+    LimitUnreadable,
 }
 
 impl GapKind {
@@ -108,6 +110,7 @@ impl GapKind {
             GapKind::RootVanished => "container root vanished",
             GapKind::GpuUnresolved => "GPU unresolved",
             GapKind::NvmlAbsent => "NVML absent",
+            GapKind::LimitUnreadable => "sharing limit unreadable",
         }
     }
 }
@@ -168,6 +171,8 @@ struct Known {
     env: Option<VisibleEnv>,
     /// Ordinal → node index, as placed (the ordinal itself when it could not be).
     placed: BTreeMap<i16, i16>,
+    /// The sharing layers' limits its environment sets (`crate::limits`).
+    limits: crate::limits::ProcessLimits,
 }
 
 /// Reads and keeps who each live process is.
@@ -271,6 +276,10 @@ impl Attribution {
             }
         };
         let mut visible = None;
+        let limits = env.as_ref().map(crate::limits::ProcessLimits::from_env).unwrap_or_default();
+        for bad in &limits.bad {
+            self.gap(GapKind::LimitUnreadable, pid, format!("{bad}: no limit assumed"));
+        }
         if let Some(env) = &env {
             let get = |keys: &[&str]| keys.iter().find_map(|k| env.get(*k).filter(|v| !v.is_empty()).cloned());
             id.pod_name = get(&["K8S_POD_NAME", "POD_NAME", "MY_POD_NAME", "KUBERNETES_POD_NAME"]);
@@ -295,7 +304,7 @@ impl Attribution {
             }
         }
         let identity = Arc::new(id);
-        self.known.insert(pid, Known { identity: identity.clone(), env: visible, placed: BTreeMap::new() });
+        self.known.insert(pid, Known { identity: identity.clone(), env: visible, placed: BTreeMap::new(), limits });
         identity
     }
 
@@ -369,6 +378,13 @@ impl Attribution {
                 self.gap(GapKind::GpuUnresolved, pid, format!("CUDA ordinal {ordinal}: the driver names UUID {hex}, which NVML lists as no GPU; filed under device {d} as its environment says"));
             }
         }
+    }
+
+    /// The tightest sharing-layer limit (`crate::limits`) `pid` runs under on node GPU
+    /// `device`: that of the CUDA ordinal placed there.
+    pub fn limit_on(&self, pid: u32, device: i16) -> Option<crate::limits::Limit> {
+        let k = self.known.get(&pid)?;
+        k.placed.iter().filter(|(_, &d)| d == device).find_map(|(&o, _)| k.limits.on(o)).cloned()
     }
 
     /// The UUID of node GPU `index`, when NVML gave one.

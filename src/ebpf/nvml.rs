@@ -42,7 +42,7 @@ impl DeviceMonitor {
 
     /// The compute processes NVML lists on device `index`: (pid, used bytes; `None` where NVML
     /// cannot say, as under MIG without privileges), or NVML's error.
-    pub fn processes_on(&self, index: i16) -> crate::holders::NvmlList {
+    pub fn processes_on(&self, index: i16) -> crate::ingest::holders::NvmlList {
         let i = u32::try_from(index).map_err(|_| format!("device {index} is no NVML index"))?;
         let dev = self.nvml.device_by_index(i).map_err(|e| format!("NVML device {i}: {e}"))?;
         let procs = dev.running_compute_processes().map_err(|e| format!("NVML running processes of device {i}: {e}"))?;
@@ -93,7 +93,7 @@ impl DeviceMonitor {
     }
 }
 
-/// NVML's process list read at each OOM the live pipeline applies (`crate::holders`): opened
+/// NVML's process list read at each OOM the live pipeline applies (`crate::ingest::holders`): opened
 /// on the first OOM, its problems counted for the summary's notes.
 #[derive(Default)]
 pub struct HolderReader {
@@ -102,7 +102,7 @@ pub struct HolderReader {
     /// Reads that returned a list.
     pub reads: u64,
     /// What went wrong, counted.
-    pub problems: crate::holders::NvmlProblems,
+    pub problems: crate::ingest::holders::NvmlProblems,
     /// Why NVML could not be opened, when it could not.
     pub unavailable: Option<String>,
 }
@@ -114,7 +114,7 @@ impl HolderReader {
     }
 
     /// Adds NVML's list of node GPU `device` to `h` (the OOM of `failing`); names from `/proc`.
-    pub fn add(&mut self, h: &mut crate::holders::Holders, failing: u32, device: i16) {
+    pub fn add(&mut self, h: &mut crate::ingest::holders::Holders, failing: u32, device: i16) {
         let lib = self.lib.clone();
         let m = self.monitor.get_or_insert_with(|| DeviceMonitor::open_lib(lib.as_deref()));
         let m = match m {
@@ -128,7 +128,7 @@ impl HolderReader {
         if list.is_ok() {
             self.reads += 1;
         }
-        let p = crate::holders::add_untraced(h, failing, &list, |pid| {
+        let p = crate::ingest::holders::add_untraced(h, failing, &list, |pid| {
             std::fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
         });
         self.problems.errors += p.errors;

@@ -195,7 +195,7 @@ pub static METRICS: &[Metric] = &[
         points: |v| {
             let mut out = Vec::new();
             for p in &v.processes {
-                for (i, kind) in crate::holders::HELD_KINDS.iter().enumerate() {
+                for (i, kind) in crate::ingest::holders::HELD_KINDS.iter().enumerate() {
                     let mut attrs = process_attrs(p);
                     attrs.push(("gpufrag.oom.holders", AttrValue::Static(kind)));
                     out.push(Point { attrs, value: U64(p.ooms_held[i]) });

@@ -9,7 +9,7 @@
 //! process series in one export.
 
 use super::gpu::GpuIds;
-use crate::analysis::{OomInputs, Verdict};
+use crate::analysis::Verdict;
 use crate::ingest::histogram::{SizeStats, BUCKET_BOUNDS};
 use crate::ingest::State;
 use crate::map::Figures;
@@ -47,7 +47,7 @@ pub struct ProcessPoint {
     /// Recovered failed allocations (`crate::ingest::OomOutcome::Retry`).
     pub retries: u64,
     /// Of those, the OOMs at which other processes held memory on the GPU, by who they were:
-    /// traced only, untraced only (NVML's list), both (`crate::holders::Holders::kind`).
+    /// traced only, untraced only (NVML's list), both (`crate::ingest::holders::Holders::kind`).
     pub ooms_held: [u64; 3],
     /// The caching allocator whose blocks it uses, when one was seen (the `gpufrag.framework`
     /// attribute: one of [`crate::alloc::Framework::ALL`]'s names, or `none`).
@@ -359,9 +359,8 @@ impl Builder {
         let mut ooms: BTreeMap<(u32, i16), [u64; Verdict::ALL.len()]> = BTreeMap::new();
         let mut held: BTreeMap<(u32, i16), [u64; 3]> = BTreeMap::new();
         for o in state.oom_log().iter().map(|&i| &state.ooms[i]) {
-            let inputs = OomInputs::of(o);
-            ooms.entry((o.pid, o.device)).or_default()[inputs.verdict().index()] += 1;
-            if let Some(i) = crate::holders::HELD_KINDS.iter().position(|k| *k == o.holders.kind()) {
+            ooms.entry((o.pid, o.device)).or_default()[crate::analysis::sharing::verdict(o).index()] += 1;
+            if let Some(i) = crate::ingest::holders::HELD_KINDS.iter().position(|k| *k == o.shared.holders.kind()) {
                 held.entry((o.pid, o.device)).or_default()[i] += 1;
             }
         }

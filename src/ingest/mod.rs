@@ -24,6 +24,7 @@
 //! summary) live beside it in [`histogram`].
 
 pub mod histogram;
+pub mod holders;
 pub mod oom_rule;
 pub mod settings;
 
@@ -193,12 +194,13 @@ pub struct OomRecord {
     pub driver_failures_before: u64,
     /// The device's total bytes as last measured before the failure (`cuMemGetInfo` or NVML).
     pub device_total: Option<u64>,
+    /// Who else held the device at that moment and the sharing layer's limit
+    /// (`crate::ingest::holders`, `crate::limits`).
+    pub shared: crate::ingest::holders::Shared,
     /// What the failure turned out to be ([`oom_rule`]): the one rule every output reads.
     pub outcome: OomOutcome,
     /// The failing thread.
     pub tid: u32,
-    /// Who else held the device at that moment (`crate::holders`).
-    pub holders: crate::holders::Holders,
 }
 
 /// One instance of XLA's BFC allocator, as its chunks showed it (`State::bfc_instances`).
@@ -625,9 +627,12 @@ impl State {
                     device_free_age_ns,
                     device_free_after_ns: None,
                     figures,
+                    shared: crate::ingest::holders::Shared {
+                        holders: crate::ingest::holders::Holders::traced(self, pid, device),
+                        limit: None,
+                    },
                     outcome: OomOutcome::Pending,
                     tid: ev.tid,
-                    holders: crate::holders::Holders::traced(self, pid, device),
                 });
                 self.on_failure(self.ooms.len() - 1, ev);
                 Ok(())

@@ -15,6 +15,7 @@ pub fn headline(o: &OomSummary) -> String {
         Verdict::Fragmentation => "Fragmentation OOM",
         Verdict::TrueOom => "True OOM",
         Verdict::AllowedLimit => "OOM at the allocator's limit",
+        Verdict::SharingLimit => "OOM at a sharing layer's limit (MPS, a quota)",
         Verdict::Inconclusive => "OOM, cause not traced",
     };
     format!("{what}: {} requested", human_bytes(o.requested))

@@ -189,6 +189,16 @@ fn headline(o: &OomSummary) -> String {
         ),
         Verdict::TrueOom => format!("True OOM: {} was asked for, and only {} is free in all, cache included.", human_bytes(o.requested), human_bytes(total)),
         Verdict::Inconclusive => format!("Inconclusive: by the traced figures {} should have fit; the cause lies outside what was traced.", human_bytes(o.requested)),
+        Verdict::SharingLimit => match &o.limit {
+            Some(l) => format!(
+                "Sharing limit: {} was asked for on top of {} held, {} over {}.",
+                human_bytes(o.requested),
+                human_bytes(l.used),
+                human_bytes(l.over),
+                l.limit.name()
+            ),
+            None => format!("Sharing limit: {} was refused at a sharing layer's limit.", human_bytes(o.requested)),
+        },
         Verdict::AllowedLimit => match o.allowed {
             Some(a) => format!(
                 "Allowed limit: {} was asked for on top of {} reserved, over the {} the allocator is allowed (set_per_process_memory_fraction).",
@@ -295,7 +305,7 @@ fn verdict_section(out: &mut String, s: &Summary, oom: Option<usize>) {
             put(out, format_args!("<p class=\"why\">{}</p>\n", esc(&sentence(without_verdict(&o.explanation)))));
             fix_block(out, o);
             free_card(out, o);
-            // Who else held the GPU (crate::holders; a minimal addition of the shared-GPU work).
+            // Who else held the GPU (crate::ingest::holders; a minimal addition of the shared-GPU work).
             if !o.holders.list.is_empty() {
                 out.push_str("<ul class=\"holders\" id=\"holders\">\n");
                 for h in &o.holders.list {

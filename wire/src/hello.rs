@@ -31,9 +31,11 @@ pub const HELLO_F_TSC: u32 = 2;
 pub const HELLO_F_ENV: u32 = 4;
 /// The most bytes of an environment block.
 pub const HELLO_ENV_MAX: usize = 1024;
-/// The variables an environment block carries: which GPUs the process sees, and the names
-/// of its Kubernetes pod where the downward API or the kubelet set them.
-pub const HELLO_ENV_KEYS: [&str; 13] = [
+/// The variables an environment block carries: which GPUs the process sees, the names
+/// of its Kubernetes pod where the downward API or the kubelet set them, its allocator settings,
+/// and the sharing layers' limits (MPS's, HAMi-core's quota for every device and devices 0..7,
+/// and `LD_PRELOAD`, which names the quota library).
+pub const HELLO_ENV_KEYS: [&str; 24] = [
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
     "CUDA_DEVICE_ORDER",
@@ -47,6 +49,17 @@ pub const HELLO_ENV_KEYS: [&str; 13] = [
     "KUBERNETES_SERVICE_HOST",
     "PYTORCH_CUDA_ALLOC_CONF",
     "PYTORCH_ALLOC_CONF",
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+    "CUDA_DEVICE_MEMORY_LIMIT",
+    "CUDA_DEVICE_MEMORY_LIMIT_0",
+    "CUDA_DEVICE_MEMORY_LIMIT_1",
+    "CUDA_DEVICE_MEMORY_LIMIT_2",
+    "CUDA_DEVICE_MEMORY_LIMIT_3",
+    "CUDA_DEVICE_MEMORY_LIMIT_4",
+    "CUDA_DEVICE_MEMORY_LIMIT_5",
+    "CUDA_DEVICE_MEMORY_LIMIT_6",
+    "CUDA_DEVICE_MEMORY_LIMIT_7",
+    "LD_PRELOAD",
 ];
 
 /// Writes the environment block of the variables `get` returns into `out`: the u16 length,

@@ -38,6 +38,15 @@ pub struct Config {
     /// as a real machine with unlike GPUs does; NVML keeps PCI order. Unset: PCI order.
     /// `CUDA_DEVICE_ORDER=PCI_BUS_ID` makes the driver use PCI order whatever this says.
     pub fastest_first: Option<Vec<u32>>,
+    /// This process's own limit per physical device, from the sharing layers simcuda models:
+    /// MPS's `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (`ORDINAL=SIZE,...`: the MPS server's limit on a
+    /// client, as if a server served this process) and, when `LD_PRELOAD` names HAMi-core's
+    /// `libvgpu.so`, its quota `CUDA_DEVICE_MEMORY_LIMIT` / `CUDA_DEVICE_MEMORY_LIMIT_N` (what
+    /// that library enforces, and the total its `cuMemGetInfo` reports). The tightest applies.
+    /// A value that does not parse sets no limit (and is said on stderr).
+    pub own_limit: Vec<Option<u64>>,
+    /// Whether `own_limit` comes from the quota preload (its `cuMemGetInfo` shows the quota).
+    pub quota_preloaded: bool,
 }
 
 impl Config {
@@ -90,7 +99,36 @@ impl Config {
             None => order,
             Some(v) => visible_devices_in(&v, &order),
         };
-        Ok(Config { devices, total, reserve, slack, state_dir, visible, fastest_first })
+        let mut own_limit = vec![None; devices as usize];
+        let mut tighten = |ordinal: usize, v: &str, key: &str| match parse_size(v) {
+            Ok(b) if b > 0 => {
+                if let Some(&p) = visible.get(ordinal) {
+                    let l = &mut own_limit[p as usize];
+                    *l = Some(l.map_or(b, |x: u64| x.min(b)));
+                }
+            }
+            _ => eprintln!("simcuda: {key}={v:?}: not a size, no limit set"),
+        };
+        if let Some(v) = get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") {
+            for pair in v.split(',').filter(|p| !p.trim().is_empty()) {
+                match pair.split_once('=').and_then(|(o, s)| Some((o.trim().parse::<usize>().ok()?, s))) {
+                    Some((o, s)) => tighten(o, s, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+                    None => eprintln!("simcuda: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={v:?}: {pair:?} is not ORDINAL=SIZE"),
+                }
+            }
+        }
+        let quota_preloaded = get("LD_PRELOAD")
+            .is_some_and(|p| p.split([':', ' ']).any(|f| f.rsplit('/').next().is_some_and(|b| b.starts_with("libvgpu.so"))));
+        if quota_preloaded {
+            for o in 0..visible.len() {
+                let own = get(&format!("CUDA_DEVICE_MEMORY_LIMIT_{o}"));
+                let key = if own.is_some() { format!("CUDA_DEVICE_MEMORY_LIMIT_{o}") } else { "CUDA_DEVICE_MEMORY_LIMIT".to_string() };
+                if let Some(v) = own.or_else(|| get("CUDA_DEVICE_MEMORY_LIMIT")) {
+                    tighten(o, &v, &key);
+                }
+            }
+        }
+        Ok(Config { devices, total, reserve, slack, state_dir, visible, fastest_first, own_limit, quota_preloaded })
     }
 
     /// What `cuMemGetInfo` reports as total: the device less the driver's reserve.

@@ -193,6 +193,11 @@ impl SharedState {
         true
     }
 
+    /// Bytes slot `slot` holds.
+    pub fn slot_used(&self, slot: usize) -> u64 {
+        self.slot(slot).used.load(Ordering::SeqCst)
+    }
+
     /// Takes `bytes` off slot `slot`.
     pub fn uncharge(&self, slot: usize, bytes: u64) {
         self.slot(slot).used.fetch_sub(bytes, Ordering::SeqCst);

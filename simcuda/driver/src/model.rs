@@ -144,6 +144,12 @@ impl Model {
 
     fn charge(&mut self, dev: u32, bytes: u64) -> Result<()> {
         let slot = self.ensure_slot(dev)?;
+        // A sharing layer's limit on this process (MPS, a quota preload): its own bytes only.
+        if let Some(own) = self.cfg.own_limit.get(dev as usize).copied().flatten() {
+            if self.shared.slot_used(slot).saturating_add(bytes) > own {
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
+            }
+        }
         let limit = self.cfg.allocation_limit();
         if self.shared.try_charge(slot, dev, bytes, limit)
             || (self.shared.reap_dead() > 0 && self.shared.try_charge(slot, dev, bytes, limit))
@@ -181,7 +187,15 @@ impl Model {
     pub fn mem_info(&self, dev: u32) -> (u64, u64) {
         self.shared.reap_dead();
         let usable = self.cfg.usable();
-        (usable.saturating_sub(self.shared.device_used(dev)), usable)
+        let free = usable.saturating_sub(self.shared.device_used(dev));
+        match (self.cfg.quota_preloaded, self.cfg.own_limit.get(dev as usize).copied().flatten(), self.devices[dev as usize].slot) {
+            // HAMi-core's cuMemGetInfo: the quota is the total, what is left of it the free.
+            (true, Some(q), slot) => {
+                let mine = slot.map_or(0, |s| self.shared.slot_used(s));
+                (free.min(q.saturating_sub(mine)), q)
+            }
+            _ => (free, usable),
+        }
     }
 
     /// cuMemAlloc (and the pitched and managed forms, with `whole_pages`).

@@ -71,6 +71,16 @@ impl Holder {
     }
 }
 
+/// What sharing the GPU meant at one OOM: who else held it, and the sharing layer's limit the
+/// process ran under (`crate::limits`), when one was set. One field of the OOM record.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shared {
+    /// Who else held the device.
+    pub holders: Holders,
+    /// The process's limit on this device, judged against the request.
+    pub limit: Option<crate::limits::LimitHit>,
+}
+
 /// The holders of one OOM.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Holders {
