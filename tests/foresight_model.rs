@@ -139,10 +139,11 @@ fn bad_input_gives_a_note_and_no_warning() {
     std::fs::create_dir_all(&dir).unwrap();
     let rec = dir.join("noblocks.rec");
     let mut w = gpufrag::record::Writer::create(&rec).unwrap();
-    let mut e = gpufrag::event::Event::default();
-    e.kind = gpufrag::event::EventKind::MemAlloc as u16;
-    e.addr = 0x7f00_0000_0000;
-    e.size = 2 * MIB;
+    let e = gpufrag::event::Event {
+        addr: 0x7f00_0000_0000,
+        size: 2 * MIB,
+        ..gpufrag::event::Event::new(gpufrag::event::EventKind::MemAlloc, 1, 0)
+    };
     w.write(&e).unwrap();
     w.finish_at(1).unwrap();
     let err = sim::stream_of_file(&rec).unwrap_err();
@@ -151,7 +152,7 @@ fn bad_input_gives_a_note_and_no_warning() {
 }
 
 fn fixture(name: &str) -> RequestStream {
-    sim::stream_of_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)).unwrap()
+    sim::stream_of_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 #[test]

@@ -24,7 +24,7 @@ fn the_oom(s: &Value) -> &Value {
     ooms.iter().find(|o| o["requested"].as_u64() == Some(ASK_MIB * MIB)).unwrap_or_else(|| panic!("no OOM of 8 GiB: {s:#}"))
 }
 
-fn holder<'a>(o: &'a Value, pid: u64) -> &'a Value {
+fn holder(o: &Value, pid: u64) -> &Value {
     o["holders"]["list"]
         .as_array()
         .and_then(|l| l.iter().find(|h| h["pid"].as_u64() == Some(pid)))

@@ -3,6 +3,8 @@
 //! (every request succeeds) and one allocation granule below it (a request fails), on the real
 //! H200 traces of tests/fixtures; `--together` is checked against what each trace needs alone.
 
+#![allow(clippy::unwrap_used)] // the CLI's JSON output is read in helpers, outside #[test] functions
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -177,7 +177,7 @@ pub fn extrapolate(requests: &[Request], step: &Step, ahead: usize, allocs_so_fa
     let mut out = Vec::with_capacity(step.period);
     let mut n = allocs_so_far;
     let mut j = 0usize;
-    let k = keys(&requests[..]);
+    let k = keys(requests);
     for (i, r) in requests[step.last_start..step.last_start + step.period].iter().enumerate() {
         let lag = k[step.last_start + i] >> 2;
         match *r {

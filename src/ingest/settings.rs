@@ -17,7 +17,7 @@ use crate::event::{Event, EventKind};
 pub const KEPT_FACT_NOTES: usize = 20;
 
 /// A process's allocator settings as its events stated them.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ProcessSettings {
     /// The settings in force (the start's, with every change applied), parsed as PyTorch does.
     pub conf: AllocConf,
@@ -30,18 +30,6 @@ pub struct ProcessSettings {
     pub fractions: std::collections::BTreeMap<i16, (u64, String)>,
     /// The framework that said it manages the process's memory, with its name and version.
     pub framework: Option<(Framework, String)>,
-}
-
-impl Default for ProcessSettings {
-    fn default() -> Self {
-        ProcessSettings {
-            conf: AllocConf::default(),
-            at_start: String::new(),
-            changes: Vec::new(),
-            fractions: std::collections::BTreeMap::new(),
-            framework: None,
-        }
-    }
 }
 
 impl State {
