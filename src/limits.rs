@@ -285,7 +285,7 @@ mod tests {
         assert_eq!(h.over, GIB);
         assert_eq!(
             h.explanation(),
-            "the request passed the MPS pinned memory limit (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) of 4.00 GiB: the process held 3.00 GiB and asked 2.00 GiB, 1.00 GiB over the limit; the device itself was not the limit"
+            "the request passed the MPS pinned memory limit (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) of 4.00 GiB: the process held 3.00 GiB and asked 2.00 GiB, 1024.00 MiB over the limit; the device itself was not the limit"
         );
         assert!(!LimitHit::judge(&lim, GIB, GIB).hit());
     }
