@@ -38,7 +38,7 @@ pid = own["pid"]
 cov = [c for c in (s.get("coverage") or []) if c["pid"] == pid]
 procs = [p for p in s["processes"] if p["pid"] == pid]
 hold = [n for n in s["notes"] if n.startswith("exec hold (fanotify")]
-f = procs[0]["figures"] if procs else {}
+f = procs[0] if procs else {}
 got = (bool(cov) and all(c["exact"] for c in cov), f.get("reserved"), f.get("allocated"), f.get("blocks"))
 want = (True, own["reserved"], own["allocated"], own["blocks"])
 ok = got == want and hold and "held until probed 0 " not in hold[0]
@@ -68,7 +68,7 @@ import json, sys
 s = json.load(open(sys.argv[1])); own = json.load(open(sys.argv[2])); pid = own["pid"]
 cov = [c for c in (s.get("coverage") or []) if c["pid"] == pid]
 procs = [p for p in s["processes"] if p["pid"] == pid]
-f = procs[0]["figures"] if procs else {}
+f = procs[0] if procs else {}
 got = (bool(cov) and all(c["exact"] for c in cov), f.get("framework_reserved") or f.get("reserved"), f.get("allocated"))
 want = (True, own["reserved"], own["allocated"])
 print(f"{'PASS' if got == want else 'FAIL'} firstcall_torch exact,reserved,allocated agent {got} memory_stats {want}")
