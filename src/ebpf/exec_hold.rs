@@ -88,6 +88,8 @@ pub enum Request {
         /// A path to it valid in the agent (`/proc/self/fd/N` of the held descriptor when the
         /// file's own path is not reachable).
         path: PathBuf,
+        /// The process whose exec is held (who it is can be read now, before it runs).
+        pid: u32,
     },
     /// A file looked at that needs no probe (the session stops asking the exec tracepoint
     /// about it).
@@ -511,7 +513,7 @@ impl Thread {
         self.pending.insert(req, Pending { key, path, deadline: t0 + self.timeout, held: vec![(fd, pid, t0)] });
         self.by_key.insert(key, req);
         if !stalled {
-            let _ = self.requests.send(Request::Probe { req, id: key.id, path: probe_path });
+            let _ = self.requests.send(Request::Probe { req, id: key.id, path: probe_path, pid });
             poke(self.wake);
         }
     }

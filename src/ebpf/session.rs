@@ -103,6 +103,9 @@ pub struct Session {
     mapped_pending: Vec<(super::LibMapped, u32)>,
     /// Executables already checked for gpufrag's annotation probes.
     checked_exes: HashSet<FileId>,
+    /// Who a held process is (its cgroup and pod namespace), read while its exec was held: a
+    /// short-lived one may be gone by the time its first events are read (bounded).
+    held_reads: BTreeMap<u32, crate::attribution::ProcRead>,
     /// Processes whose `/proc` entries could not be read (a coverage gap), counted once each.
     pub unreadable_procs: u64,
     unreadable: HashSet<u32>,
@@ -167,6 +170,7 @@ impl Session {
             seq: 0,
             mapped_pending: Vec::new(),
             checked_exes: HashSet::new(),
+            held_reads: BTreeMap::new(),
             unreadable_procs: 0,
             unreadable: HashSet::new(),
             unchecked_exec: HashSet::new(),
@@ -224,7 +228,11 @@ impl Session {
         let requests: Vec<super::exec_hold::Request> = h.requests.try_iter().collect();
         for r in requests {
             match r {
-                super::exec_hold::Request::Probe { req, id, path } => {
+                super::exec_hold::Request::Probe { req, id, path, pid } => {
+                    if self.held_reads.len() >= 4096 {
+                        self.held_reads.clear();
+                    }
+                    self.held_reads.insert(pid, crate::attribution::ProcRead::read(std::path::Path::new("/proc"), pid));
                     self.checked_exes.insert(id);
                     let result = self.attach_file_as(LibKind::Annotated, &path, true).map_err(|e| e.to_string());
                     if let Err(e) = &result {
@@ -600,7 +608,13 @@ impl Session {
         // process's events.
         for e in &events {
             if e.pid != 0 && !self.placement.knows(e.pid) {
-                let read = crate::attribution::ProcRead::read(std::path::Path::new("/proc"), e.pid);
+                let mut read = crate::attribution::ProcRead::read(std::path::Path::new("/proc"), e.pid);
+                // Gone already: its cgroup and pod namespace as read while its exec was held (the
+                // environment then was the old image's, so it is not taken).
+                if let Some(held) = self.held_reads.remove(&e.pid).filter(|_| read.cgroup.is_err()) {
+                    read.cgroup = held.cgroup;
+                    read.namespace = held.namespace;
+                }
                 self.placement.prefetch(e.pid, read.clone());
                 self.placement.identify(e.pid);
                 out.push(Msg::Proc { pid: e.pid, read: Box::new(read) });
