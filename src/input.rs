@@ -57,6 +57,9 @@ pub struct Loaded {
     /// snapshot's final segments (`complete` false), playing these gives the replay's end, not
     /// the final figures of `state`.
     pub replay: Vec<Event>,
+    /// The text after each event of `replay` that has one (a record's settings and framework
+    /// facts), by its index: playing `replay` back applies each with its text.
+    pub replay_texts: std::collections::BTreeMap<usize, Vec<u8>>,
 }
 
 /// The caching allocator rules a snapshot's settings describe.
@@ -115,15 +118,30 @@ pub fn load(path: &Path) -> anyhow::Result<Loaded> {
         let rules = AllocatorRules::default();
         let mut state = State::new(rules.clone());
         let mut events = Vec::new();
+        let mut replay_texts = std::collections::BTreeMap::new();
         for entry in reader.by_ref() {
             let entry = entry.map_err(|e| UnusableInput(e.to_string()))?;
             state.apply_text(&entry.event, entry.text.as_deref().unwrap_or(&[]));
+            if let Some(t) = entry.text.filter(|t| !t.is_empty()) {
+                replay_texts.insert(events.len(), t.into_vec());
+            }
             events.push(entry.event);
         }
+        // The end of the trace: a failure nothing recovered is an OOM (crate::ingest::oom_rule).
+        state.settle_all();
         let end = reader.end().unwrap_or(record::End::Cut { at: reader.offset() });
         let mut notes = vec![format!("replayed {} recorded events", events.len())];
         notes.extend(end.note(path));
-        return Ok(Loaded { state, notes, complete: end.is_whole(), kind: InputKind::Record, snapshot: None, rules, replay: events });
+        return Ok(Loaded {
+            state,
+            notes,
+            complete: end.is_whole(),
+            kind: InputKind::Record,
+            snapshot: None,
+            rules,
+            replay: events,
+            replay_texts,
+        });
     }
     let snap = snapshot::load(path).map_err(|e| UnusableInput(e.to_string()))?;
     Ok(replay_snapshot(snap))
@@ -152,7 +170,16 @@ pub fn replay_snapshot(snap: Snapshot) -> Loaded {
     }
     if matches_final(&state, &snap) {
         notes.push(format!("replayed the complete trace ring ({} entries) from an empty cache", snap.entry_count()));
-        return Loaded { state, notes, complete: true, kind: InputKind::Snapshot, snapshot: Some(snap), rules, replay: events };
+        return Loaded {
+            state,
+            notes,
+            complete: true,
+            kind: InputKind::Snapshot,
+            snapshot: Some(snap),
+            rules,
+            replay: events,
+            replay_texts: Default::default(),
+        };
     }
     // Truncated ring: final segments and blocks, undo the ring, then replay it forward.
     let mut start = State::new(rules.clone());
@@ -179,7 +206,16 @@ pub fn replay_snapshot(snap: Snapshot) -> Loaded {
         }
     ));
     if complete {
-        return Loaded { state: rebuilt, notes, complete, kind: InputKind::Snapshot, snapshot: Some(snap), rules, replay };
+        return Loaded {
+            state: rebuilt,
+            notes,
+            complete,
+            kind: InputKind::Snapshot,
+            snapshot: Some(snap),
+            rules,
+            replay,
+            replay_texts: Default::default(),
+        };
     }
     // The snapshot's segments and blocks are the truth about the end: the final figures come from
     // them; the replay contributes what only it knows (the OOMs with their moment's figures).
@@ -189,5 +225,14 @@ pub fn replay_snapshot(snap: Snapshot) -> Loaded {
     last.events = rebuilt.events;
     last.anomaly_count += rebuilt.anomaly_count;
     last.anomalies.extend(rebuilt.anomalies);
-    Loaded { state: last, notes, complete: false, kind: InputKind::Snapshot, snapshot: Some(snap), rules, replay }
+    Loaded {
+        state: last,
+        notes,
+        complete: false,
+        kind: InputKind::Snapshot,
+        snapshot: Some(snap),
+        rules,
+        replay,
+        replay_texts: Default::default(),
+    }
 }

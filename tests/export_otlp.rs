@@ -98,8 +98,17 @@ fn exact_values_arrive(protocol: Protocol) {
     for r in &got {
         for k in r.attrs.keys() {
             assert!(
-                ["process.pid", "process.executable.name", "hw.id", "hw.type", "gpufrag.verdict", "gpufrag.level", "gpufrag.framework"]
-                    .contains(&k.as_str()),
+                [
+                    "process.pid",
+                    "process.executable.name",
+                    "hw.id",
+                    "hw.type",
+                    "gpufrag.verdict",
+                    "gpufrag.level",
+                    "gpufrag.framework",
+                    "gpufrag.oom.holders"
+                ]
+                .contains(&k.as_str()),
                 "unexpected attribute {k} on {}",
                 r.metric
             );

@@ -66,13 +66,16 @@ pub fn load(path: &Path, max_points: usize, log_entries: Option<usize>) -> anyho
     let mut state = State::new(loaded.rules.clone());
     let mut history = History::new(max_points);
     let mut log = log_entries.map(TraceLog::new);
-    for e in &loaded.replay {
-        state.apply(e);
+    for (i, e) in loaded.replay.iter().enumerate() {
+        state.apply_text(e, loaded.replay_texts.get(&i).map_or(&[][..], |t| t.as_slice()));
         history.observe(&state, e);
         if let Some(l) = log.as_mut() {
             l.observe(&state, e);
         }
     }
+    // The end of the trace decides what nothing recovered, as the loaded state's summary did.
+    state.settle_all();
+    history.observe_state(&state, loaded.replay.last().map_or(0, |e| e.ts_ns));
     Ok(ReportData { summary, state: Some(state), history: Some(history), log })
 }
 
