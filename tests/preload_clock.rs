@@ -52,7 +52,10 @@ fn tsc_ticks_arrive_as_monotonic_ns() {
     // Many threads, several lanes merged.
     let run = check(&["threads", "8", "2000"], &[], tsc);
     let t = run.only();
-    assert_eq!(t.received, 2 * 8 * 2000 + 4);
+    // Plus the shim's placement event(s) of device 0 (DeviceUuid: threads racing to the first
+    // allocation may each ask once).
+    assert!((1..=8).contains(&t.placements.len()), "{}", t.placements.len());
+    assert_eq!(t.received, 2 * 8 * 2000 + 4 + t.placements.len() as u64);
 }
 
 #[test]

@@ -82,13 +82,22 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         if args.program_output { "; the program's own output is mixed in" } else { " (--program-output shows the program's own lines)" }
     );
     // The summary is read back for the last lines: the user's file, else one in the state dir.
-    std::fs::create_dir_all(&state_dir).with_context(|| format!("creating {}", state_dir.display()))?;
+    // A private folder (0700, ours, no symlink followed): TMPDIR may be shared with other users.
+    crate::private::PrivateDir::ensure(&state_dir).map_err(|e| anyhow::anyhow!("the demo's folder: {e}"))?;
     let summary_json = args.summary_json.clone().unwrap_or_else(|| state_dir.join("summary.json"));
-    let report = match &args.summary_json {
-        Some(s) => s.parent().unwrap_or(Path::new("")).join("report.html"),
-        None => PathBuf::from("gpufrag-demo-report.html"),
+    // Beside the user's summary, else where every run's OOM report goes (the private state
+    // folder, never the current directory: the demo leaves no file there).
+    let (report, no_report) = match &args.summary_json {
+        Some(s) => {
+            let r = s.parent().unwrap_or(Path::new("")).join("report.html");
+            (Some(std::path::absolute(&r).unwrap_or(r)), None)
+        }
+        None => match crate::private::state_dir().map(|d| crate::private::PrivateDir::ensure(&d)) {
+            Some(Ok(d)) => (Some(d.join("demo-report.html")), None),
+            Some(Err(e)) => (None, Some(format!("no OOM report written: {e}; give --summary-json PATH to have it beside that"))),
+            None => (None, Some("no OOM report written: there is no state folder ($XDG_STATE_HOME and $HOME are unset); give --summary-json PATH to have it beside that".to_string())),
+        },
     };
-    let report = std::path::absolute(&report).unwrap_or(report);
     let mut cmd = vec![OsString::from(workload.as_os_str()), OsString::from(&scenario)];
     if scenario == "small-pages" {
         cmd.push("fit".into());
@@ -102,7 +111,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         ring_capacity: None,
         preload: None,
         export: Default::default(),
-        views: crate::views::ViewArgs { report: Some(report.clone()), ..Default::default() },
+        views: crate::views::ViewArgs { report: report.clone(), ..Default::default() },
         program_output: args.program_output,
         cmd,
     };
@@ -110,7 +119,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let ending = std::fs::read_to_string(&summary_json)
         .ok()
         .and_then(|t| serde_json::from_str::<Summary>(&t).ok())
-        .map(|s| ending(&s, &report, Style::for_stderr()));
+        .map(|s| ending(&s, report.as_deref(), no_report.as_deref(), Style::for_stderr()));
     let _ = std::fs::remove_dir_all(&state_dir);
     if let Some(text) = ending {
         eprint!("{text}");
@@ -141,7 +150,7 @@ impl Style {
 
 /// The demo's last lines: the verdict of the OOM it shows (the last one), free in all against the
 /// largest piece, the fix as a command to copy and the report's path.
-fn ending(s: &Summary, report: &Path, style: Style) -> String {
+fn ending(s: &Summary, report: Option<&Path>, no_report: Option<&str>, style: Style) -> String {
     let Some(o) = s.ooms.last() else {
         return format!("\n{} no allocation failed (the scenario should end in an OOM)\n", style.paint("1;33", "[gpufrag] verdict:"));
     };
@@ -153,8 +162,9 @@ fn ending(s: &Summary, report: &Path, style: Style) -> String {
         Some(c) => out += &format!("{} {}\n", style.paint("1", "[gpufrag] fix:    "), style.paint("1;32", &c)),
         None => out += &format!("{} {}\n", style.paint("1", "[gpufrag] fix:    "), style.paint("1;32", &point::fix_short(o))),
     }
-    if report.is_file() {
-        out += &format!("{} {}\n", style.paint("1", "[gpufrag] report: "), style.paint("4", &report.display().to_string()));
+    match report.filter(|r| r.is_file()) {
+        Some(report) => out += &format!("{} {}\n", style.paint("1", "[gpufrag] report: "), style.paint("4", &report.display().to_string())),
+        None => out += &format!("[gpufrag] {}\n", no_report.unwrap_or("no OOM report written")),
     }
     out
 }

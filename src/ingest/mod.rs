@@ -34,7 +34,7 @@ use crate::alloc::pytorch::AllocatorRules;
 use crate::alloc::Framework;
 use crate::event::{
     Event, EventKind, F_ALLOCATOR_OOM, F_ALLOC_XLA_BFC, F_ALLOWED_KNOWN, F_BLOCK_SIZE_KNOWN, F_FAILED, F_FRAMEWORK_OWNED, F_OOM_AMEND,
-    F_SRC_NVML, F_SRC_SNAPSHOT,
+    F_SRC_EBPF, F_SRC_NVML, F_SRC_SHIM,
 };
 use crate::map::{AddressSpace, Anomaly, Figures, SegmentKind};
 use histogram::SizeStats;
@@ -679,8 +679,9 @@ impl State {
                         Ok(())
                     }
                     EventKind::PhysRelease => m.phys_release(ev.handle),
-                    // A snapshot's map entry may be many driver calls; a captured one is one.
-                    EventKind::Map if ev.flags & F_SRC_SNAPSHOT != 0 => m.map_pages(ev.addr, ev.size, framework),
+                    // A captured map is one driver call (unmapped only whole); a snapshot's map
+                    // entry, or a rebuilt one, may be many.
+                    EventKind::Map if ev.flags & (F_SRC_SHIM | F_SRC_EBPF) == 0 => m.map_pages(ev.addr, ev.size, framework),
                     EventKind::Map => m.map(ev.addr, ev.size, framework),
                     EventKind::Unmap => m.unmap(ev.addr, ev.size),
                     EventKind::PoolAlloc => m.pool_alloc(ev.addr, ev.size, ev.handle, ev.stream),
@@ -1096,7 +1097,7 @@ mod failed_release_tests {
     const MIB: u64 = 1 << 20;
 
     fn ev(kind: EventKind, ts_ns: u64, addr: u64, size: u64, handle: u64) -> Event {
-        Event { ts_ns, addr, size, handle, ..Event::new(kind, 9, 0) }
+        Event { ts_ns, addr, size, handle, flags: crate::event::F_SRC_SHIM, ..Event::new(kind, 9, 0) }
     }
 
     fn twin(e: Event) -> Event {

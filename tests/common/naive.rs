@@ -15,7 +15,7 @@
 #![allow(dead_code)]
 
 use gpufrag::alloc::pytorch::{AllocatorRules, DRIVER_PAGE};
-use gpufrag::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED, F_SRC_SNAPSHOT};
+use gpufrag::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED, F_SRC_EBPF, F_SRC_SHIM};
 use gpufrag::map::{Anomaly, Block, Figures, Segment, SegmentKind};
 
 /// A segment as the model keeps it: no counters, only what the driver said.
@@ -617,7 +617,7 @@ impl NaiveState {
                 Ok(())
             }
             Meaning::PhysRelease => m.phys_release(ev.handle),
-            Meaning::Map => m.map(ev.addr, ev.size, framework, ev.flags & F_SRC_SNAPSHOT == 0),
+            Meaning::Map => m.map(ev.addr, ev.size, framework, ev.flags & (F_SRC_SHIM | F_SRC_EBPF) != 0),
             Meaning::Unmap => m.unmap(ev.addr, ev.size),
             Meaning::PoolAlloc => m.pool_alloc(ev.addr, ev.size, ev.handle, ev.stream),
             Meaning::PoolFree => m.pool_free(ev.addr),

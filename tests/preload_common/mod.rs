@@ -126,8 +126,12 @@ pub struct Traced {
     pub pushed: u64,
     /// The connection reached EOF (the image exited or exec'd).
     pub eof: bool,
-    /// Events popped from the ring (= `events.len()` unless a sink took them).
+    /// Events popped from the ring (= `events.len()` + `placements.len()` unless a sink took
+    /// them).
     pub received: u64,
+    /// The shim's placement events (`DeviceUuid`, one per CUDA ordinal before its first recorded
+    /// allocation), kept apart from `events` (and from a sink): tests/gpu_placement.rs checks them.
+    pub placements: Vec<Event>,
 }
 
 impl Traced {
@@ -171,10 +175,15 @@ impl Conn {
 
     fn drain(&mut self, sink: &mut Option<Sink>) -> usize {
         let events = &mut self.traced.events;
+        let placements = &mut self.traced.placements;
         let mut conv = self.ticks.map(|c| (c, clock::shared_model()));
         let (n, _) = self.merge.drain(&self.lanes, usize::MAX, false, |mut e| {
             if let Some((c, model)) = &mut conv {
                 e.ts_ns = c.convert(model, e.ts_ns);
+            }
+            if e.kind() == Some(EventKind::DeviceUuid) {
+                placements.push(e);
+                return true;
             }
             match sink {
                 Some(f) => f(&e),
@@ -192,10 +201,15 @@ impl Conn {
     /// Everything left, waiting for nothing.
     fn drain_all(&mut self, sink: &mut Option<Sink>) {
         let events = &mut self.traced.events;
+        let placements = &mut self.traced.placements;
         let mut conv = self.ticks.map(|c| (c, clock::shared_model()));
         let n = self.merge.finish(&self.lanes, |mut e| {
             if let Some((c, model)) = &mut conv {
                 e.ts_ns = c.convert(model, e.ts_ns);
+            }
+            if e.kind() == Some(EventKind::DeviceUuid) {
+                placements.push(e);
+                return true;
             }
             match sink {
                 Some(f) => f(&e),
@@ -231,6 +245,7 @@ impl Conn {
             pushed: self.lanes.pushed_count(),
             eof: self.traced.eof,
             received: self.traced.received,
+            placements: std::mem::take(&mut self.traced.placements),
         }
     }
 }
@@ -304,7 +319,7 @@ fn open_conn(stream: UnixStream) -> std::io::Result<Conn> {
         merge,
         ticks,
         prefault: (Prefault::new(), PREFAULT_SPARE.load(Ordering::Relaxed)),
-        traced: Traced { hello, events: Vec::new(), dropped: 0, pushed: 0, eof: false, received: 0 },
+        traced: Traced { hello, events: Vec::new(), dropped: 0, pushed: 0, eof: false, received: 0, placements: Vec::new() },
     };
     c.prefault();
     Ok(c)
