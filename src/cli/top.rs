@@ -73,10 +73,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if !(std::io::stdout().is_terminal() && std::io::stdin().is_terminal()) {
-        // What is wrong with the source is said first (a missing file, a refused feed), then
-        // that a terminal is needed.
+        // What is wrong with the source is said first (a missing or undecodable file, a refused
+        // feed), then that a terminal is needed.
         match &source {
-            Source::Replay { path, .. } => drop(crate::input::open_input(path)?),
+            // The whole file is decoded (at once, off screen), so a file cut short or badly
+            // encoded is named with its offset, as every other reader names it.
+            Source::Replay { path, .. } => drop(crate::guard::contain(path, || top::once(&source, contain, 80))?),
             Source::Connect(p) => drop(feed::connect(p).map_err(|e| anyhow::anyhow!("connecting to the live feed {}: {e}", p.display()))?),
         }
         anyhow::bail!("gpufrag top needs a terminal (its stdin and stdout are not both one): run it in a terminal, or print one frame as text with `gpufrag top --once`");
