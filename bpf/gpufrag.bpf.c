@@ -75,6 +75,13 @@ enum gpufrag_fn {
 	/* XLA's BFC allocator: AllocateRaw(this, alignment, num_bytes, attrs) and its 2-argument overload */
 	FN_BFC_ALLOC,
 	FN_BFC_ALLOC_PLAIN,
+	/* PyTorch's allocator entry points that its USDT probes miss (pytorch:malloc fires only in
+	 * allocate()): raw_alloc(this, size_t) and raw_alloc_with_stream(this, size_t, cudaStream_t),
+	 * each -> void* (CUB's temporary storage, cuBLAS/cuDNN workspaces, ...) */
+	FN_TORCH_RAW_ALLOC,
+	FN_TORCH_RAW_ALLOC_STREAM,
+	/* torch._C._cuda_setMemoryFraction: THCPModule_setMemoryFraction(PyObject *self, PyObject *args) */
+	FN_TORCH_FRACTION,
 };
 
 struct call {
@@ -83,7 +90,7 @@ struct call {
 	__u64 valid;
 };
 
-#define FN_COUNT (FN_BFC_ALLOC_PLAIN + 1)
+#define FN_COUNT (FN_TORCH_FRACTION + 1)
 
 /* Per thread, in task-local storage (freed with the thread; no hashing, no lock on the hot
  * path): one saved call per probed function, so that a probed function called from inside
@@ -93,6 +100,7 @@ struct thread_state {
 	__s16 device; /* valid when device_known */
 	__u16 device_known;
 	__u32 pad;
+	__u64 last_total; /* the total of the thread's latest cuMemGetInfo (0: none since it was cleared) */
 };
 
 /* (process, CUcontext or CUmemoryPool) -> device */
@@ -499,6 +507,7 @@ static __always_inline int finish_call(struct pt_regs *ctx, __u32 fn)
 		device_free = read_user_u64(c->arg[0]);
 		size = read_user_u64(c->arg[1]);
 		flags |= GPUFRAG_F_DEVICE_FREE_KNOWN;
+		t->last_total = size;
 		break;
 	case FN_TORCH_MALLOC: /* NativeCachingAllocator::malloc(this, void **devPtr, int8 device, size_t size, CUstream) */
 		if (rc == 0) { /* void: the register holds garbage; the out-pointer says whether it worked */
@@ -533,6 +542,34 @@ static __always_inline int finish_call(struct pt_regs *ctx, __u32 fn)
 			b->op = GPUFRAG_EV_BLOCK_ALLOC;
 		}
 		submit_event(b);
+		return 0;
+	}
+	case FN_TORCH_RAW_ALLOC: /* (this, size_t nbytes) -> void*, on the current stream */
+	case FN_TORCH_RAW_ALLOC_STREAM: { /* (this, size_t nbytes, cudaStream_t) -> void* */
+		__u64 ptr = (__u64)PT_REGS_RC(ctx);
+		if (!ptr)
+			return 0; /* a failure raised PyTorch's OOM, which its own probe reports */
+		note_traced(tgid);
+		/* The thread's device when known; else user space finds the map holding the address. */
+		struct gpufrag_event *b = reserve_event(id, GPUFRAG_EV_BLOCK_ALLOC, t->device_known ? t->device : -1, GPUFRAG_F_SRC_EBPF);
+		if (!b)
+			return 0;
+		b->addr = ptr;
+		b->requested = c->arg[1];
+		b->stream = fn == FN_TORCH_RAW_ALLOC_STREAM ? c->arg[2] : 0;
+		submit_event(b);
+		return 0;
+	}
+	case FN_TORCH_FRACTION: { /* -> PyObject* (NULL: it raised, nothing was set) */
+		if (!PT_REGS_RC(ctx))
+			return 0;
+		note_traced(tgid);
+		struct gpufrag_event *f = reserve_event(id, GPUFRAG_EV_MEMORY_FRACTION, (__s16)c->arg[3], GPUFRAG_F_SRC_EBPF);
+		if (!f)
+			return 0;
+		f->handle = c->arg[2]; /* the fraction, an IEEE double's bits */
+		f->size = t->last_total; /* the device total PyTorch multiplied it by (0: not seen) */
+		submit_event(f);
 		return 0;
 	}
 	default:
@@ -611,6 +648,81 @@ SEC("uprobe") int torch_free_entry(struct pt_regs *ctx)
 	e->addr = ptr;
 	submit_event(e);
 	return 0;
+}
+
+/* NativeCachingAllocator::raw_delete(this, void *ptr): a raw_alloc'd block returns to the cache
+ * (it calls free() directly, not local_raw_delete, so neither the USDT probe nor local_raw_delete's
+ * uprobe sees it). Stamped at entry, before another thread can be handed the same block. */
+SEC("uprobe") int torch_raw_delete_entry(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u64 ptr = PT_REGS_PARM2(ctx);
+	if (!ptr || !is_traced(id >> 32))
+		return 0;
+	note_traced(id >> 32);
+	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_BLOCK_FREE, -1, GPUFRAG_F_SRC_EBPF);
+	if (!e)
+		return 0;
+	e->addr = ptr;
+	submit_event(e);
+	return 0;
+}
+/* raw_alloc(this, size) and raw_alloc_with_stream(this, size, stream): one block each. Should a
+ * build have one call the other, only the outer call is saved, so its return reports the block
+ * once (as the two overloads of BFC's AllocateRaw). */
+static __always_inline int save_raw_alloc(struct pt_regs *ctx, __u32 fn, __u32 other)
+{
+	struct thread_state *t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0, 0);
+	if (t && t->slot[other].valid)
+		return 0;
+	return save_call(ctx, fn);
+}
+SEC("uprobe") int torch_raw_alloc_entry(struct pt_regs *ctx)
+{
+	return save_raw_alloc(ctx, FN_TORCH_RAW_ALLOC, FN_TORCH_RAW_ALLOC_STREAM);
+}
+SEC("uretprobe") int torch_raw_alloc_return(struct pt_regs *ctx)
+{
+	return finish_call(ctx, FN_TORCH_RAW_ALLOC);
+}
+SEC("uprobe") int torch_raw_alloc_stream_entry(struct pt_regs *ctx)
+{
+	return save_raw_alloc(ctx, FN_TORCH_RAW_ALLOC_STREAM, FN_TORCH_RAW_ALLOC);
+}
+SEC("uretprobe") int torch_raw_alloc_stream_return(struct pt_regs *ctx)
+{
+	return finish_call(ctx, FN_TORCH_RAW_ALLOC_STREAM);
+}
+
+/* THCPModule_setMemoryFraction(PyObject *self, PyObject *args), in libtorch_python.so: what
+ * torch.cuda.set_per_process_memory_fraction(fraction, device) calls once it has checked that the
+ * fraction is a float in [0, 1] and made the device an index. args is a tuple (fraction, device):
+ * CPython's layouts, stable across 3.8-3.14 (default builds): a tuple's items from byte 24, a
+ * float's value at byte 16, an int's first 30-bit digit at byte 24 (a device index is one digit).
+ * Read at entry (the objects are alive for the call); the event goes out at the return, with the
+ * device total of the cuMemGetInfo PyTorch makes inside (allowed = fraction x that total). */
+SEC("uprobe") int torch_fraction_entry(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!is_traced(id >> 32))
+		return 0;
+	struct thread_state *t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!t)
+		return 0;
+	__u64 args = PT_REGS_PARM2(ctx);
+	__u64 fraction = read_user_u64(args + 24);
+	__u64 device = read_user_u64(args + 32);
+	struct call *c = &t->slot[FN_TORCH_FRACTION];
+	c->arg[2] = read_user_u64(fraction + 16);
+	c->arg[3] = (__u64)(read_user_s32(device + 24) & 0x3fffffff);
+	c->entry_ns = 0;
+	c->valid = fraction && device;
+	t->last_total = 0;
+	return 0;
+}
+SEC("uretprobe") int torch_fraction_return(struct pt_regs *ctx)
+{
+	return finish_call(ctx, FN_TORCH_FRACTION);
 }
 
 /* c10::reportOutOfMemoryToProfiler(long alloc_size, size_t total_allocated, size_t total_reserved,

@@ -63,6 +63,10 @@ for step in range(int(sys.argv[2])):
 torch.cuda.synchronize(); st = torch.cuda.memory_stats()
 json.dump({"pid": os.getpid(), "kind": kind, "allocated": st["allocated_bytes.all.current"], "reserved": st["reserved_bytes.all.current"]}, open(sys.argv[1], "w"))
 time.sleep(3)
+# Exit without the interpreter's teardown: its frees (the model, the last batch) would change
+# the state the agent holds at the end from the one memory_stats() gave above (the sixth round's
+# -19.5..-21.2 MB FAILs were those frees, seen by the agent after the figures were taken).
+sys.stdout.flush(); os._exit(0)
 PY
 cat > $W/fraction.py <<'PY'
 # an OOM under set_per_process_memory_fraction(0.1): PyTorch's allowed bytes = 0.1 × total

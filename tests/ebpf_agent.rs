@@ -123,7 +123,7 @@ fn an_exited_process_is_dropped_and_a_live_one_kept() {
 /// Issue 13: an OOM that PyTorch's caching allocator raises without any failed driver call (a
 /// `set_per_process_memory_fraction` cap) was invisible to the agent. The uprobe on
 /// `c10::reportOutOfMemoryToProfiler` in the libc10.so beside libc10_cuda.so sees it: the verdict
-/// names the allocator's own limit.
+/// names the allocator's own limit, with its allowed bytes from the fraction setter's probe.
 #[test]
 fn regression_an_oom_pytorch_raises_without_a_driver_call_is_an_allowed_limit_verdict() {
     require_ebpf!();
@@ -143,7 +143,12 @@ fn regression_an_oom_pytorch_raises_without_a_driver_call_is_an_allowed_limit_ve
     assert_eq!(o["op"], "block_alloc", "{o:#}");
     let why = o["explanation"].as_str().expect("explanation");
     assert!(why.contains("without asking the driver") && why.contains("set_per_process_memory_fraction"), "{why}");
-    assert!(o["fix"].as_str().expect("fix").contains("at least 50.00 MiB"), "reserved 20 MiB + 30 MiB: {o:#}");
+    // Issue 22 item 3: the fraction set before (the uprobe on THCPModule_setMemoryFraction in
+    // the libtorch_python.so beside) gives the allowed bytes, and the fix the fraction to ask for.
+    let allowed: u64 = out.lines().find_map(|l| l.strip_prefix("FRACTION allowed=")).and_then(|v| v.trim().parse().ok()).expect("FRACTION");
+    assert_eq!(o["allowed"].as_u64(), Some(allowed), "PyTorch's allowed bytes: {o:#}");
+    let fix = o["fix"].as_str().expect("fix");
+    assert!(fix.contains("set_per_process_memory_fraction(0.0032)") && fix.contains("50.00 MiB"), "reserved 20 MiB + 30 MiB: {o:#}");
     let notes = s["notes"].to_string();
     assert!(notes.contains("PyTorch's OOMs: a uprobe on c10::reportOutOfMemoryToProfiler"), "{notes}");
 }

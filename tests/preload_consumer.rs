@@ -88,9 +88,17 @@ fn consumer_that_never_drains() {
     let t = &consumer.finish()[0];
     assert!(t.pushed >= 4 && t.pushed <= 64, "lanes of 4 filled: {}", t.pushed);
     let events = 2 * 8 * 40_000 + 4; // pairs, first-allocation sample, two cudaMemGetInfo, exit
-                                     // Plus the shim's placement event of device 0 (DeviceUuid, first in the ring).
-    assert!(!t.placements.is_empty(), "device 0 placed");
-    assert_eq!(t.pushed + t.dropped, events + t.placements.len() as u64, "every event pushed or counted");
+                                     // Plus the shim's placement events of device 0 (DeviceUuid): one per thread that raced to
+                                     // announce it (1..=8, as in preload_clock), each pushed or, when its lane was full already,
+                                     // dropped and counted like any other event.
+    let placed = (t.pushed + t.dropped).checked_sub(events);
+    assert!(
+        placed.is_some_and(|p| (1..=8).contains(&p) && p >= t.placements.len() as u64),
+        "every event pushed or counted: pushed {} + dropped {} against {events} events and 1..=8 placements ({} seen in the ring)",
+        t.pushed,
+        t.dropped,
+        t.placements.len()
+    );
 }
 
 #[test]

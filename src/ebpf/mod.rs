@@ -159,9 +159,10 @@ pub enum Attached {
         /// Functions probed.
         functions: usize,
     },
-    /// libc10_cuda: USDT, symbols, or nothing (with why); and PyTorch's OOM report in the
-    /// `libc10.so` beside it.
-    Torch(TorchProbes, symbols::TorchOomProbe),
+    /// libc10_cuda: USDT, symbols, or nothing (with why), and which raw entry points were
+    /// probed beside them; PyTorch's OOM report in the `libc10.so` beside it; its memory-fraction
+    /// setter in the `libtorch_python.so` beside it.
+    Torch(TorchProbes, symbols::RawEntries, symbols::TorchOomProbe, symbols::TorchFractionProbe),
     /// A library with XLA's BFC allocator: symbols, or nothing (with why).
     Bfc(BfcProbes),
     /// A program or library with gpufrag's annotation USDT probes: this many of them.
@@ -345,6 +346,13 @@ impl Probes {
             "torch_malloc_entry" => &p.torch_malloc_entry,
             "torch_malloc_return" => &p.torch_malloc_return,
             "torch_free_entry" => &p.torch_free_entry,
+            "torch_raw_alloc_entry" => &p.torch_raw_alloc_entry,
+            "torch_raw_alloc_return" => &p.torch_raw_alloc_return,
+            "torch_raw_alloc_stream_entry" => &p.torch_raw_alloc_stream_entry,
+            "torch_raw_alloc_stream_return" => &p.torch_raw_alloc_stream_return,
+            "torch_raw_delete_entry" => &p.torch_raw_delete_entry,
+            "torch_fraction_entry" => &p.torch_fraction_entry,
+            "torch_fraction_return" => &p.torch_fraction_return,
             "torch_oom_entry" => &p.torch_oom_entry,
             "bfc_alloc_entry" => &p.bfc_alloc_entry,
             "bfc_alloc_return" => &p.bfc_alloc_return,
@@ -404,12 +412,24 @@ impl Probes {
     pub fn attach_torch(&mut self, path: &Path) -> Result<&Attached, ProbeError> {
         let id = procfs::file_id(path).map_err(|e| ProbeError::Other(format!("{}: {e}", path.display())))?;
         if !self.files.contains_key(&id) {
-            let how = symbols::torch_probes(path);
+            let (how, found) = symbols::torch_probes(path);
+            // The raw entry points probed: all three beside the USDT probes (which fire only in
+            // allocate() and local_raw_delete); beside the malloc uprobe, which raw_alloc's calls
+            // reach already, only raw_delete.
+            let mut raw = symbols::RawEntries::default();
             match &how {
                 TorchProbes::Usdt => {
                     for (prog, name) in [(&self.skel.progs.usdt_malloc, "malloc"), (&self.skel.progs.usdt_free, "free")] {
                         let link = prog.attach_usdt(-1, path, "pytorch", name).map_err(|e| classify(&e, "attaching USDT probes"))?;
                         self.links.push(link);
+                    }
+                    if let Some(off) = found.alloc {
+                        self.attach_pair(path, symbols::TORCH_RAW_ALLOC, off, "torch_raw_alloc")?;
+                        raw.alloc = Some(off);
+                    }
+                    if let Some(off) = found.alloc_stream {
+                        self.attach_pair(path, symbols::TORCH_RAW_ALLOC_STREAM, off, "torch_raw_alloc_stream")?;
+                        raw.alloc_stream = Some(off);
                     }
                 }
                 TorchProbes::Symbols { malloc, free } => {
@@ -425,6 +445,20 @@ impl Probes {
                 }
                 TorchProbes::None(_) => {}
             }
+            if let (Some(off), false) = (found.delete, matches!(how, TorchProbes::None(_))) {
+                let link = self
+                    .skel
+                    .progs
+                    .torch_raw_delete_entry
+                    .attach_uprobe(false, -1, path, off as usize)
+                    .map_err(|e| classify(&e, &format!("attaching a uprobe to {} in {}", symbols::TORCH_RAW_DELETE, path.display())))?;
+                self.links.push(link);
+                raw.delete = Some(off);
+            }
+            let fraction = symbols::torch_fraction_probe(path);
+            if let symbols::TorchFractionProbe::Symbol { path: lib, offset } = &fraction {
+                self.attach_pair(lib, symbols::TORCH_FRACTION, *offset, "torch_fraction")?;
+            }
             let oom = symbols::torch_oom_probe(path);
             if let symbols::TorchOomProbe::Symbol { path: lib, offset } = &oom {
                 let link = self
@@ -435,7 +469,7 @@ impl Probes {
                     .map_err(|e| classify(&e, &format!("attaching a uprobe to {} in {}", symbols::TORCH_OOM_REPORT, lib.display())))?;
                 self.links.push(link);
             }
-            self.files.insert(id, (path.to_path_buf(), Attached::Torch(how, oom)));
+            self.files.insert(id, (path.to_path_buf(), Attached::Torch(how, raw, oom, fraction)));
         }
         Ok(&self.files[&id].1)
     }

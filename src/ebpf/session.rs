@@ -333,15 +333,36 @@ impl Session {
         if self.attached_notes.insert(id) {
             let note = match how {
                 Attached::Driver { functions } => format!("driver level: uprobes on {functions} functions of {}", path.display()),
-                Attached::Torch(blocks, oom) => {
+                Attached::Torch(blocks, raw, oom, fraction) => {
+                    let raw_named = [(raw.alloc, "raw_alloc"), (raw.alloc_stream, "raw_alloc_with_stream"), (raw.delete, "raw_delete")]
+                        .iter()
+                        .filter(|(o, _)| o.is_some())
+                        .map(|(_, n)| *n)
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    let raw_note = if raw_named.is_empty() {
+                        " (no raw_alloc/raw_delete found: blocks made through them, CUB's temporary storage and workspaces among them, go unseen)".to_string()
+                    } else {
+                        format!(", and uprobes on NativeCachingAllocator::{raw_named}")
+                    };
                     let blocks = match blocks {
                         super::symbols::TorchProbes::Usdt => {
-                            format!("PyTorch blocks: USDT probes pytorch:malloc/free in {}", path.display())
+                            format!("PyTorch blocks: USDT probes pytorch:malloc/free in {}{raw_note}", path.display())
                         }
                         super::symbols::TorchProbes::Symbols { .. } => {
-                            format!("PyTorch blocks: no USDT probes in {}; uprobes on NativeCachingAllocator::malloc and Native::local_raw_delete from .symtab", path.display())
+                            format!("PyTorch blocks: no USDT probes in {}; uprobes on NativeCachingAllocator::malloc and Native::local_raw_delete from .symtab{raw_note}", path.display())
                         }
                         super::symbols::TorchProbes::None(why) => format!("PyTorch blocks not traced: {why}"),
+                    };
+                    let fraction = match fraction {
+                        super::symbols::TorchFractionProbe::Symbol { path, .. } => {
+                            format!("memory fractions: a uprobe on {} in {}", super::symbols::TORCH_FRACTION, path.display())
+                        }
+                        super::symbols::TorchFractionProbe::None(why) => {
+                            format!(
+                                "memory fractions not probed ({why}): a cap set with set_per_process_memory_fraction has no allowed bytes"
+                            )
+                        }
                     };
                     let oom = match oom {
                         super::symbols::TorchOomProbe::Symbol { path, .. } => {
@@ -351,7 +372,7 @@ impl Session {
                             format!("PyTorch's own OOMs not probed ({why}): one its allocator raises without a failed driver call (a memory fraction's cap) goes unseen")
                         }
                     };
-                    format!("{blocks}; {oom}")
+                    format!("{blocks}; {oom}; {fraction}")
                 }
                 Attached::Bfc(super::symbols::BfcProbes::Symbols { allocate_plain, exported, .. }) => format!(
                     "XLA BFC blocks: uprobes on tsl::BFCAllocator::AllocateRaw{} and DeallocateRaw from {} of {}",
@@ -558,6 +579,13 @@ impl Session {
     fn apply(&mut self, out: &mut Vec<Msg>, actions: Vec<Action>) {
         for a in actions {
             match a {
+                // The fraction setter's probe gives the fraction and the device total PyTorch
+                // multiplied it by: the same fact the Python hook states, with its text.
+                Action::Apply(e) if e.kind() == Some(EventKind::MemoryFraction) && e.text_len == 0 => {
+                    let fraction = f64::from_bits(e.handle);
+                    let allowed = if e.size > 0 && (0.0..=1.0).contains(&fraction) { (fraction * e.size as f64) as u64 } else { 0 };
+                    out.push(Msg::Fact { event: Event { size: allowed, handle: 0, ..e }, text: format!("{fraction}") });
+                }
                 Action::Apply(e) => {
                     if let Some(n) = &self.nvml {
                         if let Some(u) = self.placer.place(&e, |pid| n.gpus_of(pid)) {

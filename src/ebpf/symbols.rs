@@ -78,6 +78,71 @@ pub enum BfcProbes {
     None(String),
 }
 
+/// PyTorch's allocator entry points besides `allocate()`, whose USDT probe `pytorch:malloc` is
+/// the only one PyTorch fires: `raw_alloc` and `raw_alloc_with_stream` (CUB's temporary storage,
+/// workspaces, `torch.cuda.caching_allocator_alloc`) call `malloc()` directly, and `raw_delete`
+/// calls `free()` directly, past `local_raw_delete` and its `pytorch:free` probe. Virtual
+/// methods, so each has its own body whatever the compiler inlined.
+pub const TORCH_RAW_ALLOC: &str = "NativeCachingAllocator::raw_alloc(unsigned long)";
+/// See [`TORCH_RAW_ALLOC`].
+pub const TORCH_RAW_ALLOC_STREAM: &str = "NativeCachingAllocator::raw_alloc_with_stream(unsigned long, CUstream_st*)";
+/// See [`TORCH_RAW_ALLOC`].
+pub const TORCH_RAW_DELETE: &str = "NativeCachingAllocator::raw_delete(void*)";
+
+/// File offsets of [`TORCH_RAW_ALLOC`], [`TORCH_RAW_ALLOC_STREAM`] and [`TORCH_RAW_DELETE`] in
+/// a `libc10_cuda.so`, each where found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RawEntries {
+    /// `raw_alloc` (entry and return).
+    pub alloc: Option<u64>,
+    /// `raw_alloc_with_stream` (entry and return).
+    pub alloc_stream: Option<u64>,
+    /// `raw_delete` (entry).
+    pub delete: Option<u64>,
+}
+
+/// `torch._C._cuda_setMemoryFraction`'s C function, in `libtorch_python.so`: what
+/// `torch.cuda.set_per_process_memory_fraction` calls (its arguments a tuple of a float and a
+/// device index). The allocator's own setter takes the fraction as a `double`, in a register
+/// that uprobes cannot read (x86-64 passes it in xmm0).
+pub const TORCH_FRACTION: &str = "THCPModule_setMemoryFraction(_object*, _object*)";
+/// Its file name, beside `libc10_cuda.so` in a PyTorch install (`torch/lib/`).
+pub const TORCH_FRACTION_LIB: &str = "libtorch_python.so";
+
+/// How PyTorch's memory-fraction setter is probed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TorchFractionProbe {
+    /// A uprobe on [`TORCH_FRACTION`] at this file offset of this `libtorch_python.so`.
+    Symbol {
+        /// The library.
+        path: std::path::PathBuf,
+        /// File offset of the function.
+        offset: u64,
+    },
+    /// Not probed, with why: a cap set at run time has no allowed bytes under attach/agent.
+    None(String),
+}
+
+/// Where the `libtorch_python.so` beside the `libc10_cuda.so` at `c10_cuda` has the fraction
+/// setter. The library is large (tens of MB): it is read lazily through its section and symbol
+/// tables, not whole.
+pub fn torch_fraction_probe(c10_cuda: &Path) -> TorchFractionProbe {
+    let path = c10_cuda.with_file_name(TORCH_FRACTION_LIB);
+    let f = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) => return TorchFractionProbe::None(format!("no {} beside {} ({e})", TORCH_FRACTION_LIB, c10_cuda.display())),
+    };
+    let cache = object::ReadCache::new(f);
+    let file = match object::File::parse(&cache) {
+        Ok(f) => f,
+        Err(e) => return TorchFractionProbe::None(format!("{} is not an ELF file: {e}", path.display())),
+    };
+    match find_demangled_among(&file, TORCH_FRACTION, &["setMemoryFraction"]) {
+        Some((offset, _)) => TorchFractionProbe::Symbol { path, offset },
+        None => TorchFractionProbe::None(format!("{} has no {TORCH_FRACTION}", path.display())),
+    }
+}
+
 /// How a `libc10_cuda.so` can be probed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TorchProbes {
@@ -101,7 +166,7 @@ pub fn has_usdt(notes: &[u8], provider: &str, name: &str) -> bool {
 }
 
 /// The file offset of the code at virtual address `addr`, through the loadable segments.
-fn file_offset(file: &object::File<'_>, addr: u64) -> Option<u64> {
+fn file_offset<'d, R: object::ReadRef<'d>>(file: &object::File<'d, R>, addr: u64) -> Option<u64> {
     file.segments().find_map(|s| {
         let (off, len) = s.file_range();
         (addr >= s.address() && addr < s.address() + len).then(|| addr - s.address() + off)
@@ -116,7 +181,7 @@ pub fn find_demangled(file: &object::File<'_>, tail: &str) -> Option<u64> {
 
 /// [`find_demangled`] over the symbols whose raw name contains one of `needles` (demangling
 /// only those keeps a scan of a large library short); also says whether the symbol is exported.
-fn find_demangled_among(file: &object::File<'_>, tail: &str, needles: &[&str]) -> Option<(u64, bool)> {
+fn find_demangled_among<'d, R: object::ReadRef<'d>>(file: &object::File<'d, R>, tail: &str, needles: &[&str]) -> Option<(u64, bool)> {
     let opts = cpp_demangle::DemangleOptions::default();
     let dynamic = file.dynamic_symbols().map(|s| (s, true));
     for (sym, exported) in file.symbols().map(|s| (s, false)).chain(dynamic) {
@@ -160,22 +225,30 @@ pub fn bfc_probes(path: &Path) -> BfcProbes {
     }
 }
 
-/// How the `libc10_cuda.so` at `path` can be probed.
-pub fn torch_probes(path: &Path) -> TorchProbes {
+/// How the `libc10_cuda.so` at `path` can be probed, and its raw entry points
+/// ([`RawEntries`], empty when the file cannot be read).
+pub fn torch_probes(path: &Path) -> (TorchProbes, RawEntries) {
     let data = match std::fs::read(path) {
         Ok(d) => d,
-        Err(e) => return TorchProbes::None(format!("cannot read {}: {e}", path.display())),
+        Err(e) => return (TorchProbes::None(format!("cannot read {}: {e}", path.display())), RawEntries::default()),
     };
     let file = match object::File::parse(&*data) {
         Ok(f) => f,
-        Err(e) => return TorchProbes::None(format!("{} is not an ELF file: {e}", path.display())),
+        Err(e) => return (TorchProbes::None(format!("{} is not an ELF file: {e}", path.display())), RawEntries::default()),
     };
+    let raw = |tail| find_demangled_among(&file, tail, &["raw_alloc", "raw_delete"]).map(|(o, _)| o);
+    let entries = RawEntries { alloc: raw(TORCH_RAW_ALLOC), alloc_stream: raw(TORCH_RAW_ALLOC_STREAM), delete: raw(TORCH_RAW_DELETE) };
+    (torch_blocks(&file, path), entries)
+}
+
+/// [`torch_probes`]'s block probes of a parsed `libc10_cuda.so`.
+fn torch_blocks(file: &object::File<'_>, path: &Path) -> TorchProbes {
     if let Some(notes) = file.section_by_name(".note.stapsdt").and_then(|s| s.data().ok()) {
         if has_usdt(notes, "pytorch", "malloc") && has_usdt(notes, "pytorch", "free") {
             return TorchProbes::Usdt;
         }
     }
-    match (find_demangled(&file, TORCH_MALLOC), find_demangled(&file, TORCH_FREE)) {
+    match (find_demangled(file, TORCH_MALLOC), find_demangled(file, TORCH_FREE)) {
         (Some(malloc), Some(free)) => TorchProbes::Symbols { malloc, free },
         _ => TorchProbes::None(format!("{} has neither the pytorch USDT probes nor the allocator's symbols in .symtab", path.display())),
     }

@@ -290,7 +290,15 @@ static void torch(const char *lib)
 	ffree(b);
 	(void)a;
 	(void)c;
-	printf("FIGURES device=0 reserved=%llu blocks=2 requested=%llu\n", 20 * MIB, 5 * MIB + 1);
+	/* Through the raw entry points (CUB's temporary storage, workspaces): 3 MiB kept, 1 MiB on
+	 * a stream freed. */
+	void *(*raw_alloc)(unsigned long, int) = sym(h, "fake_raw_alloc");
+	void (*raw_free)(void *) = sym(h, "fake_raw_free");
+	void *r = raw_alloc(3 * MIB, 0);
+	void *rs = raw_alloc(MIB, 1);
+	raw_free(rs);
+	(void)r;
+	printf("FIGURES device=0 reserved=%llu blocks=3 requested=%llu\n", 20 * MIB, 8 * MIB + 1);
 }
 
 static void torch_oom(const char *lib, const char *mode)
@@ -313,12 +321,35 @@ static void torch_oom(const char *lib, const char *mode)
 	void (*set_base)(unsigned long long) = sym(h, "fake_set_base");
 	void *(*fmalloc)(unsigned long, signed char) = sym(h, "fake_malloc");
 	void (*report)(long, unsigned long, unsigned long, signed char) = sym(hc, "fake_report_oom");
+	/* libtorch_python.so too: set_per_process_memory_fraction(0.0025, 0) in limit mode. */
+	char tp[4096];
+	snprintf(tp, sizeof(tp), "%.*slibtorch_python.so", dir, lib);
+	void *ht = dlopen(tp, RTLD_NOW);
+	if (!ht) {
+		fprintf(stderr, "cuda_prog: %s\n", dlerror());
+		exit(2);
+	}
 	void (*report_cpu)(long) = sym(hc, "fake_report_cpu_oom");
 	CUdeviceptr seg, q;
 	check(cuMemAlloc_v2(&seg, 20 * MIB), "cuMemAlloc_v2");
 	set_base(seg);
 	(void)fmalloc(4 * MIB, 0);
 	report_cpu(MIB);
+	if (!strcmp(mode, "limit")) {
+		/* CPython's objects: a tuple (fraction, device) of a float and a small int. */
+		struct { long refcnt; void *type; double value; } fraction = { 1, 0, 0.0025 };
+		struct { long refcnt; void *type; unsigned long tag; unsigned int digit[1]; } device = { 1, 0, 1 << 3, { 0 } };
+		struct { long refcnt; void *type; long size; void *items[2]; } args = { 1, 0, 2, { &fraction, &device } };
+		void (*init)(CUresult (*)(size_t *, size_t *)) = sym(ht, "fake_torch_python_init");
+		void *(*set_fraction)(void *, void *) = sym(ht, "_Z28THCPModule_setMemoryFractionP7_objectS0_");
+		unsigned long (*allowed)(void) = sym(ht, "fake_allowed");
+		init(cuMemGetInfo_v2);
+		if (!set_fraction(0, &args)) {
+			fprintf(stderr, "cuda_prog: setMemoryFraction failed\n");
+			exit(2);
+		}
+		printf("FRACTION allowed=%lu\n", allowed());
+	}
 	unsigned long long want = 30 * MIB;
 	if (!strcmp(mode, "driver")) {
 		CUresult rc = cuMemAlloc_v2(&q, 1ull << 50);

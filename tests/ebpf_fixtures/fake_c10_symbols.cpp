@@ -14,7 +14,31 @@ static unsigned long long next_block;
 class NativeCachingAllocator {
 public:
 	void malloc(void **devPtr, signed char device, unsigned long size, CUstream_st *stream);
+	// As in PyTorch: raw_alloc and raw_alloc_with_stream call malloc() (its uprobe sees them),
+	// raw_delete frees without local_raw_delete (only its own uprobe sees it).
+	void *raw_alloc(unsigned long size);
+	void *raw_alloc_with_stream(unsigned long size, CUstream_st *stream);
+	void raw_delete(void *ptr);
 };
+
+__attribute__((noinline)) void *NativeCachingAllocator::raw_alloc(unsigned long size)
+{
+	void *p = 0;
+	malloc(&p, 0, size, 0);
+	return p;
+}
+
+__attribute__((noinline)) void *NativeCachingAllocator::raw_alloc_with_stream(unsigned long size, CUstream_st *stream)
+{
+	void *p = 0;
+	malloc(&p, 0, size, stream);
+	return p;
+}
+
+__attribute__((noinline)) void NativeCachingAllocator::raw_delete(void *ptr)
+{
+	asm volatile("" : : "r"(ptr) : "memory");
+}
 
 __attribute__((noinline)) void NativeCachingAllocator::malloc(void **devPtr, signed char device, unsigned long size, CUstream_st *stream)
 {
@@ -52,4 +76,14 @@ extern "C" __attribute__((visibility("default"))) void *fake_malloc(unsigned lon
 extern "C" __attribute__((visibility("default"))) void fake_free(void *p)
 {
 	local_raw_delete(p);
+}
+
+extern "C" __attribute__((visibility("default"))) void *fake_raw_alloc(unsigned long size, int with_stream)
+{
+	return with_stream ? allocator.raw_alloc_with_stream(size, 0) : allocator.raw_alloc(size);
+}
+
+extern "C" __attribute__((visibility("default"))) void fake_raw_free(void *p)
+{
+	allocator.raw_delete(p);
 }

@@ -1,6 +1,7 @@
 //! Shared by the `tests/ebpf_*.rs` tests: compiles the C fixtures (a CUDA driver client and two
 //! stand-in libc10_cuda.so, one with PyTorch's USDT probes, one with its .symtab functions, each
-//! with a stand-in libc10.so beside it that exports PyTorch's OOM report), finds
+//! with a stand-in libc10.so beside it that exports PyTorch's OOM report and a stand-in
+//! libtorch_python.so with its memory-fraction setter), finds
 //! the simcuda stand-in libcuda.so.1 next to the gpufrag binary, says whether this kernel lets us
 //! load eBPF at all (the only reason a test may skip), and drives `gpufrag attach` against a
 //! program held at a gate until the probes are in.
@@ -69,8 +70,21 @@ pub fn fixtures() -> &'static Fixtures {
             "c++",
             &["-O1", "-g", "-shared", "-fPIC", "-fvisibility=hidden", "-o", &symbols_lib.display().to_string(), &s("fake_c10_symbols.cpp")],
         );
-        // PyTorch's libc10.so beside each libc10_cuda.so: its OOM report.
+        // PyTorch's libc10.so beside each libc10_cuda.so: its OOM report; and libtorch_python.so:
+        // its memory-fraction setter.
         for d in ["usdt", "symbols"] {
+            compile(
+                "cc",
+                &[
+                    "-O1",
+                    "-g",
+                    "-shared",
+                    "-fPIC",
+                    "-o",
+                    &dir.join(d).join("libtorch_python.so").display().to_string(),
+                    &s("fake_torch_python.c"),
+                ],
+            );
             compile(
                 "c++",
                 &[
