@@ -25,6 +25,8 @@ dpkg -s systemtap-sdt-dev >/dev/null 2>&1 || need+=(systemtap-sdt-dev)
 # The views: headless Chromium renders report.html, tmux drives `gpufrag top` and the demo.
 command -v chromium >/dev/null || need+=(chromium)
 command -v tmux >/dev/null || need+=(tmux)
+# man(1) renders the generated man pages in their test (gpufrag man --dir).
+command -v man >/dev/null || need+=(man-db)
 # Metrics export: a real Prometheus (its promtool checks the alert rules), PyYAML for deploy/,
 # python3-venv for the two tools from PyPI below (Debian's Python refuses system-wide pip).
 command -v prometheus >/dev/null || need+=(prometheus)

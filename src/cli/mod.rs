@@ -6,6 +6,7 @@ pub mod agent;
 pub mod analyze;
 pub mod attach;
 pub mod demo;
+pub mod docs;
 pub mod outputs;
 pub mod report;
 pub mod run;
@@ -71,6 +72,10 @@ pub enum Command {
     /// Replay a trace under other allocator settings and memory limits (a simulation of
     /// PyTorch's caching allocator, checked against the trace first).
     Whatif(whatif::Args),
+    /// Print shell completions (bash, zsh, fish, elvish, powershell), generated from this CLI.
+    Completions(docs::CompletionArgs),
+    /// Print the man page gpufrag(1), or with --dir write it and one page per subcommand.
+    Man(docs::ManArgs),
 }
 
 /// The command `run` was given could not be started: 127 when there is no such command, 126 when
@@ -143,6 +148,8 @@ pub fn main() -> ExitCode {
         Command::Attach(args) => attach::run(&args),
         Command::Agent(args) => agent::run(&args),
         Command::Whatif(args) => crate::guard::contain(&args.file.clone(), || whatif::run(&args)),
+        Command::Completions(args) => docs::completions(&args),
+        Command::Man(args) => docs::man(&args),
     };
     match result {
         Ok(code) => code,
