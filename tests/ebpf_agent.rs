@@ -3,6 +3,8 @@
 //! maps dropped (unless `--keep-exited`), and the agent stops cleanly on SIGINT with a summary.
 //! Other tests' processes run at the same time; assertions look only at this test's pids.
 
+#[path = "common/story.rs"]
+mod story;
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
 mod tool_support;
@@ -129,7 +131,8 @@ fn regression_an_oom_pytorch_raises_without_a_driver_call_is_an_allowed_limit_ve
     require_ebpf!();
     let m = Machine::new(1);
     let lib = fixtures().symbols_lib.display().to_string();
-    let agent = start_agent(&m, &["--keep-exited", "--lib", &lib]);
+    let record = unique("fraction.rec");
+    let agent = start_agent(&m, &["--keep-exited", "--lib", &lib, "--record", record.to_str().expect("utf-8")]);
     let (pid, out) = run_prog(&m, &["torchoom", &lib, "limit"]);
     assert!(out.contains("OOM requested"), "{out}");
     std::thread::sleep(Duration::from_millis(300));
@@ -151,4 +154,6 @@ fn regression_an_oom_pytorch_raises_without_a_driver_call_is_an_allowed_limit_ve
     assert!(fix.contains("set_per_process_memory_fraction(0.0032)") && fix.contains("50.00 MiB"), "reserved 20 MiB + 30 MiB: {o:#}");
     let notes = s["notes"].to_string();
     assert!(notes.contains("PyTorch's OOMs: a uprobe on c10::reportOutOfMemoryToProfiler"), "{notes}");
+    // The agent's record tells the same story: the OOM, its verdict and allowed bytes.
+    story::assert_replays(&s, &record);
 }

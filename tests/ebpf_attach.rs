@@ -4,6 +4,8 @@
 //! privileges are each checked the way a user would meet them. Tests skip (printing why) only
 //! where the kernel refuses eBPF.
 
+#[path = "common/story.rs"]
+mod story;
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
 mod tool_support;
@@ -29,6 +31,8 @@ fn assert_matches_printed(t: &Traced) {
         }
     }
     assert_eq!(t.summary["exact"], Value::Bool(true), "{}", t.stderr);
+    // The record tells the live run's story: figures per process, OOMs and verdicts, retries.
+    story::assert_replays(&t.summary, &t.record);
     assert_eq!(u(&t.summary, "anomalies"), 0, "{}", t.stderr);
     assert_eq!(u(&t.summary, "dropped"), 0, "{}", t.stderr);
     let cov = t.summary["coverage"].as_array().expect("coverage");
@@ -197,6 +201,7 @@ fn regression_pytorchs_oom_report_tells_the_allocators_cap_from_the_drivers_refu
             "{}",
             t.summary["notes"]
         );
+        story::assert_replays(&t.summary, &t.record);
         assert_eq!(u(o, "requested"), 30 * MIB, "{o:#}");
         assert_eq!(u(o, "reserved"), 20 * MIB, "{o:#}");
         // The fraction's own cuMemGetInfo, just before, is the process's reading of the device.

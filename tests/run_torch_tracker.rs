@@ -259,40 +259,9 @@ fn regression_tracker_blocks_follow_the_processs_own_alloc_conf() {
 mod export_support;
 mod tool_support;
 
-/// `gpufrag analyze --json` of a record file.
-fn analyze(record: &Path) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpufrag")).arg("analyze").arg("--json").arg(record).output().expect("analyze");
-    assert!(out.status.success(), "analyze {}: {}", record.display(), String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("analyze json")
-}
-
-/// The figures, OOMs (with verdicts) and retries of a summary: what a replay of the run's record
-/// must give as the live run did.
-fn story(s: &Value) -> Value {
-    let figures = |p: &Value| {
-        let keep = ["device", "reserved", "allocated", "stranded", "releasable", "largest_free_block", "segments", "blocks", "retries"];
-        Value::Object(keep.iter().map(|k| (k.to_string(), p[*k].clone())).collect())
-    };
-    let ooms: Vec<Value> = s["ooms"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|o| serde_json::json!([o["requested"], o["verdict"], o["op"], o["stranded"], o["largest_free_block"], o["allowed"]]))
-                .collect()
-        })
-        .unwrap_or_default();
-    serde_json::json!({
-        "processes": s["processes"].as_array().map(|a| a.iter().map(figures).collect::<Vec<_>>()),
-        "ooms": ooms,
-        "retries": s["retries"],
-    })
-}
-
-/// Asserts that `analyze` of `record` tells the live summary's story.
-fn assert_replays(live: &Value, record: &Path) {
-    let replay = analyze(record);
-    assert_eq!(story(&replay), story(live), "the record's replay differs from the live run\nlive: {live:#}\nreplay: {replay:#}");
-}
+#[path = "common/story.rs"]
+mod story;
+use story::{analyze, assert_replays};
 
 /// What the exporters said of the record's events (replayed through a real exporter, as `run`
 /// feeds it): (Prometheus text from its endpoint, OTLP points a real collector received; `None`
