@@ -209,6 +209,10 @@ fn prefault_loop(shared: Arc<Shared>, new: Receiver<conn::LanePrefaulter>) {
                 if r.run() {
                     regions.push(r);
                 }
+                // In a burst of new processes, the regions of those that exited are let go at
+                // every turn, not only when the burst pauses (the prefaulter holds them weakly,
+                // so this only drops their entries).
+                regions.retain(|r| !r.gone());
             }
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => regions.retain_mut(conn::LanePrefaulter::run),
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
