@@ -358,7 +358,7 @@ fn scrapes_beside_a_crowd(crowd_size: usize) {
         s.read_to_end(&mut buf).map_err(|e| format!("read after {:?}: {e}", t.elapsed()))?;
         let took = t.elapsed();
         let text = String::from_utf8_lossy(&buf);
-        if !text.starts_with("HTTP/1.1 200") || !text.contains(&format!("gpufrag_memory_reserved_bytes{{")) {
+        if !text.starts_with("HTTP/1.1 200") || !text.contains("gpufrag_memory_reserved_bytes{") {
             return Err(format!("after {took:?}, not the metrics: {:?}", &text[..text.len().min(200)]));
         }
         Ok(took)

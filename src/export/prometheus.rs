@@ -159,7 +159,6 @@ const MAX_HEAD_BYTES: usize = 16 * 1024;
 pub struct Endpoint {
     addr: SocketAddr,
     runtime: Option<tokio::runtime::Runtime>,
-    connections: Arc<Connections>,
 }
 
 /// What a scrape renders from.
@@ -183,8 +182,6 @@ struct Connections {
 struct Table {
     next_id: u64,
     held: HashMap<u64, Held>,
-    /// Connections closed to make room, since the start.
-    evicted: u64,
 }
 
 struct Held {
@@ -222,7 +219,6 @@ impl Connections {
         let quietest = t.held.iter().filter(|(_, h)| h.polled).min_by_key(|(id, h)| (h.active_at, **id)).map(|(&id, h)| (id, h.active_at));
         match quietest {
             Some((id, at)) if now.duration_since(at) >= QUIET_BEFORE_CLOSING => {
-                t.evicted += 1;
                 let close = t.held.remove(&id).and_then(|h| h.close);
                 drop(t);
                 // Outside the lock: the closed connection's task takes it when it ends.
@@ -278,7 +274,6 @@ impl Connections {
     fn evict_one(&self) -> bool {
         let mut t = self.lock();
         let Some((&id, _)) = t.held.iter().min_by_key(|(id, h)| (!h.polled, h.active_at, **id)) else { return false };
-        t.evicted += 1;
         let close = t.held.remove(&id).and_then(|h| h.close);
         drop(t);
         if let Some(close) = close {
@@ -326,19 +321,13 @@ impl Endpoint {
         };
         let addr = listener.local_addr()?;
         let connections = Arc::new(Connections::default());
-        runtime.spawn(accept(listener, Arc::new(Page { reader, resource, connections: connections.clone() })));
-        Ok(Endpoint { addr, runtime: Some(runtime), connections })
+        runtime.spawn(accept(listener, Arc::new(Page { reader, resource, connections })));
+        Ok(Endpoint { addr, runtime: Some(runtime) })
     }
 
     /// The bound address (useful with port 0).
     pub fn addr(&self) -> SocketAddr {
         self.addr
-    }
-
-    /// Connections held now, and connections closed to make room since the start.
-    pub fn connections(&self) -> (usize, u64) {
-        let t = self.connections.lock();
-        (t.held.len(), t.evicted)
     }
 }
 
