@@ -274,3 +274,207 @@ fn run_with_prometheus_is_scraped_while_the_workload_runs() {
     drop(prom);
     cleanup(&dir);
 }
+
+/// Issue 23, item 7 (see docs/robustness.md, "Listeners"): `gpufrag run --prometheus` with 400
+/// clients that each open a connection, send half a request head, and reconnect as soon as the
+/// server closes it, more than the endpoint holds at once. Before, the endpoint stopped accepting
+/// at 64 connections and the crowd kept every scrape in the kernel's queue for 10 to 17 s. Timed
+/// scrapes on fresh connections must each be answered within 1 s, and the real Prometheus
+/// scraping the same endpoint every second with a 1 s timeout must never see it down.
+#[test]
+fn prometheus_scrapes_answer_within_a_second_under_400_half_sent_reconnecting_connections() {
+    scrapes_beside_a_crowd(400);
+}
+
+/// The same with 1,000 such clients, four times what the endpoint holds: the wait grows with the
+/// crowd by [`gpufrag::export::prometheus::QUIET_BEFORE_CLOSING`] per [`MAX_CONNECTIONS`] ahead
+/// of the scrape in the kernel's queue, and stays under 1 s.
+///
+/// [`MAX_CONNECTIONS`]: gpufrag::export::prometheus::MAX_CONNECTIONS
+#[test]
+fn prometheus_scrapes_answer_within_a_second_under_1000_half_sent_reconnecting_connections() {
+    scrapes_beside_a_crowd(1000);
+}
+
+fn scrapes_beside_a_crowd(crowd_size: usize) {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    const BOUND: Duration = Duration::from_secs(1);
+    let Some(prom_bin) = require("prometheus", prometheus(), "apt-get install prometheus") else { return };
+    let Some(b) = built() else { return };
+    assert!(crowd_size > gpufrag::export::prometheus::MAX_CONNECTIONS, "the crowd must outnumber the connections held");
+    let dir = temp_dir("prometheus-crowd");
+    let target = free_port();
+    let cfg = dir.join("prometheus.yml");
+    std::fs::write(&cfg, format!("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: gpufrag\n    static_configs:\n      - targets: ['127.0.0.1:{target}']\n")).unwrap();
+    let prom_port = free_port();
+    let _prom = Guard {
+        child: Command::new(&prom_bin)
+            .arg(format!("--config.file={}", cfg.display()))
+            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+            .arg("--log.level=warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+        name: "prometheus",
+    };
+    let flags = vec!["--prometheus".to_string(), format!("127.0.0.1:{target}")];
+    let mut run = b
+        .run(&dir.join("sim"), &flags, &["hold", "1GiB"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(run.stdout.take().unwrap()).lines();
+    let ready = lines.find_map(|l| l.ok().filter(|l| l.starts_with("READY"))).expect("the workload holds its memory");
+    let size = result_line(&ready, "READY").unwrap()["size"].clone();
+    let prom_query = |q: &str| -> Option<String> {
+        let enc: String =
+            q.bytes().map(|c| if c.is_ascii_alphanumeric() { (c as char).to_string() } else { format!("%{c:02X}") }).collect();
+        let body = http_get(prom_port, &format!("/api/v1/query?query={enc}"))?;
+        let v: Value = serde_json::from_str(&body).ok()?;
+        v["data"]["result"][0]["value"][1].as_str().map(String::from)
+    };
+    let waited = Instant::now();
+    while prom_query("gpufrag_memory_reserved_bytes").as_deref() != Some(size.as_str()) {
+        assert!(waited.elapsed() < Duration::from_secs(30), "Prometheus never scraped the held {size} bytes");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // A fresh connection, a whole request, the whole answer: its time, or what went wrong.
+    let scrape = || -> Result<Duration, String> {
+        let t = Instant::now();
+        let mut s = TcpStream::connect(("127.0.0.1", target)).map_err(|e| format!("connect: {e}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write!(s, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").map_err(|e| format!("write: {e}"))?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).map_err(|e| format!("read after {:?}: {e}", t.elapsed()))?;
+        let took = t.elapsed();
+        let text = String::from_utf8_lossy(&buf);
+        if !text.starts_with("HTTP/1.1 200") || !text.contains("gpufrag_memory_reserved_bytes{") {
+            return Err(format!("after {took:?}, not the metrics: {:?}", &text[..text.len().min(200)]));
+        }
+        Ok(took)
+    };
+    let mut alone: Vec<Duration> = (0..10).map(|i| scrape().unwrap_or_else(|e| panic!("scrape {i} alone: {e}"))).collect();
+    alone.sort();
+
+    // The crowd: each client holds one half-sent connection and opens the next when it is closed.
+    let stop = Arc::new(AtomicBool::new(false));
+    let opened = Arc::new(AtomicU64::new(0));
+    let closed = Arc::new(AtomicU64::new(0));
+    let crowd: Vec<_> = (0..crowd_size)
+        .map(|_| {
+            let (stop, opened, closed) = (stop.clone(), opened.clone(), closed.clone());
+            std::thread::Builder::new()
+                .stack_size(64 * 1024)
+                .spawn(move || {
+                    let mut b = [0u8; 512];
+                    while !stop.load(Ordering::Relaxed) {
+                        let Ok(mut s) = TcpStream::connect(("127.0.0.1", target)) else {
+                            std::thread::sleep(Duration::from_millis(5));
+                            continue;
+                        };
+                        opened.fetch_add(1, Ordering::Relaxed);
+                        let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Stalled: ");
+                        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+                        loop {
+                            match s.read(&mut b) {
+                                Ok(0) => break,
+                                Ok(_) => continue,
+                                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                                    if stop.load(Ordering::Relaxed) {
+                                        return;
+                                    }
+                                }
+                                Err(_) => break,
+                            }
+                        }
+                        closed.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+                .unwrap()
+        })
+        .collect();
+    // Until the crowd outnumbers what the endpoint holds and it is closing connections.
+    let waited = Instant::now();
+    while opened.load(Ordering::Relaxed) < crowd_size as u64 || closed.load(Ordering::Relaxed) < crowd_size as u64 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(30),
+            "the crowd opened {} connections, {} closed",
+            opened.load(Ordering::Relaxed),
+            closed.load(Ordering::Relaxed)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let attack_from = Instant::now();
+    let mut during = Vec::new();
+    while attack_from.elapsed() < Duration::from_secs(12) {
+        during.push(scrape());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let window = attack_from.elapsed();
+    let (opened_n, closed_n) = (opened.load(Ordering::Relaxed), closed.load(Ordering::Relaxed));
+    // Prometheus's own view of the same seconds, read before the crowd leaves.
+    let secs = window.as_secs().saturating_sub(1).max(1);
+    let worst_prom = prom_query(&format!("max_over_time(scrape_duration_seconds{{job=\"gpufrag\"}}[{secs}s])"));
+    let min_up = prom_query(&format!("min_over_time(up{{job=\"gpufrag\"}}[{secs}s])"));
+    let scrapes_prom = prom_query(&format!("count_over_time(up{{job=\"gpufrag\"}}[{secs}s])"));
+    let prom_error = http_get(prom_port, "/api/v1/targets")
+        .and_then(|b| serde_json::from_str::<Value>(&b).ok())
+        .and_then(|v| v["data"]["activeTargets"][0]["lastError"].as_str().map(String::from));
+    stop.store(true, Ordering::Relaxed);
+    for t in crowd {
+        t.join().unwrap();
+    }
+    drop(run.stdin.take());
+    let status = wait_exit(&mut run, Duration::from_secs(20));
+
+    let failed: Vec<&String> = during.iter().filter_map(|r| r.as_ref().err()).collect();
+    let mut took: Vec<Duration> = during.iter().filter_map(|r| r.as_ref().ok().copied()).collect();
+    took.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    eprintln!(
+        "scrapes alone: median {:.1} ms, worst {:.1} ms; beside {crowd_size} half-sent reconnecting connections ({opened_n} opened, {closed_n} closed by the endpoint in {:.1} s): {} scrapes, median {:.1} ms, worst {:.1} ms, {} failed; Prometheus over {secs} s: worst scrape {:?} s, min up {:?}, {:?} scrapes, last error {:?}",
+        ms(alone[alone.len() / 2]),
+        ms(alone[alone.len() - 1]),
+        window.as_secs_f64(),
+        took.len(),
+        took.get(took.len() / 2).map_or(f64::NAN, |d| ms(*d)),
+        took.last().map_or(f64::NAN, |d| ms(*d)),
+        failed.len(),
+        worst_prom,
+        min_up,
+        scrapes_prom,
+        prom_error
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {} scrapes failed beside the crowd: {:?}",
+        failed.len(),
+        during.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(took.len() >= 20, "only {} scrapes in {window:?}", took.len());
+    let worst = *took.last().unwrap();
+    assert!(
+        worst < BOUND,
+        "a scrape took {:.1} ms beside the crowd (bound {BOUND:?}; median {:.1} ms)",
+        ms(worst),
+        ms(took[took.len() / 2])
+    );
+    assert_eq!(min_up.as_deref(), Some("1"), "Prometheus saw the endpoint down during the crowd (worst scrape {worst_prom:?} s)");
+    let worst_prom: f64 = worst_prom.expect("Prometheus's scrape durations").parse().unwrap();
+    assert!(worst_prom < BOUND.as_secs_f64(), "Prometheus's slowest scrape took {worst_prom} s");
+    let n: f64 = scrapes_prom.expect("Prometheus's scrape count").parse().unwrap();
+    assert!(n >= secs as f64 - 2.0, "Prometheus scraped {n} times in {secs} s at a 1 s interval");
+    assert_eq!(status.code(), Some(0));
+    cleanup(&dir);
+}

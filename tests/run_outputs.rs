@@ -119,3 +119,53 @@ fn regression_temporary_directories_go_on_every_exit_path() {
         assert!(leftovers(&dir).is_empty(), "{args:?} left {:?}", leftovers(&dir));
     }
 }
+
+/// Issue 23, item 5: a run killed with `kill -9` leaves its private folder behind; the next run
+/// removes the folders of this user whose owner is gone (no such process, and nothing answers on
+/// the folder's socket), and nothing else: a live owner's folder, a dead pid's folder whose
+/// socket still answers (a run in another pid namespace), another user's folder, a name that is
+/// not a consumer folder's and a symlink all stay, and the symlink's target is untouched.
+#[test]
+fn regression_a_stale_temporary_folder_of_a_dead_owner_is_removed_by_the_next_run() {
+    let dir = scratch("stale");
+    let dead = || {
+        let mut c = Command::new("true").spawn().expect("true");
+        c.wait().expect("wait");
+        c.id()
+    };
+    let (gone, gone_answering) = (dead(), dead());
+    let stale = dir.join(format!("gpufrag-{gone}-0badc0de"));
+    std::fs::create_dir(&stale).expect("stale");
+    // Its socket, no longer listened on, and what a run keeps beside it.
+    drop(std::os::unix::net::UnixListener::bind(stale.join("sock")).expect("bind"));
+    std::fs::write(stale.join("gpufrag_python_hook.py"), "# a copy").expect("write");
+    let live = dir.join(format!("gpufrag-{}-00000001", std::process::id()));
+    std::fs::create_dir(&live).expect("live");
+    let answering = dir.join(format!("gpufrag-{gone_answering}-00000002"));
+    std::fs::create_dir(&answering).expect("answering");
+    let _listening = std::os::unix::net::UnixListener::bind(answering.join("sock")).expect("bind");
+    let not_ours = dir.join(format!("gpufrag-{gone}-notahex1"));
+    std::fs::create_dir(&not_ours).expect("near miss");
+    let target = dir.join("target");
+    std::fs::create_dir(&target).expect("target");
+    std::fs::write(target.join("precious"), "keep").expect("write");
+    let link = dir.join(format!("gpufrag-{gone}-0000000a"));
+    std::os::unix::fs::symlink(&target, &link).expect("symlink");
+    // Another user's (the tests run as root: any uid will do, no account is needed).
+    let others = dir.join(format!("gpufrag-{gone}-0000000b"));
+    std::fs::create_dir(&others).expect("others");
+    std::os::unix::fs::chown(&others, Some(4242), Some(4242)).expect("chown");
+
+    let out = run(&dir, &["--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let now = leftovers(&dir);
+    assert!(!stale.exists(), "the dead owner's folder is still there: {now:?}");
+    for kept in [&live, &answering, &not_ours, &others] {
+        assert!(kept.is_dir(), "{} was removed: {now:?}", kept.display());
+    }
+    assert!(std::fs::symlink_metadata(&link).is_ok_and(|m| m.file_type().is_symlink()), "the symlink went: {now:?}");
+    assert_eq!(std::fs::read_to_string(target.join("precious")).expect("kept"), "keep");
+    // And the run's own folder went at its end, as always.
+    assert_eq!(now.len(), 5, "{now:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -9,6 +9,11 @@
 //! events and a closed socket into `ProcessExit`). A slow owner blocks only the drainer; the
 //! traced processes then drop and count, never wait. Python messages are forwarded only after a full drain pass, so a snapshot
 //! never overtakes the driver events that preceded it.
+//!
+//! The socket lives in a private folder (`gpufrag-PID-XXXXXXXX` in `XDG_RUNTIME_DIR`, else the
+//! temporary folder), removed on every exit path; a run killed before it could leaves it behind,
+//! and the next consumer to start removes such folders of the same user whose owner is gone
+//! ([`remove_stale_dirs`]).
 
 pub mod blocks;
 mod conn;
@@ -54,9 +59,56 @@ pub struct Consumer {
 /// checked by its descriptor, in a base whose folders no other user may change).
 fn private_dir() -> io::Result<PathBuf> {
     let base = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from).filter(|p| p.is_dir()).unwrap_or_else(std::env::temp_dir);
+    remove_stale_dirs(&base);
     crate::private::PrivateDir::fresh(&base, "gpufrag")
         .map(|d| d.path().to_path_buf())
         .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e.to_string()))
+}
+
+/// Whether `name` is a consumer folder's (`gpufrag-PID-XXXXXXXX`, as `PrivateDir::fresh` names
+/// them); its owner's pid.
+fn consumer_dir_owner(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("gpufrag-")?;
+    let (pid, tag) = rest.split_once('-')?;
+    let whole = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()) && tag.len() == 8 && tag.bytes().all(|b| b.is_ascii_hexdigit());
+    whole.then(|| pid.parse().ok()).flatten()
+}
+
+/// Removes the consumer folders in `base` left by runs that were killed before they could
+/// (`kill -9`, a crash): a folder of ours (`gpufrag-PID-XXXXXXXX`, a real directory owned by
+/// this user) whose owner is gone, that is whose pid is no live process and whose socket
+/// accepts no connection (a consumer in another pid namespace that shares the folder still
+/// answers on its socket). Anything else, another user's folders first, is left alone; an error
+/// only leaves the folder where it was.
+pub fn remove_stale_dirs(base: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(base) else { return };
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(consumer_dir_owner) else { continue };
+        if pid == std::process::id() {
+            continue;
+        }
+        let path = entry.path();
+        // lstat: a symlink is not a folder of ours.
+        let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
+        if !meta.is_dir() || meta.uid() != me {
+            continue;
+        }
+        // SAFETY: signal 0 only checks that the process exists.
+        let alive = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
+        if alive {
+            continue;
+        }
+        let sock = path.join("sock");
+        if std::fs::symlink_metadata(&sock).is_ok() && std::os::unix::net::UnixStream::connect(&sock).is_ok() {
+            continue;
+        }
+        // std's remove_dir_all never follows a symlink inside the folder.
+        let _ = std::fs::remove_dir_all(&path);
+    }
 }
 
 impl Consumer {
@@ -209,6 +261,10 @@ fn prefault_loop(shared: Arc<Shared>, new: Receiver<conn::LanePrefaulter>) {
                 if r.run() {
                     regions.push(r);
                 }
+                // In a burst of new processes, the regions of those that exited are let go at
+                // every turn, not only when the burst pauses (the prefaulter holds them weakly,
+                // so this only drops their entries).
+                regions.retain(|r| !r.gone());
             }
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => regions.retain_mut(conn::LanePrefaulter::run),
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,

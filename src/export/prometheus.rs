@@ -2,12 +2,19 @@
 //! the same [`METRICS`] catalogue and views as the OTLP export, with the names and labels a
 //! collector's Prometheus exporter would give them, plus `target_info` carrying the resource.
 //!
-//! Served by hyper's HTTP/1 server connection on a one-worker Tokio runtime of its own: many
-//! connections at once (at most [`MAX_CONNECTIONS`]), keep-alive, and per-connection timeouts
-//! ([`HEADER_READ_TIMEOUT`], which also ends an idle kept-alive connection, and
-//! [`CONNECTION_LIFETIME`]), so an idle or stalled local client delays no scrape. A scrape renders a
-//! view (microseconds for a node's worth of processes). It binds 127.0.0.1 unless given another
-//! address. Why not
+//! Served by hyper's HTTP/1 server connection on a one-worker Tokio runtime of its own:
+//! keep-alive, per-connection timeouts ([`HEADER_READ_TIMEOUT`], which also ends an idle
+//! kept-alive connection, and [`CONNECTION_LIFETIME`]), and a listener that no crowd can starve:
+//! past [`MAX_CONNECTIONS`] held, each new connection is accepted by closing the one quiet for
+//! longest (no request begun since it opened or since its last one), as soon as it has been quiet
+//! for [`QUIET_BEFORE_CLOSING`], as nginx drains its idle keep-alive connections when it runs out
+//! (`ngx_drain_connections`). A limit that only waits for a connection to end (a semaphore before
+//! `accept`, tower's `ConcurrencyLimit`) lets that many half-sent connections that reconnect when
+//! closed keep a scrape in the kernel's queue until their header timeouts (issue 23: 400 of them,
+//! 10 to 17 s). No limit
+//! per client address: the endpoint binds 127.0.0.1 by default, where the scraper and any other
+//! local user share one. A scrape renders a view (microseconds for a node's worth of processes).
+//! It binds 127.0.0.1 unless given another address. Why not
 //! `opentelemetry-prometheus`: it is discontinued (its last release, 0.31, says so), and it would
 //! pull the `prometheus` crate and a second registry for what is a page of text here.
 
@@ -22,12 +29,14 @@ use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::fmt::Write as _;
-use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
-use std::sync::Arc;
-use std::time::Duration;
-use tokio::sync::Semaphore;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
 
 /// The default address of `--prometheus`.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
@@ -118,8 +127,20 @@ pub fn render(view: &View, resource: &[(String, String)]) -> String {
     out
 }
 
-/// Connections served at once; further ones wait in the kernel's accept queue until one ends.
-pub const MAX_CONNECTIONS: usize = 64;
+/// Connections held at once. When the table is full, the connection that has been quiet longest
+/// (no request begun since it opened or since its last request) is closed to make room for the
+/// next one, once it has been quiet for [`QUIET_BEFORE_CLOSING`] ([`Connections::make_room`]):
+/// a crowd of slow, idle or half-open clients then delays a new scrape by about that long,
+/// however many there are and however fast they reconnect.
+pub const MAX_CONNECTIONS: usize = 256;
+/// How long a connection is left to send a request (after it opened, or after its last request)
+/// before it may be closed to make room. A scraper sends its request with the connection's first
+/// packet, so it is read at once; a crowd of more clients than [`MAX_CONNECTIONS`] that all send
+/// their requests is served in turns of this length, none of them closed.
+pub const QUIET_BEFORE_CLOSING: Duration = Duration::from_millis(100);
+/// The kernel's queue of connections not yet accepted (`listen`'s backlog; the kernel caps it at
+/// `net.core.somaxconn`, 4096 by default): what waits while the table is full.
+pub const ACCEPT_BACKLOG: u32 = 4096;
 /// How long a connection may take to send a request's head, counted from when it starts waiting
 /// for one: hyper starts this timer on a new connection and again after each response, so it is
 /// also the idle timeout of a kept-alive connection. A stalled half request or an idle connection
@@ -144,17 +165,144 @@ pub struct Endpoint {
 struct Page {
     reader: Reader,
     resource: Vec<(String, String)>,
+    connections: Arc<Connections>,
+}
+
+/// The connections held, each with the time it last showed life (opened, or began a request), and
+/// the handle that closes it. Only the endpoint's one worker thread touches it, so the lock is
+/// never contended; it is held for a lookup or a scan of at most [`MAX_CONNECTIONS`] entries.
+#[derive(Default)]
+struct Connections {
+    table: Mutex<Table>,
+    /// Signalled when a connection ends: the accept loop may be waiting for room.
+    freed: Notify,
+}
+
+#[derive(Default)]
+struct Table {
+    next_id: u64,
+    held: HashMap<u64, Held>,
+}
+
+struct Held {
+    active_at: Instant,
+    /// Its task has run at least once, so hyper has read what the client sent before it was
+    /// accepted (a scraper's whole request, usually): until then it is never closed to make room.
+    polled: bool,
+    close: Option<AbortHandle>,
+}
+
+/// What the accept loop may do next.
+enum Room {
+    /// Accept: the table has room (perhaps just made).
+    Free,
+    /// Every connection held is busy or was heard from too recently: wait this long at most (a
+    /// connection that ends wakes the loop sooner).
+    Wait(Duration),
+}
+
+impl Connections {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        // A panic while holding it leaves a table that is still consistent (single-field updates).
+        self.table.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Room for one more connection: free already, made by closing the connection quiet for
+    /// longest among those whose task has run if it has been quiet for [`QUIET_BEFORE_CLOSING`],
+    /// or how long to wait until one will have been.
+    fn make_room(&self) -> Room {
+        let mut t = self.lock();
+        if t.held.len() < MAX_CONNECTIONS {
+            return Room::Free;
+        }
+        let now = Instant::now();
+        let quietest = t.held.iter().filter(|(_, h)| h.polled).min_by_key(|(id, h)| (h.active_at, **id)).map(|(&id, h)| (id, h.active_at));
+        match quietest {
+            Some((id, at)) if now.duration_since(at) >= QUIET_BEFORE_CLOSING => {
+                let close = t.held.remove(&id).and_then(|h| h.close);
+                drop(t);
+                // Outside the lock: the closed connection's task takes it when it ends.
+                if let Some(close) = close {
+                    close.abort();
+                }
+                Room::Free
+            }
+            Some((_, at)) => Room::Wait(QUIET_BEFORE_CLOSING.saturating_sub(now.duration_since(at))),
+            // None has been polled yet: their tasks run before the loop's next turn.
+            None => Room::Wait(Duration::from_millis(1)),
+        }
+    }
+
+    /// Registers a new connection; its id.
+    fn admit(&self) -> u64 {
+        let mut t = self.lock();
+        let id = t.next_id;
+        t.next_id += 1;
+        t.held.insert(id, Held { active_at: Instant::now(), polled: false, close: None });
+        id
+    }
+
+    /// Hands the closing handle of connection `id` (if it is still held: it may have ended).
+    fn closed_by(&self, id: u64, close: AbortHandle) {
+        if let Some(h) = self.lock().held.get_mut(&id) {
+            h.close = Some(close);
+        }
+    }
+
+    /// Connection `id`'s task runs: hyper is about to read what it sent.
+    fn polled(&self, id: u64) {
+        if let Some(h) = self.lock().held.get_mut(&id) {
+            h.polled = true;
+        }
+    }
+
+    /// Connection `id` began a request.
+    fn touch(&self, id: u64) {
+        if let Some(h) = self.lock().held.get_mut(&id) {
+            h.active_at = Instant::now();
+        }
+    }
+
+    /// Connection `id` ended (or was closed to make room).
+    fn release(&self, id: u64) {
+        self.lock().held.remove(&id);
+        self.freed.notify_one();
+    }
+
+    /// Closes the quietest connection at once (accept failed for want of a file descriptor);
+    /// whether there was one.
+    fn evict_one(&self) -> bool {
+        let mut t = self.lock();
+        let Some((&id, _)) = t.held.iter().min_by_key(|(id, h)| (!h.polled, h.active_at, **id)) else { return false };
+        let close = t.held.remove(&id).and_then(|h| h.close);
+        drop(t);
+        if let Some(close) = close {
+            close.abort();
+        }
+        true
+    }
+}
+
+/// Removes a connection's entry when its task ends, however it ends (finished, failed, aborted).
+struct Release {
+    connections: Arc<Connections>,
+    id: u64,
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.connections.release(self.id);
+    }
 }
 
 impl Endpoint {
     /// Binds `addr` and serves `/metrics` from `reader` on a thread of its own
-    /// (`gpufrag-prometheus`, a one-worker Tokio runtime): up to [`MAX_CONNECTIONS`] connections
-    /// at once, HTTP/1.1 with keep-alive, each under [`HEADER_READ_TIMEOUT`] and
-    /// [`CONNECTION_LIFETIME`], so a stalled or idle client delays no other scrape.
+    /// (`gpufrag-prometheus`, a one-worker Tokio runtime): HTTP/1.1 with keep-alive, up to
+    /// [`MAX_CONNECTIONS`] held at once (past that the quietest is closed for each new one once
+    /// it has been quiet for [`QUIET_BEFORE_CLOSING`]), each
+    /// under [`HEADER_READ_TIMEOUT`] and [`CONNECTION_LIFETIME`], so no number of stalled or idle
+    /// clients delays a scrape.
     pub fn start(addr: SocketAddr, reader: Reader, resource: Vec<(String, String)>) -> anyhow::Result<Endpoint> {
-        let listener = TcpListener::bind(addr).with_context(|| format!("binding the Prometheus endpoint to {addr}"))?;
-        let addr = listener.local_addr()?;
-        listener.set_nonblocking(true).context("the Prometheus endpoint's socket")?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .max_blocking_threads(1)
@@ -165,9 +313,15 @@ impl Endpoint {
             .context("starting the Prometheus endpoint's thread")?;
         let listener = {
             let _in = runtime.enter();
-            tokio::net::TcpListener::from_std(listener).context("the Prometheus endpoint's socket")?
+            let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() }
+                .context("the Prometheus endpoint's socket")?;
+            socket.set_reuseaddr(true).context("the Prometheus endpoint's socket")?;
+            socket.bind(addr).with_context(|| format!("binding the Prometheus endpoint to {addr}"))?;
+            socket.listen(ACCEPT_BACKLOG).with_context(|| format!("listening on {addr} for the Prometheus endpoint"))?
         };
-        runtime.spawn(accept(listener, Arc::new(Page { reader, resource })));
+        let addr = listener.local_addr()?;
+        let connections = Arc::new(Connections::default());
+        runtime.spawn(accept(listener, Arc::new(Page { reader, resource, connections })));
         Ok(Endpoint { addr, runtime: Some(runtime) })
     }
 
@@ -187,31 +341,43 @@ impl Drop for Endpoint {
 }
 
 async fn accept(listener: tokio::net::TcpListener, page: Arc<Page>) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let connections = page.connections.clone();
     loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else { return };
+        while let Room::Wait(d) = connections.make_room() {
+            let _ = tokio::time::timeout(d, connections.freed.notified()).await;
+        }
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
-            Err(_) => {
-                // Out of file descriptors, or a connection reset before it was accepted: the
-                // next accept may succeed; do not spin.
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            Err(e) => {
+                // Out of file descriptors: close the quietest connection and try again. Anything
+                // else (a connection reset before it was accepted) concerns that one connection;
+                // the pause keeps a persistent failure from spinning.
+                let fds = matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE));
+                if !(fds && connections.evict_one()) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
                 continue;
             }
         };
+        let id = connections.admit();
+        let release = Release { connections: connections.clone(), id };
         let page = page.clone();
-        tokio::spawn(async move {
-            connection(stream, page).await;
-            drop(slot);
+        let task = tokio::spawn(async move {
+            let _release = release;
+            connection(stream, page, id).await;
         });
+        connections.closed_by(id, task.abort_handle());
     }
 }
 
-async fn connection(stream: tokio::net::TcpStream, page: Arc<Page>) {
+async fn connection(stream: tokio::net::TcpStream, page: Arc<Page>, id: u64) {
+    page.connections.polled(id);
     let _ = stream.set_nodelay(true);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT).max_buf_size(MAX_HEAD_BYTES);
     let service = service_fn(move |req: Request<Incoming>| {
+        // Called as soon as hyper has parsed the head, in the same poll that read it.
+        page.connections.touch(id);
         let page = page.clone();
         async move { Ok::<_, Infallible>(respond(&page, req.method(), req.uri().path())) }
     });
