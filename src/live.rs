@@ -175,6 +175,14 @@ impl Live {
     fn apply_placed_text(&mut self, e: &Event, text: &[u8]) {
         let text = &text[..text.len().min(u16::MAX as usize)];
         let e = &Event { text_len: text.len() as u16, ..*e };
+        // A record part about to fill begins the next with the state before this event, so that
+        // each part replays exactly on its own.
+        if let Some(w) = self.record.as_mut().filter(|w| w.rotates_before(text.len())) {
+            if let Err(err) = w.rotate(e.ts_ns, &self.state.seed_events(e.ts_ns)) {
+                self.record_error = Some(err.to_string());
+                self.record = None;
+            }
+        }
         let ooms = self.state.ooms.len();
         self.state.apply_text(e, text);
         if self.state.ooms.len() > ooms && e.pid != 0 {
@@ -512,7 +520,7 @@ impl Live {
         }
         s.framework_stats = self.framework_reports.values().cloned().collect();
         if let Some(r) = self.record.as_ref().filter(|r| r.rotations > 0) {
-            s.notes.push(format!("the record file reached its size cap and rotated {} time(s): the part before the current one is kept as FILE.1, older parts were let go; a part after the first starts mid-stream", r.rotations));
+            s.notes.push(format!("the record file reached its size cap and rotated {} time(s): the part before the current one is kept as FILE.1, older parts were let go; a part after the first begins with the state at its start (settings, devices, segments and live blocks), so it replays on its own", r.rotations));
         }
         if let Some(e) = &self.record_error {
             s.notes.push(format!("the record file stopped at an error: {e}"));
@@ -560,5 +568,94 @@ mod exec_tests {
         assert_eq!(live.processes.len(), 1, "{:?}", live.processes);
         assert_eq!(live.state.device_figures(0).reserved, 0, "the pre-exec 32 MiB went with the old image");
         assert!(live.state.exact(), "{:?}", live.state.anomalies);
+    }
+}
+
+#[cfg(test)]
+mod rotation_tests {
+    use super::*;
+    use crate::event::F_DEVICE_FREE_KNOWN;
+
+    const MIB: u64 = 1 << 20;
+
+    type Story = (Vec<((u32, i16), crate::map::Figures)>, Vec<(u32, String, Vec<String>)>);
+
+    /// Each space's figures and each process's settings: what a part's replay must reproduce.
+    fn story(s: &State) -> Story {
+        let figures = s.spaces.iter().map(|(k, v)| (*k, v.map.figures())).collect();
+        let settings = [7u32].iter().filter_map(|&p| s.settings_of(p).map(|x| (p, x.at_start.clone(), x.changes.clone()))).collect();
+        (figures, settings)
+    }
+
+    /// Applies `m`; when it made the record rotate, `closed` becomes the live state before it
+    /// (what the part just closed must replay to).
+    fn step(live: &mut Live, m: Msg, closed: &mut Option<Story>) {
+        let before = story(&live.state);
+        let rotations = live.record.as_ref().map_or(0, |r| r.rotations);
+        live.handle(m);
+        if live.record.as_ref().map_or(0, |r| r.rotations) > rotations {
+            *closed = Some(before);
+        }
+    }
+
+    /// Issue 23 item 5: a part of a rotated record after the first began mid-stream (frees of
+    /// blocks it never saw, figures inexact). Each part now begins with the state at its start:
+    /// the last part replays alone to the live state at the end, the part before it to the live
+    /// state at the moment it was closed; neither meets an anomaly, across a settings change.
+    #[test]
+    fn regression_every_part_of_a_rotated_record_replays_on_its_own_to_the_live_state_at_its_end() {
+        let dir = std::env::temp_dir().join(format!("gpufrag-rotation-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("r.rec");
+        let mut live = Live::new(Some(&path), true).expect("live");
+        live.cap_record(&path, 64 * 80).expect("cap");
+        let mut closed = None;
+        let fact =
+            |ts, text: &str| Msg::Fact { event: Event { ts_ns: ts, ..Event::new(EventKind::AllocSettings, 7, -1) }, text: text.into() };
+        step(&mut live, fact(500, "roundup_power2_divisions:2"), &mut closed);
+        let info = Event {
+            ts_ns: 900,
+            size: 16 << 30,
+            device_free: 12 << 30,
+            flags: F_DEVICE_FREE_KNOWN,
+            ..Event::new(EventKind::DeviceInfo, 0, 0)
+        };
+        step(&mut live, Msg::Event(info), &mut closed);
+        let base = 0x7f00_0000_0000u64;
+        let mut ts = 1_000;
+        let mut rotations_seen = Vec::new();
+        for i in 0..60u64 {
+            let seg = base + i * (64 * MIB);
+            let mut events = vec![
+                Event { addr: seg, size: 20 * MIB, ..Event::new(EventKind::MemAlloc, 7, 0) },
+                // Sizes that the settings round differently from the defaults.
+                Event { addr: seg, requested: 3 * MIB + 1000 + i, ..Event::new(EventKind::BlockAlloc, 7, 0) },
+                Event { addr: seg + 6 * MIB, requested: 5 * MIB + 7, ..Event::new(EventKind::BlockAlloc, 7, 0) },
+            ];
+            if i % 3 == 0 {
+                events.push(Event { addr: seg, ..Event::new(EventKind::BlockFree, 7, -1) });
+            }
+            for e in events {
+                ts += 1_000;
+                step(&mut live, Msg::Event(Event { ts_ns: ts, ..e }), &mut closed);
+            }
+            if i == 30 {
+                ts += 1_000;
+                step(&mut live, fact(ts, "max_split_size_mb:128"), &mut closed);
+            }
+            rotations_seen.push(live.record.as_ref().map_or(0, |r| r.rotations));
+        }
+        let rotations = live.record.as_ref().map_or(0, |r| r.rotations);
+        assert!(rotations >= 3, "the cap rotates the record several times: {rotations} ({rotations_seen:?})");
+        live.finish();
+        let last = crate::input::load(&path).expect("last part");
+        assert!(last.state.anomalies.is_empty(), "{:?}", last.state.anomalies);
+        assert_eq!(story(&last.state), story(&live.state), "the last part replays to the live state at the end");
+        assert!(last.state.exact(), "the last part is exact on its own");
+        let previous = crate::input::load(&record::Rotating::previous_part(&path)).expect("previous part");
+        assert!(previous.state.anomalies.is_empty(), "{:?}", previous.state.anomalies);
+        assert_eq!(Some(story(&previous.state)), closed, "the previous part replays to the live state when it was closed");
+        assert!(previous.state.exact(), "the previous part is exact on its own");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

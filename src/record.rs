@@ -421,15 +421,20 @@ pub fn entry_bytes(text_len: usize) -> u64 {
 /// A record file with an optional size cap (`agent --record-max-bytes`): when the next entry
 /// would take the file past the cap, the file gets its end marker and is renamed to `PATH.1`
 /// (replacing the part kept before), and a fresh `PATH` starts, so at most twice the cap is on
-/// disk. Each part is a whole record file; a part after the first starts mid-stream, so a replay
-/// of it alone meets frees of allocations it never saw (counted as anomalies, the figures then
-/// marked inexact).
+/// disk. Each part is a whole record file. The live pipeline rotates through [`Rotating::rotate`]
+/// with the state at that moment as events ([`crate::ingest::State::seed_events`]), which begin
+/// the new part, so that every part replays exactly on its own; a part rotated by
+/// [`Rotating::write_text`] alone (no state at hand) starts mid-stream, and a replay of it meets
+/// frees of allocations it never saw (counted as anomalies, the figures then marked inexact).
 pub struct Rotating {
     path: PathBuf,
     max_bytes: Option<u64>,
     w: Option<Writer<File>>,
     /// Rotations so far.
     pub rotations: u64,
+    /// Entries the current part began with (its seed): a part holding only them is not rotated
+    /// again, whatever the cap.
+    seeded: u64,
 }
 
 impl Rotating {
@@ -437,7 +442,7 @@ impl Rotating {
     /// the end marker is raised to that).
     pub fn create(path: &Path, max_bytes: Option<u64>) -> io::Result<Rotating> {
         let max_bytes = max_bytes.map(|m| m.max((HEADER_LEN + 2 * EVENT_SIZE) as u64));
-        Ok(Rotating { path: path.to_path_buf(), max_bytes, w: Some(Writer::create(path)?), rotations: 0 })
+        Ok(Rotating { path: path.to_path_buf(), max_bytes, w: Some(Writer::create(path)?), rotations: 0, seeded: 0 })
     }
 
     /// The part kept before the current one.
@@ -457,20 +462,37 @@ impl Rotating {
         self.write_text(e, &[])
     }
 
-    /// Appends one event and its text, rotating first when they would not fit.
+    /// Whether an entry with `text_len` bytes of text would rotate the file first: it and, after
+    /// it, the end marker would not fit under the cap in a part holding more than its seed.
+    pub fn rotates_before(&self, text_len: usize) -> bool {
+        match (self.max_bytes, self.w.as_ref()) {
+            (Some(max), Some(w)) => w.written() > self.seeded && w.bytes() + entry_bytes(text_len) + EVENT_SIZE as u64 > max,
+            _ => false,
+        }
+    }
+
+    /// Ends the current part (its end marker stamped `ts_ns`), keeps it as `PATH.1`, and starts a
+    /// fresh `PATH` with `seed` (the state at this moment as events) as its first entries.
+    pub fn rotate(&mut self, ts_ns: u64, seed: &[(Event, Vec<u8>)]) -> io::Result<()> {
+        let full = self.w.take().ok_or_else(|| io::Error::other("the record file is already closed"))?;
+        full.finish_at(ts_ns)?;
+        let previous = Self::previous_part(&self.path);
+        std::fs::rename(&self.path, &previous)
+            .map_err(|e| io::Error::new(e.kind(), format!("rotating {} to {}: {e}", self.path.display(), previous.display())))?;
+        let mut w = Writer::create(&self.path)?;
+        for (e, text) in seed {
+            w.write_text(e, text)?;
+        }
+        self.seeded = w.written();
+        self.w = Some(w);
+        self.rotations += 1;
+        Ok(())
+    }
+
+    /// Appends one event and its text, rotating first (without a seed) when they would not fit.
     pub fn write_text(&mut self, e: &Event, text: &[u8]) -> io::Result<()> {
-        if let Some(max) = self.max_bytes {
-            let w = self.writer()?;
-            // The entry and, after it, the end marker must fit under the cap.
-            if w.written() > 0 && w.bytes() + entry_bytes(text.len()) + EVENT_SIZE as u64 > max {
-                let full = self.w.take().ok_or_else(|| io::Error::other("the record file is already closed"))?;
-                full.finish_at(e.ts_ns)?;
-                let previous = Self::previous_part(&self.path);
-                std::fs::rename(&self.path, &previous)
-                    .map_err(|e| io::Error::new(e.kind(), format!("rotating {} to {}: {e}", self.path.display(), previous.display())))?;
-                self.w = Some(Writer::create(&self.path)?);
-                self.rotations += 1;
-            }
+        if self.rotates_before(text.len()) {
+            self.rotate(e.ts_ns, &[])?;
         }
         self.writer()?.write_text(e, text)
     }

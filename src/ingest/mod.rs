@@ -26,6 +26,7 @@
 pub mod histogram;
 pub mod holders;
 pub mod oom_rule;
+mod seed;
 pub mod settings;
 
 pub use oom_rule::{OomOutcome, OOM_HOLD_NS};
