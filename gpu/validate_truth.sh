@@ -10,7 +10,11 @@
 #     garbage_collection_threshold:0.6,max_split_size_mb:64: allocated and reserved equal to
 #     memory_stats() (the agent reads each process's PYTORCH_CUDA_ALLOC_CONF at exec, an event);
 #  3. the fraction OOM under `agent` carries PyTorch's allowed bytes (fraction × total);
-#  4. a JAX program that catches its BFC fragmentation OOM gets the OOM and verdict under `run`;
+#  4. a JAX program that catches its BFC fragmentation OOM gets the OOM and verdict under `run`
+#     (one OOM in the summary and on the live line, XLA's request, memory_stats()'s figures, and
+#     the run's record replays to the same), and so does a CuPy program that catches its pool's
+#     OutOfMemoryError (CuPy's request, the pool's used/total bytes); each program's own handler
+#     gets the error and the program ends normally;
 #  5. the fix in the live line of a PyTorch fragmentation OOM (frag_oom.py) equals `gpufrag
 #     whatif` of the run's record.
 # Budget: under 4 minutes.
@@ -82,19 +86,49 @@ time.sleep(2)
 PY
 cat > $W/jax_catch.py <<'PY'
 # a BFC fragmentation OOM that the program catches: 20 chunks of 1/24 of the pool, every other
-# one freed (holes of 1/24), then a request of 1/4 (more than any hole, less than all free)
+# one freed (holes of 1/24), then a request of 1/4 (more than any hole, less than all free); the
+# handler reads memory_stats() and the program runs on
 import json, os, sys, jax, jax.numpy as jnp
 d = jax.devices()[0]; pool = d.memory_stats()["bytes_limit"]
 n = pool // 24 // 4
 keep = [jnp.ones((n,), jnp.float32) for _ in range(20)]
 for a in keep: a.block_until_ready()
 for i in range(0, 20, 2): keep[i].delete()
-caught = ""
+caught, st, want = "", {}, pool // 4 // 4 * 4
 try:
     jnp.ones((pool // 4 // 4,), jnp.float32).block_until_ready()
 except Exception as e:
     caught = type(e).__name__ + ": " + str(e).splitlines()[0][:200]
-json.dump({"pid": os.getpid(), "caught": caught}, open(sys.argv[1], "w"))
+    st = {k: int(v) for k, v in d.memory_stats().items()}
+del keep
+y = jnp.ones((n,), jnp.float32).block_until_ready()  # runs on
+json.dump({"pid": os.getpid(), "caught": caught, "requested": want, "stats": st, "ran_on": True}, open(sys.argv[1], "w"))
+PY
+cat > $W/cupy_catch.py <<'PY'
+# a CuPy pool fragmentation OOM that the program catches: one array of 90 % of the free memory
+# freed into the pool, 20 arrays of 1/20 of it carved from that chunk, every other one freed
+# (holes of 1/20 inside a segment that holds live chunks), then 30 % of it asked for: more than
+# the device's free and any hole, less than both together; the handler reads the pool and the
+# program runs on
+import json, os, sys, cupy
+pool = cupy.get_default_memory_pool()
+free0 = cupy.cuda.runtime.memGetInfo()[0]
+seg = int(free0 * 0.9) // 512 * 512
+big = cupy.empty(seg, dtype=cupy.uint8); del big
+part = seg // 20 // 512 * 512
+keep = [cupy.empty(part, dtype=cupy.uint8) for _ in range(20)]
+del keep[::2]
+cupy.cuda.Device().synchronize()
+want = int(seg * 0.3) // 512 * 512
+caught, st = "", {}
+try:
+    x = cupy.empty(want, dtype=cupy.uint8)
+except cupy.cuda.memory.OutOfMemoryError as e:
+    caught = type(e).__name__ + ": " + str(e)[:200]
+    st = {"used_bytes": int(pool.used_bytes()), "total_bytes": int(pool.total_bytes()), "free_bytes": int(pool.free_bytes()), "device_free": int(cupy.cuda.runtime.memGetInfo()[0])}
+del keep
+y = cupy.empty(part, dtype=cupy.uint8)  # runs on
+json.dump({"pid": os.getpid(), "caught": caught, "requested": want, "stats": st, "ran_on": True}, open(sys.argv[1], "w"))
 PY
 
 agent_run() { # tag, env, script args...: the agent around one workload
@@ -160,18 +194,45 @@ ok = bool(o) and o[0]["verdict"] == "allowed_limit" and got == t["allowed"]
 print(f"{'PASS' if ok else 'FAIL'} fraction_allowed_agent torch allowed={t['allowed']:,} agent allowed={got} verdict={o[0]['verdict'] if o else None} ({t['message'][:120]})")
 PY
 
-# 4. JAX's caught BFC OOM under run
-timeout 90 $B/gpufrag run --no-report --no-feed --summary-json $W/jax.run.json -- python3 $W/jax_catch.py $W/jax.torch.json > $W/jax.run.out 2>&1
-python3 - $W/jax.run.json $W/jax.torch.json <<'PY' | tee -a $R
+# 4. JAX's caught BFC OOM and CuPy's caught pool OOM under run (not quiet: the live line is in .out)
+for fw in jax cupy; do
+  timeout 120 $B/gpufrag run --no-report --no-feed --summary-json $W/$fw.run.json --record $W/$fw.rec -- python3 $W/${fw}_catch.py $W/$fw.prog.json > $W/$fw.run.out 2>&1
+  $B/gpufrag analyze --json $W/$fw.rec > $W/$fw.replay.json 2>>$L
+  python3 - $fw $W/$fw.run.json $W/$fw.prog.json $W/$fw.run.out $W/$fw.replay.json <<'PY' | tee -a $R
 import json, sys
+fw, run, prog, out, rep = sys.argv[1:]
+name = {"jax": "jax_caught_oom_run", "cupy": "cupy_caught_oom_run"}[fw]
+want_fw = {"jax": "xla", "cupy": "cupy"}[fw]
 try:
-    s = json.load(open(sys.argv[1])); t = json.load(open(sys.argv[2]))
+    s = json.load(open(run)); t = json.load(open(prog))
 except Exception as e:
-    print(f"FAIL jax_caught_oom_run no result: {e}"); sys.exit()
-o = [o for o in s["ooms"] if o["pid"] == t["pid"] and o.get("framework") == "xla"]
-ok = bool(t["caught"]) and bool(o) and o[0]["verdict"] == "fragmentation"
-print(f"{'PASS' if ok else 'FAIL'} jax_caught_oom_run caught={t['caught'][:100]!r} gpufrag xla ooms={len(o)} verdict={o[0]['verdict'] if o else None} requested={o[0]['requested'] if o else None}")
+    print(f"FAIL {name} no result: {e}"); sys.exit()
+o = [o for o in s["ooms"] if o["pid"] == t["pid"]]
+live = [l for l in open(out) if l.startswith("[gpufrag] OOM in pid")]
+st = t["stats"]
+if fw == "jax":
+    figs = {"reserved": st.get("pool_bytes"), "allocated": st.get("bytes_in_use"), "largest_free_block": st.get("largest_free_block_bytes")}
+else:
+    figs = {"reserved": st.get("total_bytes"), "allocated": st.get("used_bytes")}
+got = {k: o[0].get(k) for k in figs} if o else {}
+ok = bool(t["caught"]) and t.get("ran_on") and len(o) == 1 and len(live) == 1 and o[0].get("framework") == want_fw and o[0]["verdict"] == "fragmentation"
+# XLA writes the size rounded in some messages (11.85GiB): within half a unit of its last digit there
+req = o[0]["requested"] if o else None
+ok = ok and req is not None and (req == t["requested"] if fw == "cupy" else abs(req - t["requested"]) <= 0.005 * (1 << 30))
+# the BFC's / pool's figures as the framework read them in the handler (the BFC may free a few
+# small chunks of the failing call before the handler reads: 1 MiB of slack for XLA's in-use)
+slack = {"allocated": (1 << 20) if fw == "jax" else 0}
+ok = ok and all(got.get(k) is not None and v is not None and abs(got[k] - v) <= slack.get(k, 0) for k, v in figs.items())
+ro = []
+try:
+    r = json.load(open(rep)); ro = [x for x in r["ooms"] if x["pid"] == t["pid"]]
+    replay_same = len(ro) == 1 and all(ro[0].get(k) == o[0].get(k) for k in ["requested", "verdict", "reserved", "allocated", "stranded", "largest_free_block"])
+except Exception as e:
+    replay_same = False
+print(f"{'PASS' if ok else 'FAIL'} {name} caught={t['caught'][:100]!r} ooms={len(o)} live_ooms={len(live)} framework={o[0].get('framework') if o else None} verdict={o[0]['verdict'] if o else None} requested gpufrag={req} program={t['requested']} figures gpufrag={got} framework={figs}")
+print(f"{'PASS' if replay_same else 'FAIL'} {name}_replay live={[(x['requested'], x['verdict'], x.get('stranded')) for x in o]} replay={[(x['requested'], x['verdict'], x.get('stranded')) for x in ro]}")
 PY
+done
 
 # 5. the live fix equals whatif of the run's record
 ( cd $W && OUT=$W timeout 120 $B/gpufrag run --no-report --no-feed --summary-json $W/frag.run.json --record $W/frag.rec -- python3 $S/frag_oom.py frag > $W/frag.run.out 2>&1 )

@@ -293,7 +293,7 @@ impl Live {
                 };
                 self.framework_reports.insert((r.pid, r.device, r.framework, when), r);
             }
-            Msg::FrameworkOom { pid, framework, device, requested, device_free, requested_text } => {
+            Msg::FrameworkOom { pid, framework, device, requested, device_free, requested_text, pool_total } => {
                 if let Some(t) = requested_text {
                     self.warnings.push(format!(
                         "pid {pid}: the {} OOM's requested size {requested} B is parsed from the error message's \"{t}\", which is rounded (two decimals of its unit): the program's own request may differ by up to half the last digit",
@@ -324,6 +324,19 @@ impl Live {
                         ..Event::new(EventKind::FrameworkFigures, pid, device)
                     };
                     self.apply(&figures);
+                }
+                // CuPy's error names its pool's total: the map built from its MemoryHook's chunks
+                // must hold the same (a note says where it does not).
+                if let Some(total) = pool_total {
+                    let o =
+                        self.state.ooms.iter().rev().find(|o| o.pid == pid && o.op == Some(EventKind::BlockAlloc) && o.ts_ns == e.ts_ns);
+                    if let Some(o) = o.filter(|o| o.figures.reserved != total) {
+                        self.warnings.push(format!(
+                            "pid {pid}: {}'s own error gives its pool's total at the OOM as {total} B, the traced reserved is {} B",
+                            framework.allocator(),
+                            o.figures.reserved
+                        ));
+                    }
                 }
             }
             Msg::Named { pid, name } => {

@@ -89,7 +89,7 @@ pub enum Msg {
     /// A framework's own statistics from a Python hook (JAX's `memory_stats()`, CuPy's pool).
     FrameworkStats(crate::alloc::FrameworkReport),
     /// A framework's out-of-memory error reached the Python hook (XLA's RESOURCE_EXHAUSTED, CuPy's
-    /// OutOfMemoryError).
+    /// OutOfMemoryError) when the framework made it, caught by the program or not.
     FrameworkOom {
         /// The process.
         pid: u32,
@@ -104,6 +104,8 @@ pub enum Msg {
         /// The size as the message writes it, when it is rounded there (XLA writes `11.85GiB`:
         /// two decimals of the largest unit), so `requested` is only as exact as that text.
         requested_text: Option<String>,
+        /// The pool's total bytes as the framework's error gives them (CuPy's `total` argument).
+        pool_total: Option<u64>,
     },
     /// A Python hook's message could not be used, or a source has something to say.
     Warning(String),

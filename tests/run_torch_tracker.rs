@@ -263,54 +263,6 @@ mod tool_support;
 mod story;
 use story::{analyze, assert_replays};
 
-/// What the exporters said of the record's events (replayed through a real exporter, as `run`
-/// feeds it): (Prometheus text from its endpoint, OTLP points a real collector received; `None`
-/// without rotel-agent, where the tool skip mechanism says so).
-fn exported(record: &Path, dir: &Path) -> (String, Option<Vec<export_support::Received>>) {
-    use export_support::*;
-    let events = gpufrag::record::read(record).expect("record").events;
-    let prom = free_port();
-    let rotel = rotel_agent().map(|bin| {
-        let (grpc, http) = (free_port(), free_port());
-        (Rotel::start(&bin, dir, grpc, http), http)
-    });
-    let args = gpufrag::export::ExportArgs {
-        otlp: rotel.as_ref().map(|(_, http)| format!("http://127.0.0.1:{http}")),
-        otlp_protocol: Some(gpufrag::export::otlp::Protocol::HttpProtobuf),
-        otlp_interval: Some(std::time::Duration::from_millis(300)),
-        prometheus: Some(format!("127.0.0.1:{prom}")),
-        nvml_lib: Some("none".into()),
-    };
-    let mut exporter = gpufrag::export::exporter_from_args(&args, std::sync::Arc::new(|_: &str| {})).expect("exporter");
-    gpufrag::export::replay(&events, &mut exporter, std::time::Duration::from_millis(700));
-    let text = http_get(prom, "/metrics").expect("a Prometheus scrape");
-    let otlp = match rotel {
-        Some((r, _)) => Some(r.wait_for(std::time::Duration::from_secs(10), |g| !points(g, "gpufrag.alloc_retries", &[]).is_empty())),
-        None => {
-            require("rotel-agent", None, "pip install rotel");
-            None
-        }
-    };
-    (text, otlp)
-}
-
-/// The sum of a Prometheus counter's series.
-fn prom_sum(text: &str, name: &str) -> u64 {
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
-        .map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or_else(|| panic!("{l}")) as u64)
-        .sum()
-}
-
-/// The sum of the last value of each series of an OTLP metric.
-fn otlp_sum(got: &[export_support::Received], metric: &str) -> u64 {
-    let mut last = std::collections::BTreeMap::new();
-    for r in export_support::points(got, metric, &[]) {
-        last.insert(format!("{:?}", r.attrs), r.value.parse::<u64>().unwrap_or_else(|_| panic!("{metric} {}", r.value)));
-    }
-    last.values().sum()
-}
-
 /// One OOM story in every output: the summary, the live line (the verdict printed on stderr), the
 /// record's replay (`analyze`), the report, Prometheus and OTLP: `ooms` OOMs and `retries` retries.
 fn assert_every_output(sc: &Scratch, mode: &str, ooms: u64, retries: u64) {
@@ -336,10 +288,18 @@ fn assert_every_output(sc: &Scratch, mode: &str, ooms: u64, retries: u64) {
         &html[html.find("id=\"retries\"").unwrap_or(0)..][..300]
     );
     // The exporters.
-    let (prom, otlp) = exported(&record, &sc.dir);
-    assert_eq!((prom_sum(&prom, "gpufrag_ooms_total"), prom_sum(&prom, "gpufrag_alloc_retries_total")), (ooms, retries), "{prom}");
+    let (prom, otlp) = export_support::exported(&record, &sc.dir);
+    assert_eq!(
+        (export_support::prom_sum(&prom, "gpufrag_ooms_total"), export_support::prom_sum(&prom, "gpufrag_alloc_retries_total")),
+        (ooms, retries),
+        "{prom}"
+    );
     if let Some(got) = otlp {
-        assert_eq!((otlp_sum(&got, "gpufrag.ooms"), otlp_sum(&got, "gpufrag.alloc_retries")), (ooms, retries), "OTLP");
+        assert_eq!(
+            (export_support::otlp_sum(&got, "gpufrag.ooms"), export_support::otlp_sum(&got, "gpufrag.alloc_retries")),
+            (ooms, retries),
+            "OTLP"
+        );
     }
 }
 

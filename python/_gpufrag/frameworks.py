@@ -1,38 +1,30 @@
 """JAX and CuPy under `gpufrag run`, once the program has imported them (never imported here).
 
 - JAX: every GPU device's `memory_stats()` (XLA's BFC allocator: bytes_in_use, pool_bytes,
-  largest_free_block_bytes, bytes_limit, peak_bytes_in_use, num_allocs...) every interval, at exit,
-  and when an XLA RESOURCE_EXHAUSTED error ("Out of memory while trying to allocate N bytes")
-  reaches sys.excepthook or threading.excepthook, with the request parsed from the message: frame 5
-  (stats) and frame 6 (the OOM), JSON, each naming its source. An OOM the program catches itself is
-  not seen here (the eBPF probes see it).
+  largest_free_block_bytes, bytes_limit, peak_bytes_in_use, num_allocs...) every interval and at
+  exit (frame 5, JSON, naming its source).
 - CuPy: a `cupy.cuda.memory_hook.MemoryHook` installed for every thread (CuPy's hooks are
   per-thread; `threading.Thread.run` is wrapped so threads started later get it too) sends each
   pool chunk handed out (`malloc_postprocess`: size, mem_size, mem_ptr, pmem_id) and returned
   (`free_postprocess`) as gpufrag wire events (frame 4), so the address map holds CuPy's chunks
-  exactly; the pool's own used/total/free bytes go with the periodic stats, and a
-  cupy.cuda.memory.OutOfMemoryError is an OOM frame with the request and `memGetInfo`'s free.
+  exactly; the pool's own used/total/free bytes go with the periodic stats.
+- Their out-of-memory errors, XLA's RESOURCE_EXHAUSTED (`jax.errors.JaxRuntimeError`) and CuPy's
+  `cupy.cuda.memory.OutOfMemoryError`, are seen when the framework makes them (oom_errors: the
+  class's constructor), caught by the program or not: the framework's statistics read at that
+  moment (frame 5, `when` "oom") and the OOM (frame 6: the request from XLA's message or CuPy's
+  arguments, CuPy's pool total and limit, `memGetInfo`'s free). sys.excepthook,
+  threading.excepthook and the exit see those the constructor could not (a class that refused
+  the wrapper); each error is sent once.
 """
 
 import os
-import re
 import sys
 import threading
 import time
 
 from . import conn as wire
+from . import oom_errors
 from .imports import after_import
-
-UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
-
-
-def requested_of(text, pattern):
-    m = re.search(pattern, text)
-    if not m:
-        return 0
-    n = float(m.group(1).replace(",", ""))
-    return int(n * UNITS.get(m.group(2) or "B", 1))
-
 
 class Frameworks:
     def __init__(self, conn):
@@ -41,6 +33,9 @@ class Frameworks:
         self.cupy_hook = None
         self.oom_sent = set()
         self.cupy_devices = set()
+        self.jax_device_cache = []
+        self.jax_error_types = []
+        self.cupy_error_types = []
 
     @staticmethod
     def jax_devices():
@@ -52,8 +47,12 @@ class Frameworks:
         except Exception:
             return []
 
-    def jax_stats(self, when):
-        for d in self.jax_devices():
+    def jax_stats(self, when, devices=None):
+        if devices is None:
+            devices = self.jax_devices()
+            if devices:
+                self.jax_device_cache = devices
+        for d in devices:
             try:
                 stats = d.memory_stats()
             except Exception:
@@ -79,36 +78,75 @@ class Frameworks:
         self.jax_stats(when)
         self.cupy_stats(when)
 
-    def framework_oom(self, exc):
-        """An uncaught exception: an XLA RESOURCE_EXHAUSTED or a CuPy OutOfMemoryError becomes an OOM frame."""
+    def jax_devices_at_failure(self):
+        """JAX's GPU devices without jax.local_devices(), which takes xla_bridge's backend lock
+        (not reentrant: an error raised while the thread holds it would hang the program): the
+        clients already made, else the devices the periodic read last found."""
+        xb = sys.modules.get("jax._src.xla_bridge")
+        try:
+            clients = list(getattr(xb, "_backends", {}).values()) if xb else []
+            devs = [d for c in clients for d in c.local_devices() if getattr(d, "platform", "") == "gpu"]
+        except Exception:
+            devs = []
+        return devs or list(self.jax_device_cache)
+
+    def framework_oom(self, exc, args=(), kwargs=None, at="hook"):
+        """An XLA RESOURCE_EXHAUSTED or a CuPy OutOfMemoryError becomes an OOM frame (6), after
+        the framework's own statistics read now (frame 5, `when` "oom"). `at` says who saw it:
+        "raised" (its constructor, oom_errors.wrap_init) or "hook" (an exception hook, at exit)."""
         if exc is None or id(exc) in self.oom_sent:
             return
-        text = str(exc)
-        name = type(exc).__name__
-        if "RESOURCE_EXHAUSTED" in text or ("Out of memory while trying to allocate" in text and "jax" in sys.modules):
+        jax_types = tuple(self.jax_error_types)
+        cupy_types = tuple(self.cupy_error_types)
+        xla = oom_errors.xla_oom(exc, args, kwargs) if (jax_types and isinstance(exc, jax_types)) or (not jax_types and "jax" in sys.modules) else None
+        if xla is not None:
             self.oom_sent.add(id(exc))
-            pat = r"Out of memory while trying to allocate ([\d.,]+)\s*(B|KiB|MiB|GiB|TiB)?"
-            req = requested_of(text, pat)
-            size = re.search(pat, text)
-            # XLA writes the size rounded ("11.85GiB", HumanReadableNumBytes): exact only in bytes
-            rounded = size.group(0).rsplit(" ", 1)[-1] if size and (size.group(2) or "B") != "B" else None
-            dev = re.search(r"GPU_(\d+)_bfc", text)
-            self.jax_stats("oom")
-            self.conn.send_json(wire.PY_FRAMEWORK_OOM, {"framework": "xla", "source": "XLA RESOURCE_EXHAUSTED", "device": int(dev.group(1)) if dev else 0,
-                                                        "requested": req, "requested_text": rounded, "message": text[:400]})
-        elif name == "OutOfMemoryError" and "cupy" in sys.modules:
-            self.oom_sent.add(id(exc))
-            req = requested_of(text, r"Out of memory allocating ([\d,]+) bytes()")
-            cupy = sys.modules["cupy"]
-            free = None
-            try:
-                dev = int(cupy.cuda.runtime.getDevice())
-                free = int(cupy.cuda.runtime.memGetInfo()[0])
-            except Exception:
-                dev = 0
-            self.cupy_stats("oom")
-            self.conn.send_json(wire.PY_FRAMEWORK_OOM, {"framework": "cupy", "source": "cupy.cuda.memory.OutOfMemoryError", "device": dev,
-                                                        "requested": req, "device_free": free, "message": text[:400]})
+            req, rounded, dev = xla
+            self.jax_stats("oom", self.jax_devices_at_failure())
+            self.conn.send_json(wire.PY_FRAMEWORK_OOM, {"framework": "xla", "source": "XLA RESOURCE_EXHAUSTED", "seen": at,
+                                                        "device": dev if dev is not None else 0, "requested": req,
+                                                        "requested_text": rounded, "message": str(exc)[:400]})
+            return
+        is_cupy = isinstance(exc, cupy_types) if cupy_types else (type(exc).__name__ == "OutOfMemoryError" and "cupy" in sys.modules)
+        got = oom_errors.cupy_oom(exc, args, kwargs) if is_cupy else None
+        if got is None:
+            return
+        self.oom_sent.add(id(exc))
+        req, total, limit = got
+        cupy = sys.modules["cupy"]
+        free = None
+        try:
+            dev = int(cupy.cuda.runtime.getDevice())
+            free = int(cupy.cuda.runtime.memGetInfo()[0])
+        except Exception:
+            dev = 0
+        self.cupy_stats("oom")
+        self.conn.send_json(wire.PY_FRAMEWORK_OOM, {"framework": "cupy", "source": "cupy.cuda.memory.OutOfMemoryError", "seen": at, "device": dev,
+                                                    "requested": req, "device_free": free, "pool_total": total, "pool_limit": limit,
+                                                    "message": str(exc)[:400]})
+
+    def hook_jax_errors(self, jax):
+        """XLA's errors are seen as jaxlib makes them: JaxRuntimeError (jax.errors; XlaRuntimeError
+        in older jaxlib)."""
+        kinds = [getattr(getattr(jax, "errors", None), "JaxRuntimeError", None)]
+        xc = sys.modules.get("jaxlib.xla_client")
+        kinds.append(getattr(xc, "XlaRuntimeError", None) if xc else None)
+        for cls in kinds:
+            if isinstance(cls, type) and cls not in self.jax_error_types and oom_errors.wrap_init(cls, self.raised):
+                self.jax_error_types.append(cls)
+
+    def hook_cupy_errors(self, cupy):
+        """CuPy's OutOfMemoryError is seen as its pool makes it."""
+        try:
+            cls = cupy.cuda.memory.OutOfMemoryError
+        except AttributeError:
+            return
+        if isinstance(cls, type) and cls not in self.cupy_error_types and oom_errors.wrap_init(cls, self.raised):
+            self.cupy_error_types.append(cls)
+
+    def raised(self, exc, args, kwargs):
+        if not self.conn.dead:
+            self.framework_oom(exc, args, kwargs, at="raised")
 
     def make_cupy_hook(self, cupy):
         base = cupy.cuda.memory_hook.MemoryHook
@@ -157,7 +195,8 @@ class Frameworks:
             pass
 
     def install(self):
-        """Wraps Thread.run (CuPy's per-thread hook) and both exception hooks (framework OOMs)."""
+        """Wraps Thread.run (CuPy's per-thread hook), the frameworks' OOM errors (when they are
+        imported) and both exception hooks (the fallback)."""
         fw = self
         real_thread_run = threading.Thread.run
 
@@ -166,8 +205,9 @@ class Frameworks:
             return real_thread_run(self, *a, **k)
 
         threading.Thread.run = thread_run
-        # Hooks the importing (main) thread as soon as cupy finishes importing.
-        after_import("cupy", lambda module: self.hook_cupy_thread())
+        # Hooks the importing (main) thread and CuPy's OOM error as soon as cupy finishes importing.
+        after_import("cupy", lambda module: (self.hook_cupy_thread(), self.hook_cupy_errors(module)))
+        after_import("jax", self.hook_jax_errors)
 
         real_excepthook = sys.excepthook
 

@@ -82,12 +82,13 @@ impl TorchTracker {
 /// The Python start-up hook (python/: the entry point, its package, and the trace tracker's
 /// source and translation header, which the hook builds: see python/torch_tracker.cpp), written
 /// into the consumer's private directory by their paths under python/.
-const PYTHON_HOOK: [(&str, &str); 9] = [
+const PYTHON_HOOK: [(&str, &str); 10] = [
     ("sitecustomize.py", include_str!("../../python/sitecustomize.py")),
     ("_gpufrag/__init__.py", include_str!("../../python/_gpufrag/__init__.py")),
     ("_gpufrag/conn.py", include_str!("../../python/_gpufrag/conn.py")),
     ("_gpufrag/frameworks.py", include_str!("../../python/_gpufrag/frameworks.py")),
     ("_gpufrag/imports.py", include_str!("../../python/_gpufrag/imports.py")),
+    ("_gpufrag/oom_errors.py", include_str!("../../python/_gpufrag/oom_errors.py")),
     ("_gpufrag/torch_blocks.py", include_str!("../../python/_gpufrag/torch_blocks.py")),
     ("_gpufrag/tracker.py", include_str!("../../python/_gpufrag/tracker.py")),
     ("torch_tracker.cpp", include_str!("../../python/torch_tracker.cpp")),

@@ -319,7 +319,9 @@ pub const PY_EVENTS: u32 = 4;
 /// Frame: a framework's own statistics, JSON ([`crate::alloc::FrameworkReport`] without the pid).
 pub const PY_STATS: u32 = 5;
 /// Frame: a framework's out-of-memory error, JSON (`framework`, `device`, `requested`,
-/// `device_free` or null, `source`, `message`).
+/// `device_free` or null, `requested_text` (XLA's rounded size) or null, `pool_total` (CuPy's) or
+/// null, `pool_limit`, `seen` (`raised`: at the error's construction; `hook`: an exception hook),
+/// `source`, `message`).
 pub const PY_FRAMEWORK_OOM: u32 = 6;
 /// Frame: how this process's PyTorch blocks reach gpufrag, JSON (`blocks`: `"tracker"`, PyTorch's
 /// allocator trace tracker, event level, its events in the shim's ring; or `"snapshots"`; `note`:
@@ -374,6 +376,8 @@ struct FrameworkOomFrame {
     device_free: Option<u64>,
     #[serde(default)]
     requested_text: Option<String>,
+    #[serde(default)]
+    pool_total: Option<u64>,
 }
 
 /// Reads a Python hook's frames until it closes, handing each to `emit`. Generic over the
@@ -463,6 +467,7 @@ pub fn python_reader(hello: Hello, mut stream: impl Read, mut emit: impl FnMut(c
                     requested: f.requested,
                     device_free: f.device_free,
                     requested_text: f.requested_text.map(|t| t.chars().take(40).collect()),
+                    pool_total: f.pool_total,
                 }),
                 Err(e) => emit(crate::source::Msg::Warning(format!("{name}: unusable out-of-memory frame: {e}"))),
             },

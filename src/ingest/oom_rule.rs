@@ -4,7 +4,9 @@
 //! - A framework's own OOM report (PyTorch's observer or its trace's OOM entry, XLA's
 //!   `RESOURCE_EXHAUSTED`, CuPy's `OutOfMemoryError`, the annotation API: a failed `BlockAlloc`)
 //!   decides: it is an [`OomOutcome::Oom`], and the failed driver calls of its process and device
-//!   still undecided are its tries ([`OomOutcome::Folded`] into it).
+//!   still undecided are its tries ([`OomOutcome::Folded`] into it), as are those that reach the
+//!   state after it but happened up to [`OOM_HOLD_NS`] before it (the Python hook's socket can
+//!   overtake the shim's ring: CuPy's pool fails its cudaMalloc, frees, fails again, raises).
 //! - A failed driver allocation is undecided ([`OomOutcome::Pending`]) until the same thread's
 //!   next driver allocation: one of the same size that succeeds after memory was released on the
 //!   device (PyTorch's, CuPy's and XLA's release-and-retry) makes it a [`OomOutcome::Retry`],
@@ -148,6 +150,29 @@ impl State {
                 self.decide(i, OomOutcome::Folded);
             }
             self.decide(index, OomOutcome::Oom);
+            return;
+        }
+        // A driver failure that happened before a framework's report already applied (the Python
+        // hook's socket overtook the shim's ring): one of that report's tries as well.
+        let ts = self.ooms[index].ts_ns;
+        let report = self.ooms[..index].iter().rposition(|o| {
+            o.pid == pid
+                && o.device == device
+                && o.op == Some(EventKind::BlockAlloc)
+                && o.outcome == OomOutcome::Oom
+                && o.ts_ns >= ts
+                && o.ts_ns - ts <= OOM_HOLD_NS
+        });
+        if let Some(r) = report {
+            self.ooms[r].driver_failures_before += 1;
+            // Counted for the report it belongs to, not left for the next one.
+            if let Some(n) = self.driver_failures.get_mut(&(pid, device)) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.driver_failures.remove(&(pid, device));
+                }
+            }
+            self.decide(index, OomOutcome::Folded);
             return;
         }
         let same: Vec<(usize, bool)> = self
@@ -295,6 +320,32 @@ mod tests {
         let sum = Summary::from_state(&s, "t");
         assert_eq!((sum.ooms.len(), sum.retries, sum.driver_failures), (1, 0, 2));
         assert_eq!(sum.ooms[0].op, "block_alloc");
+    }
+
+    /// A caught CuPy OOM under `run` was two OOMs now and then: the hook's report (its socket)
+    /// reached the state before the pool's failed cudaMalloc calls (the shim's ring), which then
+    /// waited and became an OOM of their own. Failures that happened before the report are its
+    /// tries in whatever order they arrive; one after it is not.
+    #[test]
+    fn regression_driver_failures_that_arrive_after_their_frameworks_report_are_its_tries() {
+        let mut s = State::default();
+        s.apply(&seg(MS, 5, 1 << 30, 20 * MIB));
+        s.apply(&failed(5 * MS, 5, 30 * MIB, EventKind::BlockAlloc));
+        s.apply(&failed(2 * MS, 5, 30 * MIB, EventKind::MemAlloc));
+        s.apply(&failed(4 * MS, 5, 30 * MIB, EventKind::MemAlloc));
+        let outcomes: Vec<_> = s.ooms.iter().map(|o| o.outcome).collect();
+        assert_eq!(outcomes, vec![OomOutcome::Oom, OomOutcome::Folded, OomOutcome::Folded]);
+        s.settle_all();
+        let sum = Summary::from_state(&s, "t");
+        assert_eq!((sum.ooms.len(), sum.retries, sum.driver_failures), (1, 0, 2), "{:?}", s.ooms);
+        assert_eq!(sum.ooms[0].op, "block_alloc");
+        // The next report does not count the folded tries again.
+        s.apply(&failed(7 * MS, 5, 8 * MIB, EventKind::BlockAlloc));
+        assert_eq!(s.ooms[3].driver_failures_before, 0, "{:?}", s.ooms[3]);
+        // A failure after the reports is its own (here: an OOM at the end of the trace).
+        s.apply(&failed(8 * MS, 5, 30 * MIB, EventKind::MemAlloc));
+        s.settle_all();
+        assert_eq!(s.ooms[4].outcome, OomOutcome::Oom);
     }
 
     /// A failure whose retry never comes is decided by event time after OOM_HOLD_NS, and by the

@@ -339,3 +339,50 @@ pub fn cleanup(dir: &Path) {
         eprintln!("kept {}", dir.display());
     }
 }
+
+/// What the exporters said of the record's events (replayed through a real exporter, as `run`
+/// feeds it): (Prometheus text from its endpoint, OTLP points a real collector received; `None`
+/// without rotel-agent, where the tool skip mechanism says so).
+pub fn exported(record: &Path, dir: &Path) -> (String, Option<Vec<Received>>) {
+    let events = gpufrag::record::read(record).expect("record").events;
+    let prom = free_port();
+    let rotel = rotel_agent().map(|bin| {
+        let (grpc, http) = (free_port(), free_port());
+        (Rotel::start(&bin, dir, grpc, http), http)
+    });
+    let args = gpufrag::export::ExportArgs {
+        otlp: rotel.as_ref().map(|(_, http)| format!("http://127.0.0.1:{http}")),
+        otlp_protocol: Some(gpufrag::export::otlp::Protocol::HttpProtobuf),
+        otlp_interval: Some(std::time::Duration::from_millis(300)),
+        prometheus: Some(format!("127.0.0.1:{prom}")),
+        nvml_lib: Some("none".into()),
+    };
+    let mut exporter = gpufrag::export::exporter_from_args(&args, std::sync::Arc::new(|_: &str| {})).expect("exporter");
+    gpufrag::export::replay(&events, &mut exporter, std::time::Duration::from_millis(700));
+    let text = http_get(prom, "/metrics").expect("a Prometheus scrape");
+    let otlp = match rotel {
+        Some((r, _)) => Some(r.wait_for(std::time::Duration::from_secs(10), |g| !points(g, "gpufrag.alloc_retries", &[]).is_empty())),
+        None => {
+            require("rotel-agent", None, "pip install rotel");
+            None
+        }
+    };
+    (text, otlp)
+}
+
+/// The sum of a Prometheus counter's series.
+pub fn prom_sum(text: &str, name: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or_else(|| panic!("{l}")) as u64)
+        .sum()
+}
+
+/// The sum of the last value of each series of an OTLP metric.
+pub fn otlp_sum(got: &[Received], metric: &str) -> u64 {
+    let mut last = std::collections::BTreeMap::new();
+    for r in points(got, metric, &[]) {
+        last.insert(format!("{:?}", r.attrs), r.value.parse::<u64>().unwrap_or_else(|_| panic!("{metric} {}", r.value)));
+    }
+    last.values().sum()
+}

@@ -1,9 +1,19 @@
 # Stand-in for the parts of JAX 0.11 that gpufrag's Python hook uses, behaving like the real ones:
 # jax.local_devices() with GPU devices whose memory_stats() is XLA's BFC statistics (the same
-# keys), and an out-of-memory error raised as jax.errors.JaxRuntimeError with XLA's message. The
-# pool is a small BFC allocator (256-byte rounding, best fit, split at twice the request or 128 MiB,
-# merge on free) over one preallocated region; jax.numpy.zeros(nbytes) allocates from it.
+# keys), the client in jax._src.xla_bridge._backends, and an out-of-memory error raised as jaxlib's
+# translator raises it: jax.errors.JaxRuntimeError(msg, code) with code 8 (RESOURCE_EXHAUSTED) and
+# XLA's message. The message is the one measured on the H200 (JAX 0.11.2: the size rounded,
+# "11.85GiB"), or with FAKE_JAX_OOM_MESSAGE=bytes the one of XLA's allocator adapter
+# (xla/stream_executor/integrations/tf_allocator_adapter.cc, MemoryAllocationError:
+# "Out of memory while trying to allocate <size> bytes.", as a RESOURCE_EXHAUSTED status). The
+# pool is a small BFC allocator (256-byte rounding, best fit, split at twice the request or
+# 128 MiB, merge on free) over one preallocated region; jax.numpy.zeros(nbytes) allocates from it.
+import os
+
 from . import errors, numpy  # noqa: F401
+from ._src import xla_bridge
+
+RESOURCE_EXHAUSTED = 8  # absl::StatusCode::kResourceExhausted
 
 MIB = 1 << 20
 
@@ -18,9 +28,11 @@ class _Bfc:
         r = (n + 255) // 256 * 256
         fits = [c for c in self.chunks if not c[2] and c[1] >= r]
         if not fits:
-            raise errors.JaxRuntimeError(
-                "RESOURCE_EXHAUSTED: Out of memory while trying to allocate %.2fMiB with allocator GPU_0_bfc." % (n / MIB)
-            )
+            if os.environ.get("FAKE_JAX_OOM_MESSAGE") == "bytes":
+                msg = "RESOURCE_EXHAUSTED: Out of memory while trying to allocate %d bytes." % n
+            else:
+                msg = "RESOURCE_EXHAUSTED: Out of memory while trying to allocate %.2fMiB with allocator GPU_0_bfc." % (n / MIB)
+            raise errors.JaxRuntimeError(msg, RESOURCE_EXHAUSTED)
         c = min(fits, key=lambda c: (c[1], c[0]))
         if c[1] >= 2 * r or c[1] - r >= 128 * MIB:
             i = self.chunks.index(c)
@@ -68,10 +80,11 @@ class GpuDevice:
 
 
 _devices = [GpuDevice(0, 64 * MIB)]
+xla_bridge._backends["cuda"] = xla_bridge.Client(_devices)
 
 
 def local_devices():
-    return list(_devices)
+    return [d for c in xla_bridge.backends().values() for d in c.local_devices()]
 
 
 def devices():

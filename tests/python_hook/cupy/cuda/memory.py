@@ -6,8 +6,23 @@ UNIT = 512
 
 
 class OutOfMemoryError(MemoryError):
+    """As cupy/cuda/memory.pyx's (CuPy 14): size about to be allocated, total allocated so far (-1
+    when the async pool cannot say), the pool's limit (0: none), and the same message."""
+
     def __init__(self, size, total, limit=0):
-        super().__init__("Out of memory allocating {:,} bytes (allocated so far: {:,} bytes).".format(size, total))
+        self._size = size
+        self._total = total
+        self._limit = limit
+        if limit == 0:
+            msg = "Out of memory allocating {:,} bytes".format(size)
+            if total != -1:
+                msg += " (allocated so far: {:,} bytes).".format(total)
+        else:
+            msg = "Out of memory allocating {:,} bytes (allocated so far: {:,} bytes, limit set to: {:,} bytes).".format(size, total, limit)
+        super(OutOfMemoryError, self).__init__(msg)
+
+    def __reduce__(self):
+        return (type(self), (self._size, self._total, self._limit))
 
 
 class _Memory:
@@ -77,7 +92,7 @@ class SingleDeviceMemoryPool:
             if self._alloc(rounded) is None:
                 self.free_all_blocks()
                 if self._alloc(rounded) is None:
-                    raise OutOfMemoryError(rounded, self.total_bytes())
+                    raise OutOfMemoryError(rounded, self.total_bytes(), 0)
             ptr = self._find(rounded)
         s, _, m = self._chunks[ptr]
         if s > rounded:
