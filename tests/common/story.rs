@@ -1,7 +1,7 @@
-//! The story a summary tells (per process: its figures; every OOM: its request, verdict, op,
-//! stranded and largest free bytes, allowed bytes; the retries), and the check that `analyze` of a
-//! run's record tells the live run's story (issue 22: one story per run, for every record source:
-//! run with the tracker or snapshots, attach, agent). Included by the tests that record a run.
+//! The story a summary tells (per process: its figures; every OOM: its framework, request,
+//! verdict, op, figures and allowed bytes; the retries), and the check that `analyze` of a run's
+//! record tells the live run's story (issue 22: one story per run, for every record source: run
+//! with the tracker or snapshots, attach, agent). Included by the tests that record a run.
 
 #![allow(dead_code)]
 
@@ -16,37 +16,32 @@ pub fn analyze(record: &Path) -> Value {
     serde_json::from_slice(&out.stdout).expect("analyze json")
 }
 
+/// The keys of `v` named in `keep`, as an object.
+fn pick(v: &Value, keep: &[&str]) -> Value {
+    Value::Object(keep.iter().map(|k| (k.to_string(), v[*k].clone())).collect())
+}
+
 /// The figures, OOMs (with verdicts) and retries of a summary: what a replay of the run's record
 /// must give as the live run did.
 pub fn story(s: &Value) -> Value {
-    let figures = |p: &Value| {
-        let keep =
-            ["pid", "device", "reserved", "allocated", "stranded", "releasable", "largest_free_block", "segments", "blocks", "retries"];
-        Value::Object(keep.iter().map(|k| (k.to_string(), p[*k].clone())).collect())
-    };
-    let ooms: Vec<Value> = s["ooms"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|o| {
-                    serde_json::json!([
-                        o["pid"],
-                        o["requested"],
-                        o["verdict"],
-                        o["op"],
-                        o["stranded"],
-                        o["largest_free_block"],
-                        o["allowed"]
-                    ])
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    serde_json::json!({
-        "processes": s["processes"].as_array().map(|a| a.iter().map(figures).collect::<Vec<_>>()),
-        "ooms": ooms,
-        "retries": s["retries"],
-    })
+    let process =
+        ["pid", "device", "reserved", "allocated", "stranded", "releasable", "largest_free_block", "segments", "blocks", "retries"];
+    let oom = [
+        "pid",
+        "device",
+        "framework",
+        "op",
+        "requested",
+        "verdict",
+        "reserved",
+        "allocated",
+        "stranded",
+        "releasable",
+        "largest_free_block",
+        "allowed",
+    ];
+    let all = |key: &str, keep: &[&str]| s[key].as_array().map(|a| a.iter().map(|v| pick(v, keep)).collect::<Vec<_>>()).unwrap_or_default();
+    serde_json::json!({ "processes": all("processes", &process), "ooms": all("ooms", &oom), "retries": s["retries"] })
 }
 
 /// Asserts that `analyze` of `record` tells the live summary's story.
