@@ -46,6 +46,7 @@ const FLAGS: [(&str, u32); 15] = [
     ("ALLOCATOR_OOM", event::F_ALLOCATOR_OOM),
     ("ALLOWED_KNOWN", event::F_ALLOWED_KNOWN),
     ("OOM_AMEND", event::F_OOM_AMEND),
+    ("PARTIAL", event::F_PARTIAL),
 ];
 
 fn rust_offsets() -> Vec<usize> {

@@ -26,9 +26,11 @@
 pub mod histogram;
 pub mod holders;
 pub mod oom_rule;
+pub mod partial;
 pub mod settings;
 
 pub use oom_rule::{OomOutcome, OOM_HOLD_NS};
+pub use partial::Partial;
 
 use crate::alloc::pytorch::AllocatorRules;
 use crate::alloc::Framework;
@@ -199,6 +201,13 @@ pub struct OomRecord {
     pub shared: crate::ingest::holders::Shared,
     /// What the failure turned out to be ([`oom_rule`]): the one rule every output reads.
     pub outcome: OomOutcome,
+    /// What was missing from the process's trace at the failure ([`partial`]): the verdict is
+    /// then `inconclusive`.
+    pub partial: Option<Partial>,
+    /// The failure's index in the stream of applied events (a record's event index: the live
+    /// pipeline records every event it applies, in order): where the computed fix's simulation
+    /// ends (`crate::sim::FixInput::cut`).
+    pub event: u64,
     /// The failing thread.
     pub tid: u32,
 }
@@ -377,6 +386,13 @@ pub struct State {
     retries: BTreeMap<(u32, i16), u64>,
     /// Indices into `ooms` of the records decided as OOMs, in the order decided.
     oom_log: Vec<usize>,
+    /// Per process: what is missing from its trace ([`partial`]).
+    partial: BTreeMap<u32, Partial>,
+    /// The fix the simulation computed for the first OOM (`crate::sim::verdict`), or the note
+    /// why there is none: set by the live pipeline (`crate::live`), which keeps the events the
+    /// simulation replays; every summary of this state carries it. A replayed state has none:
+    /// `analyze` computes it from the file, over the same events.
+    pub computed_fix: Option<Result<crate::sim::ComputedFix, String>>,
 }
 
 /// How far apart in time an OOM and the amendment that gives it its allowed bytes may be (they
@@ -422,6 +438,7 @@ impl State {
         self.driver_failures.retain(|&(p, _), _| p != pid);
         self.pending_allowed.retain(|&(p, _), _| p != pid);
         self.settings.remove(&pid);
+        self.partial.remove(&pid);
         self.settle_pid(pid);
         let ooms = &self.ooms;
         self.awaiting.retain(|&i| ooms[i].pid != pid);
@@ -527,9 +544,13 @@ impl State {
             EventKind::Dropped => {
                 self.dropped = self.dropped.saturating_add(ev.size);
                 self.drop_markers += 1;
+                self.dropped_for(ev);
                 Ok(())
             }
-            EventKind::ProcessExec => Ok(()),
+            EventKind::ProcessExec => {
+                self.process_exec(ev);
+                Ok(())
+            }
             // The record reader consumes end markers; one from anywhere else changes nothing.
             EventKind::RecordEnd => Ok(()),
             EventKind::AllocSettings | EventKind::MemoryFraction | EventKind::FrameworkInfo | EventKind::FrameworkFigures => {
@@ -633,6 +654,8 @@ impl State {
                     },
                     outcome: OomOutcome::Pending,
                     tid: ev.tid,
+                    partial: self.partial.get(&pid).copied(),
+                    event: self.events - 1,
                 });
                 self.on_failure(self.ooms.len() - 1, ev);
                 Ok(())
