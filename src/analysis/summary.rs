@@ -533,7 +533,7 @@ impl Summary {
         }
         if state.fact_note_count > 0 {
             notes.push(format!(
-                "{} fact(s) a process stated about itself could not be used and changed nothing (settings that do not parse, figures for an OOM never seen)",
+                "{} fact(s) a process stated about itself could not be used and changed nothing (settings that do not parse or name an unknown key, a framework's figures or allowed bytes for an OOM or a process never seen)",
                 state.fact_note_count
             ));
             notes.extend(state.fact_notes.iter().cloned());

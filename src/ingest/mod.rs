@@ -388,6 +388,9 @@ pub struct State {
     oom_log: Vec<usize>,
     /// Per process: what is missing from its trace ([`partial`]).
     partial: BTreeMap<u32, Partial>,
+    /// Processes whose start (`ProcessExec`) was applied, until forgotten (at most
+    /// [`MAX_SPACES`]): an OOM report of a process never seen is a note ([`settings`]).
+    execs: std::collections::BTreeSet<u32>,
     /// The fix the simulation computed for the first OOM (`crate::sim::verdict`), or the note
     /// why there is none: set by the live pipeline (`crate::live`), which keeps the events the
     /// simulation replays; every summary of this state carries it. A replayed state has none:
@@ -439,6 +442,7 @@ impl State {
         self.pending_allowed.retain(|&(p, _), _| p != pid);
         self.settings.remove(&pid);
         self.partial.remove(&pid);
+        self.execs.remove(&pid);
         self.settle_pid(pid);
         let ooms = &self.ooms;
         self.awaiting.retain(|&i| ooms[i].pid != pid);
@@ -571,6 +575,15 @@ impl State {
                         self.exited.remove(&old);
                     }
                 }
+                Ok(())
+            }
+            EventKind::AllocFailed if ev.flags & F_OOM_AMEND != 0 && !self.seen(pid) => {
+                // An OOM report's allowed bytes for a process no event told of: nothing to amend.
+                self.fact_note(format!(
+                    "event {}: pid {pid}: an OOM report's allowed bytes ({}) for a process never seen: ignored",
+                    self.events.saturating_sub(1),
+                    ev.size
+                ));
                 Ok(())
             }
             EventKind::AllocFailed if ev.flags & F_OOM_AMEND != 0 => {
@@ -949,6 +962,25 @@ mod process_rules_tests {
         s.apply(&Event { size: 1 << 30, requested: 1 << 29, handle: 1 << 20, ..Event::new(EventKind::FrameworkFigures, 9, 0) });
         assert_eq!(s.fact_note_count, 4);
         assert!(s.ooms.is_empty() && !s.spaces.contains_key(&(9, 0)));
+        // An OOM report's allowed bytes for a process never seen: a note, kept for nothing.
+        let amend = Event {
+            size: 1 << 30,
+            rc: 2,
+            op: EventKind::BlockAlloc as u16,
+            flags: crate::event::F_FAILED | crate::event::F_ALLOWED_KNOWN | F_OOM_AMEND,
+            ..Event::new(EventKind::AllocFailed, 11, 0)
+        };
+        s.apply(&amend);
+        assert_eq!(s.fact_note_count, 5, "{:?}", s.fact_notes);
+        assert!(
+            s.fact_notes[4].contains("pid 11: an OOM report's allowed bytes (1073741824) for a process never seen"),
+            "{:?}",
+            s.fact_notes
+        );
+        assert!(s.ooms.is_empty() && s.pending_allowed.is_empty());
+        // Of a process seen, it is kept for its OOM (the tracker's OOM entry may come after it).
+        s.apply(&Event { flags: amend.flags, ..Event { pid: 7, ..amend } });
+        assert_eq!((s.fact_note_count, s.pending_allowed.len()), (5, 1));
     }
 }
 

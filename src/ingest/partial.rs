@@ -35,6 +35,9 @@ impl State {
     /// A `ProcessExec`: with [`F_PARTIAL`] the process's trace is partial from now; without it,
     /// a process traced from its start (a new image).
     pub(super) fn process_exec(&mut self, ev: &Event) {
+        if self.execs.len() < super::MAX_SPACES {
+            self.execs.insert(ev.pid);
+        }
         if ev.flags & F_PARTIAL != 0 {
             self.partial.insert(ev.pid, Partial::NotFromStart);
         } else {
@@ -62,6 +65,14 @@ impl State {
                 *n = n.saturating_add(ev.size);
             }
         }
+    }
+
+    /// Whether any event told of `pid` before: its start, a map, settings, an OOM.
+    pub(super) fn seen(&self, pid: u32) -> bool {
+        self.execs.contains(&pid)
+            || self.spaces.range((pid, i16::MIN)..=(pid, i16::MAX)).next().is_some()
+            || self.settings_of(pid).is_some()
+            || self.ooms.iter().any(|o| o.pid == pid)
     }
 
     /// What is missing from `pid`'s trace, if anything.
