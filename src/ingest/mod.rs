@@ -1041,6 +1041,9 @@ mod failure_tests {
         };
         for first_oom in [true, false] {
             let mut s = State::default();
+            // The process started (its hook connected): an amendment of a process never seen is
+            // a note (a_settings_change_applies_from_there_and_bad_settings_are_noted_not_applied).
+            s.apply(&Event { ts_ns: 500, ..Event::new(EventKind::ProcessExec, 7, -1) });
             let (a, b) = if first_oom { (oom(1_000), amend(5_000)) } else { (amend(1_000), oom(5_000)) };
             s.apply(&a);
             s.apply(&b);
