@@ -58,10 +58,14 @@ pub struct Live {
     pub holder_reader: crate::ebpf::nvml::HolderReader,
     /// The events applied and their texts (by index), kept for the computed fix; `None` once
     /// [`FIX_EVENTS_KEPT`] were passed or the fix was settled.
-    fix_trace: Option<(Vec<Event>, Vec<(usize, Box<[u8]>)>)>,
+    fix_trace: Option<KeptTrace>,
     /// The computed fix's simulation under way, and since when.
     fix_running: Option<(std::sync::mpsc::Receiver<Result<crate::sim::ComputedFix, String>>, Instant)>,
 }
+
+/// The events applied, and the texts of those that have one (by index into them): what a record
+/// of the run holds, as [`crate::record::Recording`] does.
+type KeptTrace = (Vec<Event>, Vec<(usize, Box<[u8]>)>);
 
 /// How many applied events the live pipeline keeps for the computed fix (80 bytes each): past
 /// them the fix is skipped with a note (`gpufrag analyze` of the record computes it).
