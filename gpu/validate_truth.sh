@@ -15,8 +15,9 @@
 #     the run's record replays to the same), and so does a CuPy program that catches its pool's
 #     OutOfMemoryError (CuPy's request, the pool's used/total bytes); each program's own handler
 #     gets the error and the program ends normally;
-#  5. the fix in the live line of a PyTorch fragmentation OOM (frag_oom.py) equals `gpufrag
-#     whatif` of the run's record.
+#  5. the fix in the live line of a PyTorch fragmentation OOM (frag_oom.py under the tracker) is
+#     the simulation's sentence, equal to `gpufrag whatif` of the run's record, and the summary
+#     and `analyze` of the record carry the same fix.
 # Budget: under 4 minutes.
 set -u
 B=$PWD/.gpu/bin; S=$PWD/shared/gpu; [ -d "$S" ] || S=$PWD/.gpu/shared
@@ -234,20 +235,28 @@ print(f"{'PASS' if replay_same else 'FAIL'} {name}_replay live={[(x['requested']
 PY
 done
 
-# 5. the live fix equals whatif of the run's record
-( cd $W && OUT=$W timeout 120 $B/gpufrag run --no-report --no-feed --summary-json $W/frag.run.json --record $W/frag.rec -- python3 $S/frag_oom.py frag > $W/frag.run.out 2>&1 )
+# 5. the live fix equals whatif of the run's record: the tracker brings every block from the
+#    first allocation (--torch-tracker=build: the library is built before the program starts),
+#    the live line's fix is the simulation's sentence (then "(simulated over N allocator
+#    settings: ...)"), the summary and `analyze` of the record carry the same fix, and `gpufrag
+#    whatif` of the record recommends the same sentence.
+( cd $W && OUT=$W timeout 120 $B/gpufrag run --torch-tracker=build --no-report --no-feed --summary-json $W/frag.run.json --record $W/frag.rec -- python3 $S/frag_oom.py frag > $W/frag.run.out 2>&1 )
 $B/gpufrag whatif --json $W/frag.rec > $W/frag.whatif.json 2>>$L
-python3 - $W/frag.run.out $W/frag.whatif.json $W/frag.run.json <<'PY' | tee -a $R
+$B/gpufrag analyze --json $W/frag.rec > $W/frag.analyze.json 2>>$L
+python3 - $W/frag.run.out $W/frag.whatif.json $W/frag.run.json $W/frag.analyze.json <<'PY' | tee -a $R
 import json, sys
 live = [l.split("fix: ", 1)[1].strip() for l in open(sys.argv[1]) if "[gpufrag]   fix: " in l]
 try:
     w = json.load(open(sys.argv[2])); rec = w.get("recommendation") or ""
+    s = json.load(open(sys.argv[3])); a = json.load(open(sys.argv[4]))
 except Exception as e:
-    print(f"FAIL live_fix_equals_whatif whatif gave no JSON: {e}"); sys.exit()
-s = json.load(open(sys.argv[3]))
+    print(f"FAIL live_fix_equals_whatif no result: {e}"); sys.exit()
 summary_fix = s["ooms"][0]["fix"] if s.get("ooms") else None
-ok = bool(live) and bool(rec) and live[0] == rec and summary_fix == rec
-print(f"{'PASS' if ok else 'FAIL'} live_fix_equals_whatif live={live[0][:160] if live else None!r} summary={summary_fix and summary_fix[:160]!r} whatif={rec[:160]!r}")
+replay_fix = a["ooms"][0]["fix"] if a.get("ooms") else None
+sentence = live[0].split(" (simulated over ", 1)[0] if live else None
+ok = bool(live) and bool(rec) and sentence == rec and summary_fix == live[0] and replay_fix == live[0] and s["ooms"][0]["verdict"] == "fragmentation"
+notes = [n for n in s.get("notes", []) if "simulated fix" in n]
+print(f"{'PASS' if ok else 'FAIL'} live_fix_equals_whatif verdict={s['ooms'][0]['verdict'] if s.get('ooms') else None} live={sentence!r} whatif={rec!r} summary_same={summary_fix == (live[0] if live else None)} analyze_same={replay_fix == (live[0] if live else None)} notes={notes}")
 PY
 ( cd $W && tar czf $OUT/truth.tgz *.json *.out 2>/dev/null )
 grep -c '^PASS' $R | sed 's/^/passed: /'; grep -c '^FAIL' $R | sed 's/^/failed: /'

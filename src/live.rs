@@ -4,6 +4,14 @@
 //! observers (exporters, live feed, report writers); each OOM verdict is printed the moment the
 //! state decides it is one (crate::ingest::oom_rule: a failed driver call waits for its retry or
 //! its framework's report); the status line and the summary come from here.
+//!
+//! The computed fix. The events applied are kept (up to [`FIX_EVENTS_KEPT`]) so that the first
+//! OOM gets the fix `analyze` computes (crate::sim::verdict: the whatif sweep over the trace up
+//! to the failure), simulated on a thread of its own, never on the path that takes events, and
+//! waited for at most [`FIX_BOUND`] before the OOM is printed without it. The result is put in
+//! the state (`State::computed_fix`), so the live line, the summary, the report and `top` show
+//! the one sentence; where it is skipped (the bound passed, the trace past what is kept, the
+//! process's blocks not traced from its start), the note says why.
 
 use crate::analysis::summary::Summary;
 use crate::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_FAILED};
@@ -48,7 +56,24 @@ pub struct Live {
     pub attribution: crate::attribution::Attribution,
     /// NVML's process list at each OOM: the untraced holders (`crate::ingest::holders`).
     pub holder_reader: crate::ebpf::nvml::HolderReader,
+    /// The events applied and their texts (by index), kept for the computed fix; `None` once
+    /// [`FIX_EVENTS_KEPT`] were passed or the fix was settled.
+    fix_trace: Option<KeptTrace>,
+    /// The computed fix's simulation under way, and since when.
+    fix_running: Option<(std::sync::mpsc::Receiver<Result<crate::sim::ComputedFix, String>>, Instant)>,
 }
+
+/// The events applied, and the texts of those that have one (by index into them): what a record
+/// of the run holds, as [`crate::record::Recording`] does.
+type KeptTrace = (Vec<Event>, Vec<(usize, Box<[u8]>)>);
+
+/// How many applied events the live pipeline keeps for the computed fix (80 bytes each): past
+/// them the fix is skipped with a note (`gpufrag analyze` of the record computes it).
+pub const FIX_EVENTS_KEPT: usize = 1_000_000;
+
+/// How long an OOM waits for its computed fix before it is printed without it (the fix is then
+/// skipped, with a note).
+pub const FIX_BOUND: Duration = Duration::from_secs(3);
 
 /// How many process names [`Live::processes`] keeps (the most recent).
 pub const PROCESSES_KEPT: usize = 4096;
@@ -125,6 +150,8 @@ impl Live {
             framework_reports: BTreeMap::new(),
             attribution: crate::attribution::Attribution::for_node(std::env::var("GPUFRAG_NVML_LIB").ok().as_deref()),
             holder_reader: crate::ebpf::nvml::HolderReader::new(std::env::var("GPUFRAG_NVML_LIB").ok().as_deref()),
+            fix_trace: Some((Vec::new(), Vec::new())),
+            fix_running: None,
         })
     }
 
@@ -185,6 +212,7 @@ impl Live {
         }
         let ooms = self.state.ooms.len();
         self.state.apply_text(e, text);
+        self.keep_for_fix(e, text);
         if self.state.ooms.len() > ooms && e.pid != 0 {
             // Who else holds the GPU, as NVML lists it right now (crate::ingest::holders), and the
             // sharing layer's limit the process runs under (crate::limits).
@@ -203,6 +231,75 @@ impl Live {
                 self.record = None;
             }
         }
+    }
+
+    /// Keeps an applied event (its index in the stream is its index here, as in the record) for
+    /// the computed fix, while the fix is not settled and the bound of what is kept holds.
+    fn keep_for_fix(&mut self, e: &Event, text: &[u8]) {
+        let Some((events, texts)) = self.fix_trace.as_mut() else { return };
+        if events.len() >= FIX_EVENTS_KEPT || events.len() as u64 + 1 != self.state.events {
+            self.fix_trace = None;
+            if self.state.computed_fix.is_none() {
+                self.state.computed_fix = Some(Err(format!(
+                    "no simulated fix live: the trace passed the {FIX_EVENTS_KEPT} events the live run keeps for the simulation (gpufrag analyze of the record computes it)"
+                )));
+            }
+            return;
+        }
+        if !text.is_empty() {
+            texts.push((events.len(), text.into()));
+        }
+        events.push(*e);
+    }
+
+    /// Starts the computed fix's simulation for the first OOM the state decided (once), or
+    /// settles it at once where it cannot run.
+    fn start_fix(&mut self) {
+        if self.state.computed_fix.is_some() || self.fix_running.is_some() {
+            return;
+        }
+        let Some(&first) = self.state.oom_log().first() else { return };
+        let o = &self.state.ooms[first];
+        let framework = o.framework;
+        let input = crate::sim::FixInput {
+            device: o.device,
+            allowed: o.allowed,
+            cut: Some(o.event),
+            other_allocator: framework.filter(|f| *f != crate::alloc::Framework::Pytorch),
+            missing: o.partial.map(crate::ingest::Partial::missing),
+        };
+        let Some((events, texts)) = self.fix_trace.take() else { return };
+        let end = (o.event as usize + 1).min(events.len());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new().name("gpufrag-fix".into()).spawn(move || {
+            let fix = crate::sim::compute_fix(&input, || {
+                crate::sim::from_events_upto(&events[..end], &texts, None).map_err(|e| format!("the live trace: {e}"))
+            });
+            let _ = tx.send(fix);
+        });
+        match spawned {
+            Ok(_) => self.fix_running = Some((rx, Instant::now())),
+            Err(e) => self.state.computed_fix = Some(Err(format!("no simulated fix live: could not start its thread: {e}"))),
+        }
+    }
+
+    /// Takes the computed fix when it is done, or settles it as skipped once [`FIX_BOUND`] has
+    /// passed (`wait`: block until one of the two). True when it is settled (or none runs).
+    fn poll_fix(&mut self, wait: bool) -> bool {
+        let Some((rx, since)) = self.fix_running.as_ref() else { return true };
+        let left = FIX_BOUND.saturating_sub(since.elapsed());
+        let got = if wait { rx.recv_timeout(left).ok() } else { rx.try_recv().ok() };
+        let fix = match got {
+            Some(f) => f,
+            None if since.elapsed() >= FIX_BOUND => Err(format!(
+                "no simulated fix live: the simulation did not finish within {} s of the OOM (gpufrag analyze of the record computes it)",
+                FIX_BOUND.as_secs()
+            )),
+            None => return false,
+        };
+        self.fix_running = None;
+        self.state.computed_fix = Some(fix);
+        true
     }
 
     /// Applies one source's message.
@@ -393,10 +490,13 @@ impl Live {
     /// device free of its own event waits [`READING_HOLD`] for a reading that follows it.
     fn report_new_ooms(&mut self) {
         self.state.settle(now_ns());
+        self.start_fix();
+        let fix_settled = self.poll_fix(false);
         while self.oom_seen < self.state.oom_log().len() {
             let i = self.state.oom_log()[self.oom_seen];
             self.oom_seen += 1;
-            if self.state.ooms[i].device_free_source != crate::ingest::DeviceFreeSource::FailureEvent {
+            // Held until its reading window passed, and until the computed fix is settled.
+            if self.state.ooms[i].device_free_source != crate::ingest::DeviceFreeSource::FailureEvent || !fix_settled {
                 self.held_ooms.push((i, Instant::now()));
                 continue;
             }
@@ -405,9 +505,20 @@ impl Live {
         self.flush_held_ooms(false);
     }
 
-    /// Prints held OOMs whose reading window passed ([`READING_HOLD`]; all of them with `all`).
+    /// Prints held OOMs whose reading window passed ([`READING_HOLD`]; all of them with `all`),
+    /// once the computed fix is settled (waited for, within its bound, with `all`).
     fn flush_held_ooms(&mut self, all: bool) {
-        let due: Vec<usize> = self.held_ooms.iter().filter(|(_, t)| all || t.elapsed() >= READING_HOLD).map(|&(i, _)| i).collect();
+        if !self.poll_fix(all) {
+            return;
+        }
+        let due: Vec<usize> = self
+            .held_ooms
+            .iter()
+            .filter(|&&(i, t)| {
+                all || t.elapsed() >= READING_HOLD || self.state.ooms[i].device_free_source == crate::ingest::DeviceFreeSource::FailureEvent
+            })
+            .map(|&(i, _)| i)
+            .collect();
         self.held_ooms.retain(|(i, _)| !due.contains(i));
         for i in due {
             self.print_oom(i);
@@ -420,17 +531,27 @@ impl Live {
             return;
         }
         let inputs = crate::analysis::OomInputs::of(o);
+        let verdict = crate::analysis::sharing::verdict(o);
+        // The fix the summary gives: the computed one where the simulation ran for this device
+        // (crate::sim::verdict), else the verdict's own, with the note saying why not.
+        let own = crate::analysis::sharing::fix(o, &inputs);
+        let (fix, why_not) = match &self.state.computed_fix {
+            Some(Ok(f)) if f.device == o.device => (f.fix_of(verdict, &own), None),
+            Some(Err(note)) => (own, Some(note.as_str())),
+            _ => (own, None),
+        };
         // The live line as it stood at the failure stays on screen above the verdict.
         let clear = if std::io::stderr().is_terminal() { "\r\x1b[K" } else { "" };
         eprintln!(
-            "{clear}{}\n[gpufrag] OOM in pid {} on device {}: {} requested: {}\n[gpufrag]   {}\n[gpufrag]   fix: {}",
+            "{clear}{}\n[gpufrag] OOM in pid {} on device {}: {} requested: {}\n[gpufrag]   {}\n[gpufrag]   fix: {}{}",
             self.status_line(),
             o.pid,
             o.device,
             h(o.requested),
-            inputs.verdict().name(),
-            inputs.explanation(),
-            inputs.fix()
+            verdict.name(),
+            crate::analysis::sharing::explanation(o, &inputs),
+            fix,
+            why_not.map_or(String::new(), |n| format!("\n[gpufrag]   ({n})"))
         );
     }
 

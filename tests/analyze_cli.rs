@@ -158,3 +158,132 @@ fn event_anomalies_are_counted_warnings_and_make_the_figures_inexact() {
     assert_eq!(s["devices"][0]["allocated"].as_u64(), Some(4 << 20));
     assert_eq!(s["devices"][0]["stranded"].as_u64(), Some(16 << 20));
 }
+
+/// Issue 22 item 6, a verdict from partial facts says so: the same record of a fragmentation OOM
+/// (a 1 GiB segment whose free 768 MiB are split in two runs by a live block, the larger 512 MiB,
+/// a 600 MiB request,
+/// 100 MiB free on the device) is `fragmentation` when the process was traced from its start,
+/// and `inconclusive` (what is missing named, the driver-level figures given, no computed fix)
+/// when its `ProcessExec` says it was first seen after its start or when the capture dropped
+/// events of it; the figures stay the same.
+#[test]
+fn a_record_whose_blocks_are_missing_gets_inconclusive_naming_what_is_missing() {
+    use gpufrag::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_FAILED, F_FRAMEWORK_OWNED, F_PARTIAL};
+    const MIB: u64 = 1 << 20;
+    let dir = std::env::temp_dir().join(format!("gpufrag-analyze-partial-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let seg = 1u64 << 40;
+    let write = |name: &str, exec_flags: u32, dropped: u64| -> PathBuf {
+        let path = dir.join(name);
+        let mut w = gpufrag::record::Writer::create(&path).expect("record");
+        let mut t = 0u64;
+        let mut put = |e: Event| {
+            t += 1000;
+            w.write(&Event { ts_ns: t, ..e }).expect("write");
+        };
+        put(Event { flags: exec_flags, ..Event::new(EventKind::ProcessExec, 7, -1) });
+        put(Event { addr: seg, size: 1 << 30, flags: F_FRAMEWORK_OWNED, ..Event::new(EventKind::MemAlloc, 7, 0) });
+        put(Event { addr: seg, requested: 256 * MIB, ..Event::new(EventKind::BlockAlloc, 7, 0) });
+        put(Event { addr: seg + 512 * MIB, requested: 256 * MIB, ..Event::new(EventKind::BlockAlloc, 7, 0) });
+        put(Event { addr: seg + 256 * MIB, requested: 256 * MIB, ..Event::new(EventKind::BlockAlloc, 7, 0) });
+        put(Event { addr: seg, ..Event::new(EventKind::BlockFree, 7, -1) });
+        put(Event { addr: seg + 512 * MIB, ..Event::new(EventKind::BlockFree, 7, -1) });
+        if dropped > 0 {
+            put(Event { size: dropped, ..Event::new(EventKind::Dropped, 7, -1) });
+        }
+        put(Event {
+            requested: 600 * MIB,
+            device_free: 100 * MIB,
+            rc: 2,
+            op: EventKind::BlockAlloc as u16,
+            flags: F_FAILED | F_DEVICE_FREE_KNOWN,
+            ..Event::new(EventKind::AllocFailed, 7, 0)
+        });
+        w.finish().expect("finish");
+        path
+    };
+    let whole = analyze_json(&write("whole.gpufrag", 0, 0));
+    let o = &whole["ooms"][0];
+    assert_eq!(o["verdict"], "fragmentation", "traced from its start: {o:#}");
+    assert!(o.get("missing").is_none(), "{o:#}");
+    let figures = |o: &Value| (o["requested"].clone(), o["stranded"].clone(), o["largest_free_block"].clone(), o["device_free"].clone());
+    assert_eq!(
+        figures(o),
+        figures(
+            &serde_json::json!({"requested": 600 * MIB, "stranded": 768 * MIB, "largest_free_block": 512 * MIB, "device_free": 100 * MIB})
+        )
+    );
+    for (name, flags, dropped, words) in
+        [("late.gpufrag", F_PARTIAL, 0, "not traced from its start"), ("dropped.gpufrag", 0, 3, "dropped 3 event(s)")]
+    {
+        let s = analyze_json(&write(name, flags, dropped));
+        let p = &s["ooms"][0];
+        assert_eq!(p["verdict"], "inconclusive", "{name}: {p:#}");
+        assert!(p["missing"].as_str().is_some_and(|m| m.contains(words)), "{name}: what is missing: {p:#}");
+        let e = p["explanation"].as_str().expect("explanation");
+        assert!(
+            e.contains(words) && e.contains("At the driver level: 600.00 MiB requested, device free 100.00 MiB, 1024.00 MiB reserved"),
+            "{name}: {e}"
+        );
+        assert_eq!(figures(p), figures(o), "{name}: the figures are the same, only the verdict says what they rest on");
+        let notes = s["notes"].to_string();
+        assert!(notes.contains("no simulated fix") && notes.contains(words), "{name}: {notes}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 22, bad input: a record with a settings event that does not parse (not UTF-8), a
+/// settings change naming a key PyTorch does not know, a framework's OOM figures and an OOM
+/// report's allowed bytes for processes never seen: `analyze` reads it (exit 0), each is a counted
+/// note with a one-line reason, and every figure is that of the same record without them.
+#[test]
+fn a_record_with_bad_facts_gets_a_counted_note_for_each_and_no_changed_figure() {
+    use gpufrag::event::{Event, EventKind, F_ALLOWED_KNOWN, F_FAILED, F_FRAMEWORK_OWNED, F_OOM_AMEND};
+    const MIB: u64 = 1 << 20;
+    let dir = std::env::temp_dir().join(format!("gpufrag-analyze-badfacts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let write = |name: &str, bad: bool| -> PathBuf {
+        let path = dir.join(name);
+        let mut w = gpufrag::record::Writer::create(&path).expect("record");
+        let settings = |text: &[u8]| Event { text_len: text.len() as u16, ..Event::new(EventKind::AllocSettings, 7, -1) };
+        w.write(&Event::new(EventKind::ProcessExec, 7, -1)).expect("write");
+        w.write_text(&settings(b"max_split_size_mb:128"), b"max_split_size_mb:128").expect("write");
+        w.write(&Event { addr: 1 << 40, size: 64 * MIB, flags: F_FRAMEWORK_OWNED, ..Event::new(EventKind::MemAlloc, 7, 0) })
+            .expect("write");
+        w.write(&Event { addr: 1 << 40, requested: 1_153_434, ..Event::new(EventKind::BlockAlloc, 7, 0) }).expect("write");
+        if bad {
+            w.write_text(&settings(b"\xff\xfe"), b"\xff\xfe").expect("write");
+            w.write_text(&settings(b"no_such_key:1"), b"no_such_key:1").expect("write");
+            let figures = Event { size: 1 << 30, requested: 1 << 29, handle: MIB, ..Event::new(EventKind::FrameworkFigures, 9, 0) };
+            w.write(&figures).expect("write");
+            let amend = Event {
+                size: 1 << 30,
+                rc: 2,
+                op: EventKind::BlockAlloc as u16,
+                flags: F_FAILED | F_ALLOWED_KNOWN | F_OOM_AMEND,
+                ..Event::new(EventKind::AllocFailed, 11, 0)
+            };
+            w.write(&amend).expect("write");
+        }
+        w.write(&Event { addr: (1 << 40) + 2 * MIB, requested: 1_153_434, ..Event::new(EventKind::BlockAlloc, 7, 0) }).expect("write");
+        w.finish().expect("finish");
+        path
+    };
+    let clean = analyze_json(&write("clean.gpufrag", false));
+    let bad = analyze_json(&write("bad.gpufrag", true));
+    for k in ["devices", "processes", "ooms", "retries", "anomalies"] {
+        assert_eq!(bad[k], clean[k], "{k} changed by facts that could not be used");
+    }
+    let notes: Vec<&str> = bad["notes"].as_array().expect("notes").iter().filter_map(Value::as_str).collect();
+    assert!(notes.iter().any(|n| n.starts_with("4 fact(s) a process stated about itself could not be used")), "{notes:#?}");
+    for want in [
+        "pid 7: allocator settings that are not UTF-8: ignored",
+        "pid 7: allocator settings \"no_such_key:1\" do not parse (Unrecognized CachingAllocator option: no_such_key)",
+        "pid 9: a framework's OOM figures on device 0 for a process with no OOM there: ignored",
+        "pid 11: an OOM report's allowed bytes (1073741824) for a process never seen: ignored",
+    ] {
+        let n = notes.iter().find(|n| n.contains(want)).unwrap_or_else(|| panic!("no note {want:?}: {notes:#?}"));
+        assert!(!n.contains('\n') && n.starts_with("event "), "one line naming the event: {n}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -30,7 +30,7 @@ const FIELDS: [&str; 15] = [
 ];
 
 /// Every flag bit: its C name (after `GPUFRAG_F_`) and the Rust constant.
-const FLAGS: [(&str, u32); 15] = [
+const FLAGS: [(&str, u32); 16] = [
     ("DEVICE_FREE_KNOWN", event::F_DEVICE_FREE_KNOWN),
     ("SRC_SHIM", event::F_SRC_SHIM),
     ("SRC_EBPF", event::F_SRC_EBPF),
@@ -46,6 +46,7 @@ const FLAGS: [(&str, u32); 15] = [
     ("ALLOCATOR_OOM", event::F_ALLOCATOR_OOM),
     ("ALLOWED_KNOWN", event::F_ALLOWED_KNOWN),
     ("OOM_AMEND", event::F_OOM_AMEND),
+    ("PARTIAL", event::F_PARTIAL),
 ];
 
 fn rust_offsets() -> Vec<usize> {

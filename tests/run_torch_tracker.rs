@@ -66,6 +66,21 @@ impl Scratch {
     /// `gpufrag run` of the sequence in `mode` (its first argument: `oom`, `retry`, `driver_oom`
     /// or none); `quiet` passes `-q` (no live line).
     fn run_mode(&self, tag: &str, extra: &[&str], env: &[(&str, &std::ffi::OsStr)], mode: &str, quiet: bool) -> (Value, Output) {
+        let args: Vec<&str> = if mode.is_empty() { Vec::new() } else { vec![mode] };
+        self.run_script(tag, extra, env, &root().join("tests/python_hook/tracker/sequence.py"), &args, quiet)
+    }
+
+    /// `gpufrag run` of a stand-in torch `script` with its arguments (sequence.py's environment:
+    /// `env` adds to it or overrides it).
+    fn run_script(
+        &self,
+        tag: &str,
+        extra: &[&str],
+        env: &[(&str, &std::ffi::OsStr)],
+        script: &Path,
+        args: &[&str],
+        quiet: bool,
+    ) -> (Value, Output) {
         let bin = Path::new(env!("CARGO_BIN_EXE_gpufrag"));
         let simcuda = bin.with_file_name("simcuda");
         assert!(simcuda.join("libcuda.so.1").exists(), "{} has no libcuda.so.1: build the workspace", simcuda.display());
@@ -76,10 +91,7 @@ impl Scratch {
             cmd.arg("-q");
         }
         cmd.args(["--no-report", "--no-feed", "--summary-json"]).arg(&summary).args(extra).arg("--").arg("python3");
-        cmd.arg(root().join("tests/python_hook/tracker/sequence.py"));
-        if !mode.is_empty() {
-            cmd.arg(mode);
-        }
+        cmd.arg(script).args(args);
         cmd.env("PYTHONPATH", root().join("tests/python_hook/tracker"))
             .env("FAKE_TORCH_LIB", self.dir.join("lib"))
             .env("XDG_CACHE_HOME", self.dir.join("cache"))
@@ -348,4 +360,56 @@ fn regression_a_record_replays_to_its_live_summary_under_its_settings_and_a_chan
             serde_json::from_slice(&w.stdout).unwrap_or_else(|e| panic!("{tag}: whatif json: {e}: {}", String::from_utf8_lossy(&w.stderr)));
         assert_eq!(w["trace"]["alloc_conf"].as_str(), Some(conf.unwrap_or("")), "{tag}: whatif's own settings: {w:#}");
     }
+}
+
+/// Issue 22 item 5: the live verdict carries the fix `analyze` computes. frag_oom's trace (the
+/// H200 snapshot, tests/fixtures/frag_oom.pickle) replayed through the stand-in tracker under
+/// `gpufrag run` (its segments real driver calls on simcuda): the live line, the live summary,
+/// `analyze` of the run's record and `analyze` of the snapshot itself give the one sentence the
+/// simulation computes ("With expandable_segments:True this run peaks at 10.31 GiB reserved and
+/// the 2.50 GiB request that fails under PyTorch's defaults fits"), not the standing advice (the
+/// snapshot's adds that it cannot show CUDA IPC exports).
+#[test]
+fn regression_the_frag_oom_fixtures_live_fix_is_analyzes_computed_fix() {
+    let sc = Scratch::new("livefix");
+    let record = sc.dir.join("frag.gpufrag");
+    let fixture = root().join("tests/fixtures/frag_oom.pickle");
+    let env: [(&str, &std::ffi::OsStr); 2] = [("SIMCUDA_MEM", "16GiB".as_ref()), ("SIMCUDA_RESERVE", "615MiB".as_ref())];
+    let script = root().join("tests/python_hook/tracker/replay_trace.py");
+    let (s, out) = sc.run_script(
+        "livefix",
+        &["--torch-tracker=build", "--record", record.to_str().expect("utf-8")],
+        &env,
+        &script,
+        &[fixture.to_str().expect("utf-8")],
+        false,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("REPLAYED 71 entries"), "{}", String::from_utf8_lossy(&out.stdout));
+    let want = "With expandable_segments:True this run peaks at 10.31 GiB reserved and the 2.50 GiB request that fails under PyTorch's defaults fits.";
+    let ooms = s["ooms"].as_array().expect("ooms");
+    assert_eq!(ooms.len(), 1, "{s:#}");
+    assert_eq!(ooms[0]["verdict"], "fragmentation", "{s:#}");
+    let live_fix = ooms[0]["fix"].as_str().expect("fix").to_string();
+    assert!(live_fix.starts_with(want), "the live summary's fix is not the computed one: {live_fix}\n{}", notes(&s));
+    assert_eq!(s["whatif"]["recommendation"].as_str(), Some(want), "{:#}", s["whatif"]);
+    // The live line printed at the OOM carries it.
+    let line = stderr.lines().find(|l| l.contains("fix: ")).unwrap_or_else(|| panic!("no live fix line: {stderr}"));
+    assert_eq!(line.trim_start_matches("[gpufrag]").trim(), format!("fix: {live_fix}"), "{stderr}");
+    // One computation: the record's replay and the snapshot's analysis give the same fix.
+    let replay = analyze(&record);
+    assert_eq!(replay["ooms"][0]["fix"].as_str(), Some(live_fix.as_str()), "analyze of the run's record: {replay:#}");
+    assert_eq!(replay["whatif"], s["whatif"], "the record's whatif brief against the live one");
+    // The snapshot computes the same sweep; it cannot show CUDA IPC exports (the run's shim can:
+    // none here), so its sentence adds that caveat.
+    let snap = analyze(&fixture);
+    let snap_fix = snap["ooms"][0]["fix"].as_str().expect("the snapshot's fix");
+    assert!(snap_fix.starts_with(want) && snap_fix.contains("cannot show CUDA IPC exports"), "analyze of frag_oom.pickle: {snap_fix}");
+    assert_eq!(
+        (&snap["whatif"]["baseline"], &snap["whatif"]["best"]),
+        (&s["whatif"]["baseline"], &s["whatif"]["best"]),
+        "the sweep's outcomes"
+    );
+    assert_replays(&s, &record);
 }

@@ -232,6 +232,24 @@ fn frag_oom_report_has_one_headline_the_fix_as_code_and_the_free_against_largest
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Issue 28 item 2, one sentence per verdict: the report's headline is the wording of
+/// `views::point::headline`, the one the demo's last lines and `gpufrag analyze` users read
+/// (the report kept its own beside it), with the summary's own verdict and request.
+#[test]
+fn the_reports_headline_is_the_one_sentence_of_its_verdict() {
+    let dir = tmp("one-sentence");
+    let (html, _) = report(&fixture("frag_oom.pickle"), &dir, "one");
+    let text = std::fs::read_to_string(&html).expect("report written");
+    let out = gpufrag(&["analyze", "--json", fixture("frag_oom.pickle").to_str().expect("utf-8")]);
+    let s: gpufrag::analysis::summary::Summary = serde_json::from_slice(&out.stdout).expect("summary json");
+    let want = gpufrag::views::point::headline(&s.ooms[0]);
+    assert_eq!(want, "Fragmentation OOM: 2.50 GiB requested");
+    let verdict = &text[text.find("id=\"verdict\"").expect("verdict section")..];
+    let h2 = &verdict[verdict.find("<h2>").expect("a headline") + 4..];
+    assert_eq!(&h2[..h2.find("</h2>").expect("its end")], want, "the report's headline against point::headline");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Issue 27: three OOMs 10 ms apart had their labels drawn over each other on the timeline. Laid
 /// out in Chromium, no two labels' boxes intersect (the page's own layout, measured by a script
 /// added to a copy of it).

@@ -119,6 +119,9 @@ pub struct OomInputs {
     pub reserved: u64,
     /// The device's total bytes (`cuMemGetInfo`), when known: what a memory fraction multiplies.
     pub device_total: Option<u64>,
+    /// What was missing from the process's trace at the failure (`crate::ingest::partial`): the
+    /// figures above are lower bounds and the verdict is `inconclusive`.
+    pub partial: Option<crate::ingest::Partial>,
 }
 
 /// `n` rounded up to whole 2 MiB driver pages: what a driver allocation that no partly used page
@@ -146,6 +149,7 @@ impl OomInputs {
             allocator_refused: o.allocator_oom && o.op == Some(crate::event::EventKind::BlockAlloc) && o.driver_failures_before == 0,
             reserved: o.allocator_reserved.unwrap_or(o.figures.reserved),
             device_total: o.device_total,
+            partial: o.partial,
         }
     }
 
@@ -183,7 +187,8 @@ impl OomInputs {
         if self.allowed_limit().is_some() {
             return Verdict::AllowedLimit;
         }
-        if !self.device_free_known {
+        // From half the facts no sure verdict: what the trace missed may be the stranded bytes.
+        if !self.device_free_known || self.partial.is_some() {
             return Verdict::Inconclusive;
         }
         if self.driver_level() {
@@ -214,6 +219,9 @@ impl OomInputs {
     pub fn explanation(&self) -> String {
         let total = self.device_free.saturating_add(self.stranded).saturating_add(self.releasable);
         let h = human_bytes;
+        if let (Some(p), None) = (self.partial, self.allowed_limit()) {
+            return self.partial_explanation(p);
+        }
         if self.allocator == Some(Framework::Xla) {
             return match self.verdict() {
                 Verdict::TrueOom => format!("true OOM inside XLA's BFC pool: {} requested, {} free in the pool in all", h(self.requested), h(total)),
@@ -256,6 +264,23 @@ impl OomInputs {
                 h(self.largest_free_block), h(self.device_free)
             ),
         }
+    }
+
+    /// A verdict from partial facts in words: what is missing, and the driver-level figures (the
+    /// request, what the device had free, what the process held as traced), the block-level ones
+    /// as the lower bounds they are.
+    fn partial_explanation(&self, p: crate::ingest::Partial) -> String {
+        let h = human_bytes;
+        let free = if self.device_free_known { h(self.device_free) } else { "not measured".to_string() };
+        format!(
+            "inconclusive: {}, so true OOM and fragmentation cannot be told apart. At the driver level: {} requested, device free {free}, {} reserved by the process as traced; in its traced segments at least {} stranded, {} releasable, a largest free block of at least {}",
+            p.missing(),
+            h(self.requested),
+            h(self.reserved),
+            h(self.stranded),
+            h(self.releasable),
+            h(self.largest_free_block)
+        )
     }
 
     /// The allowed-limit verdict in words: exact when the allowed bytes are known, else what the
@@ -335,6 +360,9 @@ impl OomInputs {
                 ),
             };
         }
+        if self.partial.is_some() {
+            return "trace the process from its start: run it under gpufrag run, or have gpufrag agent running before it starts (its exec hold keeps a new process until its probes are in) and nothing dropped; then its verdict rests on every block it allocated".to_string();
+        }
         match (self.verdict(), self.allocator) {
             (Verdict::Fragmentation, Some(Framework::Xla)) => format!(
                 "XLA's BFC pool has {} free but not in one piece (largest free chunk {}). For JAX: XLA_PYTHON_CLIENT_PREALLOCATE=false lets the pool grow region by region from 2 MiB instead of one preallocated block (free chunks still merge only inside a region, the first steps pay driver allocations, and other processes can take what JAX has not claimed yet); XLA_PYTHON_CLIENT_MEM_FRACTION above the default .75 gives the pool more room (less for cuDNN/cuBLAS workspaces, NCCL and other processes); XLA_PYTHON_CLIENT_ALLOCATOR=platform drops the pool (every buffer its own driver allocation, freed at once: no fragmentation inside a pool, but a cuMemAlloc/cuMemFree per buffer, much slower; for debugging); or allocate the large buffer first, before smaller ones pin the space around it",
@@ -412,7 +440,30 @@ mod tests {
             allocator_refused: false,
             reserved: 10_485_760_000,
             device_total: None,
+            partial: None,
         }
+    }
+
+    /// Issue 22 item 6: frag_oom's figures with the process not traced from its start (or with
+    /// events dropped) are no fragmentation OOM: `inconclusive`, naming what is missing, with the
+    /// driver-level figures; a true OOM's figures the same (the missing part may hold the cache).
+    #[test]
+    fn a_verdict_from_partial_facts_is_inconclusive_and_names_what_is_missing() {
+        use crate::ingest::Partial;
+        assert_eq!(frag_oom().verdict(), Verdict::Fragmentation);
+        for (p, words) in [(Partial::NotFromStart, "not traced from its start"), (Partial::Dropped(7), "dropped 7 event(s)")] {
+            let o = OomInputs { partial: Some(p), ..frag_oom() };
+            assert_eq!(o.verdict(), Verdict::Inconclusive, "{p:?}");
+            let e = o.explanation();
+            assert!(e.starts_with("inconclusive: ") && e.contains(words), "{e}");
+            assert!(e.contains("2.50 GiB requested, device free 2.23 GiB, 9.77 GiB reserved"), "the driver-level figures: {e}");
+            assert!(o.fix().starts_with("trace the process from its start"), "{}", o.fix());
+            let t = OomInputs { requested: 5 << 30, partial: Some(p), ..frag_oom() };
+            assert_eq!(t.verdict(), Verdict::Inconclusive, "a true OOM's figures from half the facts: {p:?}");
+        }
+        // The allocator's own cap, reported by PyTorch with its allowed bytes, stays what it is.
+        let capped = OomInputs { allowed: Some(1 << 30), partial: Some(Partial::NotFromStart), ..frag_oom() };
+        assert_eq!(capped.verdict(), Verdict::AllowedLimit);
     }
 
     #[test]

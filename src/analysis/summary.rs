@@ -311,6 +311,14 @@ pub struct OomSummary {
     /// `crate::limits`), judged against the request; absent when none was set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<crate::limits::LimitHit>,
+    /// What was missing from the process's trace at the failure (`crate::ingest::partial`), in
+    /// words: the verdict is then `inconclusive`. Absent when it was traced whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing: Option<String>,
+    /// The failure's event index in the trace (a record's event index; for a snapshot, the
+    /// index of its replayed events): where the computed fix's simulation ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<u64>,
 }
 
 fn not_measured() -> String {
@@ -495,6 +503,8 @@ impl Summary {
                     container_id: None,
                     holders: o.shared.holders.clone(),
                     limit: o.shared.limit.clone(),
+                    missing: o.partial.map(crate::ingest::Partial::missing),
+                    event: Some(o.event),
                 }
             })
             .collect();
@@ -523,7 +533,7 @@ impl Summary {
         }
         if state.fact_note_count > 0 {
             notes.push(format!(
-                "{} fact(s) a process stated about itself could not be used and changed nothing (settings that do not parse, figures for an OOM never seen)",
+                "{} fact(s) a process stated about itself could not be used and changed nothing (settings that do not parse or name an unknown key, a framework's figures or allowed bytes for an OOM or a process never seen)",
                 state.fact_note_count
             ));
             notes.extend(state.fact_notes.iter().cloned());
@@ -549,7 +559,7 @@ impl Summary {
                 i.chunks, i.lo, i.hi
             ));
         }
-        Summary {
+        let mut summary = Summary {
             schema: SCHEMA_VERSION,
             source: source.to_string(),
             exact: state.exact(),
@@ -578,7 +588,12 @@ impl Summary {
                 .collect(),
             capture: None,
             coverage: None,
+        };
+        // The live pipeline's computed fix (one computation, every view of this state).
+        if let Some(fix) = &state.computed_fix {
+            crate::sim::put_fix(&mut summary, fix);
         }
+        summary
     }
 }
 

@@ -33,7 +33,7 @@ pub fn summarize(file: &std::path::Path, device: Option<i16>) -> anyhow::Result<
     let mut notes = loaded.notes;
     notes.append(&mut s.notes);
     s.notes = notes;
-    crate::sim::apply_to_summary(&mut s, || crate::sim::stream_of_file(file));
+    crate::sim::apply_to_summary(&mut s, |cut| crate::sim::stream_of_file_upto(file, cut));
     if let Some(d) = device {
         s.devices.retain(|x| x.device == d);
         s.processes.retain(|x| x.figures.device == d);

@@ -93,6 +93,9 @@ pub struct ProcessTable {
     pub let_go: u64,
     /// Exited incarnations, oldest first.
     exited_order: VecDeque<(u32, u64)>,
+    /// `ProcessExec` events with [`F_PARTIAL`](crate::event::F_PARTIAL) for processes declared
+    /// inexact after they were registered, for the owner to apply ([`ProcessTable::take_partial`]).
+    partial: Vec<Event>,
 }
 
 fn allocation_like(kind: EventKind) -> bool {
@@ -196,7 +199,9 @@ impl ProcessTable {
         }
         self.procs
             .insert(pid, Incarnation { pid, start_time, name, exact, exited: false, last_device: None, handle_device: HashMap::new() });
-        out.push(Action::Apply(Event { ts_ns, ..Event::new(EventKind::ProcessExec, pid, -1) }));
+        // Not traced from its start: the stream says so, and its OOMs are inconclusive.
+        let flags = if exact { 0 } else { crate::event::F_PARTIAL };
+        out.push(Action::Apply(Event { ts_ns, flags, ..Event::new(EventKind::ProcessExec, pid, -1) }));
         out
     }
 
@@ -207,10 +212,25 @@ impl ProcessTable {
     }
 
     /// Marks a process not exact (attached mid-run, or events of it were lost).
+    /// The stream hears of it as a `ProcessExec` with [`F_PARTIAL`](crate::event::F_PARTIAL)
+    /// ([`ProcessTable::take_partial`]).
     pub fn mark_inexact(&mut self, pid: u32) {
         if let Some(p) = self.procs.get_mut(&pid) {
+            if p.exact && !p.exited {
+                self.partial.push(Event {
+                    ts_ns: crate::source::now_ns(),
+                    flags: crate::event::F_PARTIAL,
+                    ..Event::new(EventKind::ProcessExec, pid, -1)
+                });
+            }
             p.exact = false;
         }
+    }
+
+    /// The `ProcessExec` events with [`F_PARTIAL`](crate::event::F_PARTIAL) of processes
+    /// declared inexact since the last call, to apply.
+    pub fn take_partial(&mut self) -> Vec<Action> {
+        std::mem::take(&mut self.partial).into_iter().map(Action::Apply).collect()
     }
 
     /// Ends `pid` (seen gone by a poll of `/proc`).

@@ -576,7 +576,14 @@ impl Session {
         }
     }
 
-    fn apply(&mut self, out: &mut Vec<Msg>, actions: Vec<Action>) {
+    fn apply(&mut self, out: &mut Vec<Msg>, mut actions: Vec<Action>) {
+        // Processes declared inexact since (a hold released unprobed, annotations found late, a
+        // file probed after they mapped it): the stream says so before their next events.
+        let mut partial = self.table.take_partial();
+        if !partial.is_empty() {
+            partial.append(&mut actions);
+            actions = partial;
+        }
         for a in actions {
             match a {
                 // The fraction setter's probe gives the fraction and the device total PyTorch
@@ -654,6 +661,8 @@ impl Session {
         self.buffer(readings);
         let ready = self.release(Some(now_ns().saturating_sub(REORDER_WINDOW_NS)));
         self.handle_events(out, ready);
+        let partial = self.table.take_partial();
+        self.apply(out, partial);
         let lookup = ProcFs;
         let lost = self.probes.lost();
         if lost > self.lost_seen {

@@ -26,10 +26,12 @@
 pub mod histogram;
 pub mod holders;
 pub mod oom_rule;
+pub mod partial;
 mod seed;
 pub mod settings;
 
 pub use oom_rule::{OomOutcome, OOM_HOLD_NS};
+pub use partial::Partial;
 
 use crate::alloc::pytorch::AllocatorRules;
 use crate::alloc::Framework;
@@ -200,6 +202,13 @@ pub struct OomRecord {
     pub shared: crate::ingest::holders::Shared,
     /// What the failure turned out to be ([`oom_rule`]): the one rule every output reads.
     pub outcome: OomOutcome,
+    /// What was missing from the process's trace at the failure ([`partial`]): the verdict is
+    /// then `inconclusive`.
+    pub partial: Option<Partial>,
+    /// The failure's index in the stream of applied events (a record's event index: the live
+    /// pipeline records every event it applies, in order): where the computed fix's simulation
+    /// ends (`crate::sim::FixInput::cut`).
+    pub event: u64,
     /// The failing thread.
     pub tid: u32,
 }
@@ -378,6 +387,16 @@ pub struct State {
     retries: BTreeMap<(u32, i16), u64>,
     /// Indices into `ooms` of the records decided as OOMs, in the order decided.
     oom_log: Vec<usize>,
+    /// Per process: what is missing from its trace ([`partial`]).
+    partial: BTreeMap<u32, Partial>,
+    /// Processes whose start (`ProcessExec`) was applied, until forgotten (at most
+    /// [`MAX_SPACES`]): an OOM report of a process never seen is a note ([`settings`]).
+    execs: std::collections::BTreeSet<u32>,
+    /// The fix the simulation computed for the first OOM (`crate::sim::verdict`), or the note
+    /// why there is none: set by the live pipeline (`crate::live`), which keeps the events the
+    /// simulation replays; every summary of this state carries it. A replayed state has none:
+    /// `analyze` computes it from the file, over the same events.
+    pub computed_fix: Option<Result<crate::sim::ComputedFix, String>>,
 }
 
 /// How far apart in time an OOM and the amendment that gives it its allowed bytes may be (they
@@ -423,6 +442,8 @@ impl State {
         self.driver_failures.retain(|&(p, _), _| p != pid);
         self.pending_allowed.retain(|&(p, _), _| p != pid);
         self.settings.remove(&pid);
+        self.partial.remove(&pid);
+        self.execs.remove(&pid);
         self.settle_pid(pid);
         let ooms = &self.ooms;
         self.awaiting.retain(|&i| ooms[i].pid != pid);
@@ -528,9 +549,13 @@ impl State {
             EventKind::Dropped => {
                 self.dropped = self.dropped.saturating_add(ev.size);
                 self.drop_markers += 1;
+                self.dropped_for(ev);
                 Ok(())
             }
-            EventKind::ProcessExec => Ok(()),
+            EventKind::ProcessExec => {
+                self.process_exec(ev);
+                Ok(())
+            }
             // The record reader consumes end markers; one from anywhere else changes nothing.
             EventKind::RecordEnd => Ok(()),
             EventKind::AllocSettings | EventKind::MemoryFraction | EventKind::FrameworkInfo | EventKind::FrameworkFigures => {
@@ -551,6 +576,15 @@ impl State {
                         self.exited.remove(&old);
                     }
                 }
+                Ok(())
+            }
+            EventKind::AllocFailed if ev.flags & F_OOM_AMEND != 0 && !self.seen(pid) => {
+                // An OOM report's allowed bytes for a process no event told of: nothing to amend.
+                self.fact_note(format!(
+                    "event {}: pid {pid}: an OOM report's allowed bytes ({}) for a process never seen: ignored",
+                    self.events.saturating_sub(1),
+                    ev.size
+                ));
                 Ok(())
             }
             EventKind::AllocFailed if ev.flags & F_OOM_AMEND != 0 => {
@@ -634,6 +668,8 @@ impl State {
                     },
                     outcome: OomOutcome::Pending,
                     tid: ev.tid,
+                    partial: self.partial.get(&pid).copied(),
+                    event: self.events - 1,
                 });
                 self.on_failure(self.ooms.len() - 1, ev);
                 Ok(())
@@ -927,6 +963,25 @@ mod process_rules_tests {
         s.apply(&Event { size: 1 << 30, requested: 1 << 29, handle: 1 << 20, ..Event::new(EventKind::FrameworkFigures, 9, 0) });
         assert_eq!(s.fact_note_count, 4);
         assert!(s.ooms.is_empty() && !s.spaces.contains_key(&(9, 0)));
+        // An OOM report's allowed bytes for a process never seen: a note, kept for nothing.
+        let amend = Event {
+            size: 1 << 30,
+            rc: 2,
+            op: EventKind::BlockAlloc as u16,
+            flags: crate::event::F_FAILED | crate::event::F_ALLOWED_KNOWN | F_OOM_AMEND,
+            ..Event::new(EventKind::AllocFailed, 11, 0)
+        };
+        s.apply(&amend);
+        assert_eq!(s.fact_note_count, 5, "{:?}", s.fact_notes);
+        assert!(
+            s.fact_notes[4].contains("pid 11: an OOM report's allowed bytes (1073741824) for a process never seen"),
+            "{:?}",
+            s.fact_notes
+        );
+        assert!(s.ooms.is_empty() && s.pending_allowed.is_empty());
+        // Of a process seen, it is kept for its OOM (the tracker's OOM entry may come after it).
+        s.apply(&Event { flags: amend.flags, ..Event { pid: 7, ..amend } });
+        assert_eq!((s.fact_note_count, s.pending_allowed.len()), (5, 1));
     }
 }
 
@@ -987,6 +1042,9 @@ mod failure_tests {
         };
         for first_oom in [true, false] {
             let mut s = State::default();
+            // The process started (its hook connected): an amendment of a process never seen is
+            // a note (a_settings_change_applies_from_there_and_bad_settings_are_noted_not_applied).
+            s.apply(&Event { ts_ns: 500, ..Event::new(EventKind::ProcessExec, 7, -1) });
             let (a, b) = if first_oom { (oom(1_000), amend(5_000)) } else { (amend(1_000), oom(5_000)) };
             s.apply(&a);
             s.apply(&b);

@@ -6,7 +6,8 @@
 //!
 //! A settings text that does not parse, or names a key PyTorch does not know, changes nothing:
 //! it is a counted note with PyTorch's own one-line reason ([`State::fact_notes`]), as is a
-//! framework's OOM figures for a process with no OOM.
+//! framework's OOM figures for a process with no OOM, and an OOM report's allowed bytes for a
+//! process no event told of.
 
 use super::{OomRecord, State};
 use crate::alloc::pytorch::AllocConf;
@@ -39,7 +40,7 @@ impl State {
     }
 
     /// A fact that could not be used: counted, the first few kept with their reason.
-    fn fact_note(&mut self, note: String) {
+    pub(super) fn fact_note(&mut self, note: String) {
         self.fact_note_count += 1;
         if self.fact_notes.len() < KEPT_FACT_NOTES {
             self.fact_notes.push(note);

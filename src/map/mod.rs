@@ -1141,6 +1141,7 @@ mod tests {
             allocator_refused: false,
             reserved: f.reserved,
             device_total: None,
+            partial: None,
         };
         assert_eq!(oom.verdict(), Verdict::Fragmentation, "{}", oom.explanation());
         for &a in bufs.iter().skip(1).step_by(2) {

@@ -6,7 +6,7 @@
 //! `check.rs` (the self-check: the trace under its own settings must reproduce itself),
 //! `sweep.rs` (the settings people try, and the ranking), `capacity.rs` (the least memory each setting needs; two traces on one card), `driver.rs` (self-check → baseline →
 //! scenarios → ranking, the one driver of the CLI and the verdict), `verdict.rs` (the sweep's answer in the
-//! OOM verdicts of `analyze` and the report). The rules the simulator applies are
+//! OOM verdicts of `analyze`, the report and the live pipeline). The rules the simulator applies are
 //! `crate::alloc::pytorch`, the same functions replay and live capture use.
 
 mod allocator;
@@ -25,10 +25,11 @@ pub use capacity::{
 pub use check::{self_check, Check, Divergence};
 pub use driver::{card_limits, drive, parse_confs, refusal, sweep_for, trace_limits, Ask, Driven};
 pub use stream::{
-    from_events, from_events_with_texts, from_snapshot, snapshot_conf, stream_of_file, Request, RequestStream, StreamError, TraceFinal,
+    from_events, from_events_upto, from_events_with_texts, from_snapshot, snapshot_conf, stream_of_file, stream_of_file_upto, Request,
+    RequestStream, StreamError, TraceFinal,
 };
 pub use sweep::{rank, recommendation, sweep_confs, Ranked};
-pub use verdict::apply_to_summary;
+pub use verdict::{apply_to_summary, compute as compute_fix, put as put_fix, ComputedFix, FixInput};
 
 use crate::alloc::pytorch::AllocConf;
 

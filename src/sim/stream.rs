@@ -536,6 +536,30 @@ pub fn from_events_with_texts(events: &[Event], texts: &[(usize, Box<[u8]>)]) ->
     Ok(s)
 }
 
+/// The request stream of a record's events (`texts` by index into them) up to and including the
+/// event at index `cut` (all of them with `None`, or when `cut` lies past the end): the trace a
+/// verdict's computed fix simulates (`super::verdict`), the same for the live pipeline's events
+/// and for the record it wrote.
+pub fn from_events_upto(events: &[Event], texts: &[(usize, Box<[u8]>)], cut: Option<u64>) -> Result<RequestStream, StreamError> {
+    let end = cut.map_or(events.len(), |c| (c as usize).saturating_add(1).min(events.len()));
+    let n = texts.partition_point(|(i, _)| *i < end);
+    from_events_with_texts(&events[..end], &texts[..n])
+}
+
+/// The request stream of any file gpufrag reads, up to and including the record's event at
+/// index `cut` (a snapshot's whole trace: its entries are not record events), or why not, in one
+/// line naming the file.
+pub fn stream_of_file_upto(path: &std::path::Path, cut: Option<u64>) -> Result<RequestStream, String> {
+    use std::io::Read;
+    let mut head = [0u8; 8];
+    let n = crate::input::open_input(path).map_err(|e| e.0)?.read(&mut head).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !crate::record::is_record(&head[..n]) {
+        return stream_of_file(path);
+    }
+    let rec = crate::record::read(path).map_err(|e| e.to_string())?;
+    from_events_upto(&rec.events, &rec.texts, cut).map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// The request stream of any file gpufrag reads (snapshot or record), or why not, in one line
 /// naming the file.
 pub fn stream_of_file(path: &std::path::Path) -> Result<RequestStream, String> {

@@ -7,9 +7,16 @@
 //! note saying why. A failure whose allowed bytes (`set_per_process_memory_fraction`) were seen
 //! is simulated under that cap: the sweep says which setting fits under it, beside the cap's own
 //! fix.
+//!
+//! One computation for every caller ([`compute`], then [`put`]): `analyze` and the report run it
+//! on a file, the live pipeline (`crate::live`) on the events it applied, both over the trace up
+//! to and including the failure of the first OOM ([`FixInput::cut`]): what happened after a
+//! caught OOM is what the program did because it failed, so the fix is about reaching past the
+//! failure. A record of the live run therefore replays to the same sentence.
 
 use super::{drive, sweep_for, Ask, Outcome, RequestStream};
 use crate::analysis::summary::{ScenarioBrief, Summary, WhatIfSummary};
+use crate::analysis::Verdict;
 
 fn brief(o: &Outcome) -> ScenarioBrief {
     ScenarioBrief {
@@ -22,58 +29,126 @@ fn brief(o: &Outcome) -> ScenarioBrief {
     }
 }
 
-/// Puts the simulated sweep into `summary`'s OOM verdicts; `stream` gives the trace's requests,
-/// or why they cannot be had (called only when there is an OOM).
-pub fn apply_to_summary(summary: &mut Summary, stream: impl FnOnce() -> Result<RequestStream, String>) {
-    if summary.ooms.is_empty() {
-        return;
+/// What the computation needs of a trace's OOMs: the first one's (in the order decided: the
+/// summary's order), and whether any is another allocator's than PyTorch's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FixInput {
+    /// The first OOM's device.
+    pub device: i16,
+    /// Its allowed bytes (`set_per_process_memory_fraction`), when seen.
+    pub allowed: Option<u64>,
+    /// The index of its failure's event in the stream (a record's event index): the trace is
+    /// simulated up to and including it. `None`: the whole trace (a snapshot's).
+    pub cut: Option<u64>,
+    /// An OOM of another allocator (XLA's BFC pool, CuPy's pool), if any.
+    pub other_allocator: Option<crate::alloc::Framework>,
+    /// What was missing from the first OOM's process's trace (`crate::ingest::partial`): the
+    /// simulation needs every request from its start, so there is no computed fix.
+    pub missing: Option<String>,
+}
+
+impl FixInput {
+    /// The input of `summary`'s OOMs; `None` when it has none.
+    pub fn of(summary: &Summary) -> Option<FixInput> {
+        let first = summary.ooms.first()?;
+        Some(FixInput {
+            device: first.device,
+            allowed: first.allowed,
+            cut: first.event,
+            other_allocator: summary.ooms.iter().find_map(|o| o.framework.filter(|f| *f != crate::alloc::Framework::Pytorch)),
+            missing: first.missing.clone(),
+        })
     }
+}
+
+/// The fix the simulation computed, for the OOMs of one device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ComputedFix {
+    /// The device simulated: the fix is that of its OOMs.
+    pub device: i16,
+    /// The sentence of the sweep (under the allowed bytes, when the first OOM had some).
+    pub sentence: String,
+    /// The allowed bytes it ran under.
+    pub allowed: Option<u64>,
+    /// The baseline and the best setting.
+    pub whatif: WhatIfSummary,
+}
+
+impl ComputedFix {
+    /// The fix of one OOM of the simulated device: the sentence, how it was had, and for an
+    /// allowed-limit verdict the cap's own fix beside it.
+    pub fn fix_of(&self, verdict: Verdict, own_fix: &str) -> String {
+        let simulated = format!(
+            "{} (simulated over {} allocator settings: gpufrag whatif FILE{})",
+            self.sentence,
+            self.whatif.scenarios,
+            self.allowed.map_or(String::new(), |a| format!(" --memory-limit {a}"))
+        );
+        if verdict == Verdict::AllowedLimit {
+            format!("{simulated}; or {own_fix}")
+        } else {
+            simulated
+        }
+    }
+}
+
+/// Runs the sweep for the OOMs `input` describes; `stream` gives the trace's requests up to
+/// `input.cut`, or why they cannot be had. `Err` is the note saying why there is no computed fix.
+pub fn compute(input: &FixInput, stream: impl FnOnce() -> Result<RequestStream, String>) -> Result<ComputedFix, String> {
     // The simulation is PyTorch's caching allocator: an OOM of XLA's BFC pool or CuPy's pool keeps
     // the advice in its own allocator's terms.
-    if let Some(f) = summary.ooms.iter().find_map(|o| o.framework.filter(|f| *f != crate::alloc::Framework::Pytorch)) {
-        summary.notes.push(format!(
+    if let Some(f) = input.other_allocator {
+        return Err(format!(
             "no simulated fix: the simulation models PyTorch's caching allocator, and this trace's OOM is {}'s",
             f.allocator()
         ));
-        return;
     }
-    let stream = match stream() {
-        Ok(s) => s,
-        Err(why) => {
-            summary.notes.push(format!("no simulated fix: {why}"));
-            return;
-        }
-    };
+    if let Some(m) = &input.missing {
+        return Err(format!("no simulated fix: the simulation replays every request from the process's start, and {m}"));
+    }
+    let stream = stream().map_err(|why| format!("no simulated fix: {why}"))?;
     // A failure under set_per_process_memory_fraction whose allowed bytes were seen (PyTorch's
     // OOM observer under `run`): the trace ran under that cap, so the self-check and every
     // scenario do too, and the answer is whether a setting fits under it.
-    let allowed = summary.ooms.iter().filter(|o| o.device == stream.device).find_map(|o| o.allowed);
+    let allowed = input.allowed.filter(|_| input.device == stream.device);
     let d = drive(&stream, &Ask { confs: sweep_for(&stream), memory_limit: allowed, device_memory: None, stop_unfaithful: true });
     if !d.check.faithful {
         let d = d.check.divergence.map(|d| d.what).unwrap_or_default();
-        summary.notes.push(format!("no simulated fix: the simulation does not reproduce this trace under its own settings ({d})"));
-        return;
+        return Err(format!("no simulated fix: the simulation does not reproduce this trace under its own settings ({d})"));
     }
-    let outcomes = d.outcomes;
     let best = d.ranked[0].index;
     let mut sentence = d.recommendation;
     if let Some(a) = allowed {
         sentence = format!("Under the allowed {} (set_per_process_memory_fraction): {sentence}", crate::units::human_bytes(a));
     }
-    for o in summary.ooms.iter_mut().filter(|o| o.device == stream.device) {
-        let simulated = format!(
-            "{sentence} (simulated over {} allocator settings: gpufrag whatif FILE{})",
-            outcomes.len(),
-            allowed.map_or(String::new(), |a| format!(" --memory-limit {a}"))
-        );
-        // The cap's own fix (the fraction that would allow the request) stays beside the simulated one.
-        o.fix = if o.verdict == crate::analysis::Verdict::AllowedLimit { format!("{simulated}; or {}", o.fix) } else { simulated };
-    }
-    summary.whatif = Some(WhatIfSummary {
+    let whatif = WhatIfSummary {
         faithful: true,
-        scenarios: outcomes.len(),
-        baseline: brief(&outcomes[0]),
-        best: brief(&outcomes[best]),
-        recommendation: sentence,
-    });
+        scenarios: d.outcomes.len(),
+        baseline: brief(&d.outcomes[0]),
+        best: brief(&d.outcomes[best]),
+        recommendation: sentence.clone(),
+    };
+    Ok(ComputedFix { device: stream.device, sentence, allowed, whatif })
+}
+
+/// Puts a computed fix (or the note why there is none) into `summary`'s OOM verdicts.
+pub fn put(summary: &mut Summary, fix: &Result<ComputedFix, String>) {
+    match fix {
+        Err(note) => summary.notes.push(note.clone()),
+        Ok(f) => {
+            for o in summary.ooms.iter_mut().filter(|o| o.device == f.device) {
+                o.fix = f.fix_of(o.verdict, &o.fix);
+            }
+            summary.whatif = Some(f.whatif.clone());
+        }
+    }
+}
+
+/// Puts the simulated sweep into `summary`'s OOM verdicts; `stream` gives the trace's requests
+/// up to the event index it is given (the first OOM's failure; `None`: all of them), or why they
+/// cannot be had (called only when there is an OOM).
+pub fn apply_to_summary(summary: &mut Summary, stream: impl FnOnce(Option<u64>) -> Result<RequestStream, String>) {
+    let Some(input) = FixInput::of(summary) else { return };
+    let fix = compute(&input, || stream(input.cut));
+    put(summary, &fix);
 }

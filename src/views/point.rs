@@ -56,6 +56,16 @@ pub fn fix_short(o: &OomSummary) -> String {
     o.fix.split([':', ';']).next().unwrap_or(&o.fix).trim().to_string()
 }
 
+/// The fix in one line (`top`): the simulation's sentence where it computed one
+/// (crate::sim::verdict, "With expandable_segments:True this run peaks at ..."), else the
+/// fix's first clause.
+pub fn fix_line(o: &OomSummary) -> String {
+    match o.fix.find(" (simulated over ") {
+        Some(end) => o.fix[..end].to_string(),
+        None => fix_short(o),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,5 +110,14 @@ mod tests {
         assert_eq!(headline(&o), "Fragmentation OOM at the driver level: 2.00 MiB requested");
         assert_eq!(fix_command(&o), None);
         assert_eq!(fix_short(&o), "pool the small allocations");
+        assert_eq!(fix_line(&o), "pool the small allocations");
+        let computed = OomSummary {
+            fix: "With expandable_segments:True this run peaks at 10.31 GiB reserved and the 2.50 GiB request that fails under PyTorch's defaults fits. (simulated over 12 allocator settings: gpufrag whatif FILE)".into(),
+            ..frag()
+        };
+        assert_eq!(
+            fix_line(&computed),
+            "With expandable_segments:True this run peaks at 10.31 GiB reserved and the 2.50 GiB request that fails under PyTorch's defaults fits."
+        );
     }
 }

@@ -18,7 +18,6 @@ use super::memviz::TraceLog;
 use super::svg::{esc, put, short_bytes};
 use super::timeline;
 use crate::analysis::summary::{DeviceSummary, OomSummary, Summary};
-use crate::analysis::Verdict;
 use crate::ingest::{ProcessDevice, State};
 use crate::input::{self, UnusableInput};
 use crate::units::{human_bytes, thousands as group};
@@ -62,7 +61,7 @@ pub fn load(path: &Path, max_points: usize, log_entries: Option<usize>) -> anyho
     let mut notes = loaded.notes.clone();
     notes.append(&mut summary.notes);
     summary.notes = notes;
-    crate::sim::apply_to_summary(&mut summary, || crate::sim::stream_of_file(path));
+    crate::sim::apply_to_summary(&mut summary, |cut| crate::sim::stream_of_file_upto(path, cut));
     let mut state = State::new(loaded.rules.clone());
     let mut history = History::new(max_points);
     let mut log = log_entries.map(TraceLog::new);
@@ -177,43 +176,6 @@ fn bytes_td(field: &str, b: u64) -> String {
     format!("<td class=\"num\" data-field=\"{field}\" data-bytes=\"{b}\" title=\"{} B\">{}</td>", group(b), esc(&human_bytes(b)))
 }
 
-fn headline(o: &OomSummary) -> String {
-    let total = o.device_free + o.stranded + o.releasable;
-    match o.verdict {
-        Verdict::Fragmentation if o.page_stranded > 0 && o.stranded == 0 => format!(
-            "Fragmentation OOM at the driver level: {} was asked for, and {} sits free in partly used 2 MiB pages that no request of 2 MiB or more can use.",
-            human_bytes(o.requested),
-            human_bytes(o.page_stranded),
-        ),
-        Verdict::Fragmentation => format!(
-            "Fragmentation OOM: {} was asked for and {} is free in all, but no single free piece is that large.",
-            human_bytes(o.requested),
-            human_bytes(total),
-        ),
-        Verdict::TrueOom => format!("True OOM: {} was asked for, and only {} is free in all, cache included.", human_bytes(o.requested), human_bytes(total)),
-        Verdict::Inconclusive => format!("Inconclusive: by the traced figures {} should have fit; the cause lies outside what was traced.", human_bytes(o.requested)),
-        Verdict::SharingLimit => match &o.limit {
-            Some(l) => format!(
-                "Sharing limit: {} was asked for on top of {} held, {} over {}.",
-                human_bytes(o.requested),
-                human_bytes(l.used),
-                human_bytes(l.over),
-                l.limit.name()
-            ),
-            None => format!("Sharing limit: {} was refused at a sharing layer's limit.", human_bytes(o.requested)),
-        },
-        Verdict::AllowedLimit => match o.allowed {
-            Some(a) => format!(
-                "Allowed limit: {} was asked for on top of {} reserved, over the {} the allocator is allowed (set_per_process_memory_fraction).",
-                human_bytes(o.requested),
-                human_bytes(o.reserved),
-                human_bytes(a)
-            ),
-            None => format!("Allowed limit: the caching allocator refused {} without asking the driver: a limit inside it (set_per_process_memory_fraction).", human_bytes(o.requested)),
-        },
-    }
-}
-
 /// `text` after its opening "fragmentation OOM ...: " / "true OOM: " clause, when it has one.
 fn without_verdict(text: &str) -> &str {
     let lower = text.to_lowercase();
@@ -302,9 +264,14 @@ fn verdict_section(out: &mut String, s: &Summary, oom: Option<usize>) {
             );
             put(
                 out,
-                format_args!("<div class=\"tag\">{}</div>\n<h2>{}</h2>\n", esc(&o.verdict.name().replace('_', " ")), esc(&headline(o))),
+                format_args!(
+                    "<div class=\"tag\">{}</div>\n<h2>{}</h2>\n",
+                    esc(&o.verdict.name().replace('_', " ")),
+                    esc(&crate::views::point::headline(o))
+                ),
             );
-            // The explanation without its opening verdict clause: the headline just said it.
+            // The one sentence per verdict (crate::views::point::headline, as the demo says it),
+            // then the explanation without its opening verdict clause: the headline just said it.
             put(out, format_args!("<p class=\"why\">{}</p>\n", esc(&sentence(without_verdict(&o.explanation)))));
             fix_block(out, o);
             free_card(out, o);

@@ -233,6 +233,12 @@ pub const F_ALLOWED_KNOWN: u32 = 1 << 13;
 /// [`F_ALLOWED_KNOWN`]) to its process's latest allocator OOM on its device (the trace tracker's
 /// OOM entry, which cannot carry them), or to the next one when it comes first.
 pub const F_OOM_AMEND: u32 = 1 << 14;
+/// A `ProcessExec` saying the process's trace is partial: it was first seen after its start
+/// (attached mid-run), or probes it used came in after it had started (an exec hold released by
+/// its timeout, annotations found late), so what it allocated before (segments or blocks) is
+/// missing. Its OOMs are `inconclusive`, never `true_oom` or `fragmentation`. A `ProcessExec`
+/// without it is a process traced from its start.
+pub const F_PARTIAL: u32 = 1 << 15;
 
 /// The wire record: 80 bytes, little-endian on every platform gpufrag runs on.
 #[repr(C)]

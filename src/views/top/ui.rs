@@ -117,7 +117,7 @@ fn draw_title(f: &mut TermFrame<'_>, app: &App, area: Rect) {
 fn draw_oom(f: &mut TermFrame<'_>, app: &App, area: Rect) {
     let Some(o) = app.frame.as_ref().and_then(|fr| fr.summary.ooms.last()) else { return };
     let text = format!(
-        "OOM pid {} gpu {}: {} requested: {} (largest free block {}, stranded {}, device free {}{}{}){}",
+        "OOM pid {} gpu {}: {} requested: {} (largest free block {}, stranded {}, device free {}{}{}){} · fix: {}",
         o.pid,
         o.device,
         human_bytes(o.requested),
@@ -129,7 +129,9 @@ fn draw_oom(f: &mut TermFrame<'_>, app: &App, area: Rect) {
         if o.page_stranded > 0 { format!(", page-stranded {}", human_bytes(o.page_stranded)) } else { String::new() },
         o.allowed.map_or(String::new(), |a| format!(", allowed {}", human_bytes(a))),
         // Who else held the GPU (crate::holders): the largest holder.
-        o.holders.list.first().map_or(String::new(), |h| format!("; {}", h.sentence()))
+        o.holders.list.first().map_or(String::new(), |h| format!("; {}", h.sentence())),
+        // The summary's fix: the computed one where the simulation ran (crate::sim::verdict).
+        crate::views::point::fix_line(o)
     );
     f.render_widget(Paragraph::new(Line::from(Span::styled(text, Style::default().fg(Color::Red).add_modifier(Modifier::BOLD)))), area);
 }
