@@ -273,7 +273,7 @@ mod tool_support;
 
 #[path = "common/story.rs"]
 mod story;
-use story::assert_replays;
+use story::{analyze, assert_replays};
 
 /// One OOM story in every output: the summary, the live line (the verdict printed on stderr), the
 /// record's replay (`analyze`), the report, Prometheus and OTLP: `ooms` OOMs and `retries` retries.
