@@ -23,6 +23,7 @@
 //! The state's size distributions (allocation sizes as events arrive, free-run sizes at a
 //! summary) live beside it in [`histogram`].
 
+pub mod forecasts;
 pub mod histogram;
 pub mod holders;
 pub mod oom_rule;
@@ -377,6 +378,13 @@ pub struct State {
     retries: BTreeMap<(u32, i16), u64>,
     /// Indices into `ooms` of the records decided as OOMs, in the order decided.
     oom_log: Vec<usize>,
+    /// Per (pid, device): the latest forecast of its peak ([`forecasts`]); kept when a process
+    /// is forgotten, like its OOM records.
+    pub forecasts: BTreeMap<(u32, i16), forecasts::Forecast>,
+    /// The first [`forecasts::KEPT_WARNINGS`] warnings (forecasts that do not fit), in order.
+    pub forecast_warnings: Vec<forecasts::Forecast>,
+    /// Per (pid, device): warnings so far.
+    pub forecast_warning_counts: BTreeMap<(u32, i16), u64>,
 }
 
 /// How far apart in time an OOM and the amendment that gives it its allowed bytes may be (they
@@ -534,6 +542,10 @@ impl State {
             EventKind::RecordEnd => Ok(()),
             EventKind::AllocSettings | EventKind::MemoryFraction | EventKind::FrameworkInfo | EventKind::FrameworkFigures => {
                 self.apply_fact(ev, kind, text);
+                Ok(())
+            }
+            EventKind::Forecast => {
+                self.apply_forecast(ev, text);
                 Ok(())
             }
             // Placement is the attribution's (the live pipeline reads it before the state).
