@@ -16,7 +16,7 @@
 mod step;
 pub mod watch;
 
-pub use step::{extrapolate, find_step, find_step_in, keys, keys_from, Growth, Step, MIN_REPEATS};
+pub use step::{extrapolate, find_step, find_step_in, keys, keys_from, Growth, Step, ENVELOPE_STEPS, MIN_REPEATS};
 
 use crate::alloc::pytorch::AllocConf;
 use crate::sim::{self, Addresses, Allocator, Limits, Oom, Request, RequestStream};
@@ -91,7 +91,11 @@ pub struct Forecast {
 pub struct Replayed {
     /// The allocator.
     pub allocator: Allocator,
-    ptrs: Vec<u64>,
+    /// Where each allocation whose block is not yet reusable again lives (allocation index →
+    /// address; a failed one is absent): only the live ones are kept, so a copy for the next
+    /// steps costs what is live, not the whole history.
+    ptrs: std::collections::HashMap<u32, u64>,
+    allocs: u32,
     /// The highest reserved bytes so far.
     pub peak: u64,
     /// The first request that failed (the process would have raised there).
@@ -101,7 +105,13 @@ pub struct Replayed {
 impl Replayed {
     /// An empty allocator under `conf`, no limit.
     pub fn new(conf: AllocConf) -> Replayed {
-        Replayed { allocator: Allocator::new(conf, Limits::default(), Addresses::Model), ptrs: Vec::new(), peak: 0, failed: None }
+        Replayed {
+            allocator: Allocator::new(conf, Limits::default(), Addresses::Model),
+            ptrs: std::collections::HashMap::new(),
+            allocs: 0,
+            peak: 0,
+            failed: None,
+        }
     }
 
     /// Runs one request.
@@ -109,11 +119,12 @@ impl Replayed {
         let out = match *r {
             Request::Alloc { size, stream, traced, .. } => match self.allocator.malloc(size, stream) {
                 Ok(p) => {
-                    self.ptrs.push(p);
+                    self.ptrs.insert(self.allocs, p);
+                    self.allocs += 1;
                     Ok(())
                 }
                 Err(o) => {
-                    self.ptrs.push(0);
+                    self.allocs += 1;
                     // a request that failed in the trace too is passed over, as the program did
                     if traced.is_some() {
                         self.failed.get_or_insert(o.clone());
@@ -121,8 +132,21 @@ impl Replayed {
                     Err(o)
                 }
             },
-            _ => {
-                sim::release(&mut self.allocator, &self.ptrs, r);
+            // as sim's replay releases (crate::sim::release), with the live allocations only
+            Request::FreeRequested { alloc, .. } => {
+                if let Some(&p) = self.ptrs.get(&alloc) {
+                    self.allocator.free_requested(p);
+                }
+                Ok(())
+            }
+            Request::FreeCompleted { alloc, .. } => {
+                if let Some(p) = self.ptrs.remove(&alloc) {
+                    self.allocator.free_completed(p);
+                }
+                Ok(())
+            }
+            Request::EmptyCache { .. } => {
+                self.allocator.empty_cache();
                 Ok(())
             }
         };
@@ -138,7 +162,7 @@ impl Replayed {
 
     /// Allocations run so far.
     pub fn allocs(&self) -> u32 {
-        self.ptrs.len() as u32
+        self.allocs
     }
 }
 
@@ -291,8 +315,9 @@ impl Predictor {
         let n = self.requests.len();
         let from = n.saturating_sub(FINDER_WINDOW);
         if let Some(p) = self.last_step.filter(|&p| 3 * p <= n) {
-            // the last step still holds when its last three windows are equal: search only those
-            let from = n - 3 * p;
+            // the last step still holds when its last three windows are equal: search only the
+            // steps the finder counts back (the same answer as a search of the whole window)
+            let from = n.saturating_sub((ENVELOPE_STEPS + 1) * p).max(n.saturating_sub(FINDER_WINDOW));
             let allocs = self.allocs_before(from);
             if let Ok(st) = find_step_in(&self.requests[from..], allocs) {
                 if st.period == p {

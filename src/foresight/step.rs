@@ -45,7 +45,8 @@ pub struct Step {
     pub period: usize,
     /// Allocations in one step.
     pub allocs: usize,
-    /// Whole steps seen back to back at the end of the stream (at least 3).
+    /// Whole steps seen back to back at the end of the stream (at least 3, at most
+    /// [`ENVELOPE_STEPS`]).
     pub repeats: usize,
     /// The first request of the last whole step (an index into the requests searched).
     pub last_start: usize,
@@ -63,6 +64,10 @@ pub struct Step {
 
 /// The smallest number of whole steps the finder needs.
 pub const MIN_REPEATS: usize = 3;
+
+/// The most whole steps counted back from the end (the envelope of a varying step is taken over
+/// them): a search of the last `(ENVELOPE_STEPS + 1)` steps finds what a search of the whole does.
+pub const ENVELOPE_STEPS: usize = 16;
 
 fn key(r: &Request, allocs_before: u32) -> u64 {
     match *r {
@@ -148,7 +153,8 @@ pub fn find_step_in(requests: &[Request], allocs_before: u32) -> Result<Step, St
         return Err(format!("no repeating step in the last {n} requests (the last three windows of any length differ)"));
     };
     let mut repeats = 3;
-    while (repeats + 1) * period <= n && k[n - (repeats + 1) * period..n - repeats * period] == k[n - period..n] {
+    while repeats < ENVELOPE_STEPS && (repeats + 1) * period <= n && k[n - (repeats + 1) * period..n - repeats * period] == k[n - period..n]
+    {
         repeats += 1;
     }
     let sizes = |start: usize| -> Vec<u64> {
