@@ -59,7 +59,7 @@ enum Job {
     /// New requests and readings; `cap`: the process's memory fraction's allowed bytes.
     Requests {
         key: Key,
-        conf: Option<AllocConf>,
+        conf: Option<Box<AllocConf>>,
         items: Vec<Item>,
         cap: Option<u64>,
         ipc: bool,
@@ -242,7 +242,7 @@ impl Watch {
     fn send(&mut self, state: &State, key: Key) {
         let Some(t) = self.procs.get_mut(&key) else { return };
         let cap = state.allowed_of(key.0, key.1);
-        let job = Job::Requests { key, conf: t.conf.take(), items: std::mem::take(&mut t.batch), cap, ipc: t.ipc };
+        let job = Job::Requests { key, conf: t.conf.take().map(Box::new), items: std::mem::take(&mut t.batch), cap, ipc: t.ipc };
         if let Some(tx) = &self.tx {
             let _ = tx.send(job);
         }
@@ -339,7 +339,7 @@ fn work(jobs: mpsc::Receiver<Job>, said: mpsc::Sender<Said>) {
             match job {
                 Job::Requests { key, conf, items, cap, ipc } => {
                     let w = procs.entry(key).or_insert_with(|| Worked {
-                        predictor: Predictor::new(conf.clone().unwrap_or_default()),
+                        predictor: Predictor::new(conf.clone().map(|c| *c).unwrap_or_default()),
                         since: 0,
                         period: None,
                     });
