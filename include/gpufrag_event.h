@@ -49,6 +49,7 @@ enum gpufrag_event_kind {
 	GPUFRAG_EV_MEMORY_FRACTION = 25,   /* set_per_process_memory_fraction on device: size = allowed bytes, text = the fraction */
 	GPUFRAG_EV_FRAMEWORK_INFO = 26,    /* the framework managing the process's memory: flags = its allocator, text = name and version */
 	GPUFRAG_EV_FRAMEWORK_FIGURES = 27, /* a framework's figures at its OOM: size = pool, requested = in use, handle = largest free chunk */
+	GPUFRAG_EV_FORECAST = 28,          /* gpufrag's forecast of a process's peak: size = predicted peak, requested = available, handle = steps ahead (0 fits), addr = steps simulated, text = fix */
 	GPUFRAG_EV_DEVICE_UUID = 32,       /* the driver's UUID of CUDA ordinal device: bytes 0..8 in addr, 8..16 in size (big-endian) */
 	GPUFRAG_EV_IPC_EXPORT = 40,        /* cuIpcGetMemHandle / cudaIpcGetMemHandle of the allocation holding addr; rc */
 	GPUFRAG_EV_KIND_COUNT = 41,        /* one past the largest kind (kinds may leave gaps: a number is never reused) */

@@ -61,6 +61,11 @@ pub struct Live {
     fix_trace: Option<KeptTrace>,
     /// The computed fix's simulation under way, and since when.
     fix_running: Option<(std::sync::mpsc::Receiver<Result<crate::sim::ComputedFix, String>>, Instant)>,
+    /// The live prediction of each PyTorch process's coming peak (`crate::foresight::watch`):
+    /// fed each applied event, its worker's forecasts applied as events.
+    foresight: crate::foresight::watch::Watch,
+    /// Per process: the steps ahead of the last warning printed.
+    warned: BTreeMap<(u32, i16), u64>,
 }
 
 /// The events applied, and the texts of those that have one (by index into them): what a record
@@ -106,6 +111,11 @@ impl Live {
     /// Once 500 ms have passed since `last`: the periodic work ([`Live::tick`]) and, on a
     /// terminal (`tty`), the status line redrawn in place on stderr.
     pub fn status_tick(&mut self, last: &mut Instant, tty: bool) {
+        // The prediction's requests go to its worker about every 100 ms (the loops call this
+        // that often), its answers come back as events.
+        self.foresight.flush(&self.state);
+        let said = self.foresight.said();
+        self.apply_forecasts(said);
         if last.elapsed() < Duration::from_millis(500) {
             return;
         }
@@ -152,6 +162,8 @@ impl Live {
             holder_reader: crate::ebpf::nvml::HolderReader::new(std::env::var("GPUFRAG_NVML_LIB").ok().as_deref()),
             fix_trace: Some((Vec::new(), Vec::new())),
             fix_running: None,
+            foresight: crate::foresight::watch::Watch::new(),
+            warned: BTreeMap::new(),
         })
     }
 
@@ -222,6 +234,7 @@ impl Live {
                     self.attribution.limit_on(o.pid, o.device).map(|l| crate::limits::LimitHit::judge(&l, o.figures.reserved, o.requested));
             }
         }
+        self.foresight.observe(&self.state, e);
         for o in self.observers.iter_mut() {
             o.event(&self.state, e);
         }
@@ -525,6 +538,45 @@ impl Live {
         }
     }
 
+    /// States each forecast of the worker as an event (recorded: a record replays to the same
+    /// warnings) and prints a warning's line: the first of a process, then each time the step
+    /// that does not fit comes nearer.
+    fn apply_forecasts(&mut self, said: Vec<crate::foresight::watch::Said>) {
+        for s in said {
+            let Ok(f) = s.result else { continue };
+            let (pid, device) = s.key;
+            let (peak, ahead, fix) = match &f.warning {
+                Some(w) => (w.predicted_peak, w.steps_ahead as u64, w.fix_text.clone()),
+                None => (f.predicted_peak, 0, String::new()),
+            };
+            let capped = self.state.allowed_of(pid, device).is_some_and(|c| c == f.available);
+            let e = Event {
+                ts_ns: now_ns(),
+                size: peak,
+                requested: f.available,
+                handle: ahead,
+                addr: f.horizon as u64,
+                op: u16::from(capped),
+                ..Event::new(EventKind::Forecast, pid, device)
+            };
+            self.apply_placed_text(&e, fix.as_bytes());
+            if ahead > 0 && self.warned.get(&s.key).is_none_or(|&last| ahead < last) {
+                self.warned.insert(s.key, ahead);
+                if !self.quiet {
+                    let clear = if std::io::stderr().is_terminal() { "\r\x1b[K" } else { "" };
+                    eprintln!(
+                        "{clear}[gpufrag] WARNING pid {pid} on device {device}: predicted OOM {ahead} step(s) ahead ({} step: {} requests): peak {} reserved, {} {}; checkpoint now\n[gpufrag]   fix: {fix}",
+                        f.step.growth.name(),
+                        f.step.period,
+                        h(peak),
+                        h(f.available),
+                        if capped { "allowed (its cap)" } else { "available on the device" },
+                    );
+                }
+            }
+        }
+    }
+
     fn print_oom(&self, i: usize) {
         let o = &self.state.ooms[i];
         if self.quiet {
@@ -566,6 +618,9 @@ impl Live {
     /// Gives every observer the final state and ends the record file with its end marker (a
     /// record without one reads as cut).
     pub fn finish(&mut self) {
+        // The worker answers what was queued before the end is settled.
+        let said = self.foresight.finish(&self.state);
+        self.apply_forecasts(said);
         // The end of the run: what nothing recovered is an OOM.
         self.state.settle_all();
         self.report_new_ooms();
@@ -664,6 +719,7 @@ impl Live {
         }
         s.notes.extend(self.attribution.notes());
         s.notes.extend(self.holder_reader.notes());
+        s.notes.extend(self.foresight.summary_notes(&self.state));
         s.attribute(&self.state, &self.attribution);
         Ok(s)
     }

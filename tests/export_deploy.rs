@@ -301,7 +301,12 @@ fn the_manifests_run_on_gpu_nodes_as_docs_say() {
         for r in g["rules"].as_array().unwrap() {
             let url = r["annotations"]["runbook_url"].as_str().unwrap_or_else(|| panic!("{} has no runbook_url", r["alert"]));
             assert!(url.starts_with("https://") && url.contains("docs/operations.md#"), "{url}");
-            if r["labels"]["severity"] != "info" {
+            // a predicted OOM (foresight) has its own runbook: checkpoint now
+            if r["alert"] == "GpuMemoryPredictedOOM" {
+                assert!(url.ends_with("#runbook-predicted-oom-checkpoint-now"), "{}: {url}", r["alert"]);
+                let ops = std::fs::read_to_string(root().join("docs/operations.md")).expect("docs/operations.md");
+                assert!(ops.contains("## Runbook: predicted OOM, checkpoint now"), "the runbook's heading is gone");
+            } else if r["labels"]["severity"] != "info" {
                 assert!(url.ends_with("#runbook-alert-drain-the-node-resume-from-a-checkpoint"), "{}: {url}", r["alert"]);
             }
         }

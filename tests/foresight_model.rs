@@ -174,3 +174,44 @@ fn recorded_h200_streams_training_and_decoding_have_steps_and_no_warning_on_an_h
         );
     }
 }
+
+/// The live pipeline searches a window of the last requests (foresight::FINDER_WINDOW) with the
+/// allocations before it counted: on the recorded streams, the step found in the last
+/// ENVELOPE_STEPS + 1 steps is the one found in the whole, and the live predictor (requests pushed one by one,
+/// predictions along the way) ends at the whole stream's forecast.
+#[test]
+fn a_window_of_the_stream_finds_the_same_step_and_the_live_predictor_the_same_forecast() {
+    use gpufrag::foresight::{find_step_in, Predictor};
+    for name in ["whatif/train_s0_nolimit.pickle.gz", "whatif/kvcache_s0_nolimit.pickle.gz", "gpt2_varlen.pickle.gz"] {
+        // a live view half way through (the trace's end is its teardown, no step)
+        let full = fixture(name);
+        let s = prefix(&full, full.requests.len() / 2);
+        let whole = find_step(&s.requests).unwrap_or_else(|e| panic!("{name}: {e}"));
+        // the live pipeline's shortcut: the last ENVELOPE_STEPS + 1 steps of the step found before
+        let from = s.requests.len().saturating_sub((gpufrag::foresight::ENVELOPE_STEPS + 1) * whole.period);
+        let before = s.requests[..from].iter().filter(|r| matches!(r, Request::Alloc { .. })).count() as u32;
+        let win = find_step_in(&s.requests[from..], before).unwrap_or_else(|e| panic!("{name}: window: {e}"));
+        assert_eq!(
+            (win.period, win.growth, &win.last_sizes, &win.delta),
+            (whole.period, whole.growth, &whole.last_sizes, &whole.delta),
+            "{name}"
+        );
+        assert_eq!(win.allocs_before_last, whole.allocs_before_last, "{name}");
+        let room = Available::Device(sim::DEFAULT_DEVICE_TOTAL);
+        let mut p = Predictor::new(s.conf.clone());
+        p.set_limits(Some(sim::DEFAULT_DEVICE_TOTAL), None);
+        for (i, r) in s.requests.iter().enumerate() {
+            p.push(*r);
+            if i % 5000 == 4999 {
+                let _ = p.predict(room, 3);
+            }
+        }
+        let live = p.predict(room, 3).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let offline = forecast(&s, room, 3).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            (live.predicted_peak, live.reserved_now, live.warning.is_none()),
+            (offline.predicted_peak, offline.reserved_now, true),
+            "{name}"
+        );
+    }
+}

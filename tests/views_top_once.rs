@@ -104,3 +104,37 @@ fn top_without_a_terminal_says_it_needs_one() {
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("gpufrag top needs a terminal") && err.contains("gpufrag top --once"), "{err}");
 }
+
+/// Issue 24: a record whose forecast event warns (foresight: a predicted OOM) shows the marker
+/// in `top --once`: the process, the steps ahead, the predicted peak and what it may hold, the fix.
+#[test]
+fn a_forecast_warning_in_the_record_is_marked_in_top() {
+    let dir = std::env::temp_dir().join(format!("gpufrag-top-warn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("warn.rec");
+    let mut w = gpufrag::record::Writer::create(&path).expect("record");
+    w.write(&Event {
+        ts_ns: 1_000,
+        addr: 0x7f00_0000_0000,
+        size: 3 * GIB,
+        requested: 3 * GIB,
+        device_free: GIB,
+        flags: F_DEVICE_FREE_KNOWN,
+        ..Event::new(EventKind::MemAlloc, 4242, 0)
+    })
+    .expect("write");
+    let fix = b"no setting tried fits the step that fails in 4.00 GiB: checkpoint now";
+    w.write_text(
+        &Event { ts_ns: 2_000, size: 5 * GIB, requested: 4 * GIB, handle: 2, addr: 8, ..Event::new(EventKind::Forecast, 4242, 0) },
+        fix,
+    )
+    .expect("write");
+    w.finish().expect("finish");
+    let frame = once(&path, 200);
+    assert!(frame.contains("1 predicted OOM warning(s)"), "{frame}");
+    assert!(
+        frame.contains("PREDICTED OOM pid 4242 gpu 0: 2 step(s) ahead, peak 5.00 GiB of 4.00 GiB available: checkpoint now"),
+        "{frame}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -63,6 +63,11 @@ pub struct Summary {
     /// otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coverage: Option<Vec<crate::ingest::Coverage>>,
+    /// Foresight's warnings (forecast events whose simulated steps do not fit), in order: when,
+    /// which process and device, the predicted peak, what it may hold, how many steps ahead, and
+    /// the setting that would fit. A record replays to the same list.
+    #[serde(default)]
+    pub warnings: Vec<crate::ingest::forecasts::Forecast>,
 }
 
 /// An allocation call that failed with a code other than out-of-memory.
@@ -550,6 +555,10 @@ impl Summary {
                 state.failed_releases
             ));
         }
+        let warned: u64 = state.forecast_warning_counts.values().sum();
+        if warned > state.forecast_warnings.len() as u64 {
+            notes.push(format!("{warned} foresight warnings: the first {} are listed", state.forecast_warnings.len()));
+        }
         if state.unknown_kinds > 0 {
             notes.push(format!("{} events had a kind this build does not know", state.unknown_kinds));
         }
@@ -588,6 +597,7 @@ impl Summary {
                 .collect(),
             capture: None,
             coverage: None,
+            warnings: state.forecast_warnings.clone(),
         };
         // The live pipeline's computed fix (one computation, every view of this state).
         if let Some(fix) = &state.computed_fix {

@@ -185,6 +185,20 @@ pub static METRICS: &[Metric] = &[
             out
         },
     },
+    Metric {
+        name: "gpufrag.process.memory.predicted_peak",
+        unit: "By",
+        kind: Kind::Gauge,
+        float: false,
+        help: "Foresight: the peak reserved bytes the process's next steps will need, simulated on its allocator's current state (for a predicted OOM: reserved then + the failing request's segment); only processes with a forecast",
+        points: |v| {
+            v.processes
+                .iter()
+                .filter_map(|p| p.predicted_peak.map(|b| Point { attrs: process_attrs(p), value: U64(b) }))
+                .collect()
+        },
+    },
+    Metric { name: "gpufrag.foresight.warnings", unit: "{warning}", kind: Kind::Counter, float: false, help: "Foresight: forecasts whose simulated next steps do not fit in what the process may hold (a predicted OOM: checkpoint now)", points: |v| per_process(v, |p, _| U64(p.warnings)) },
     Metric { name: "gpufrag.alloc_retries", unit: "{retry}", kind: Kind::Counter, float: false, help: "Failed allocations that recovered: the same thread's next allocation of that size succeeded after memory was released (PyTorch's num_alloc_retries); never counted in gpufrag.ooms", points: |v| per_process(v, |p, _| U64(p.retries)) },
     Metric {
         name: "gpufrag.ooms.held",

@@ -49,6 +49,11 @@ pub struct ProcessPoint {
     /// Of those, the OOMs at which other processes held memory on the GPU, by who they were:
     /// traced only, untraced only (NVML's list), both (`crate::ingest::holders::Holders::kind`).
     pub ooms_held: [u64; 3],
+    /// Foresight's latest forecast of the process's peak reserved bytes on the device, when one
+    /// was made (`crate::ingest::forecasts`).
+    pub predicted_peak: Option<u64>,
+    /// Foresight's warnings so far (forecasts whose simulated steps do not fit).
+    pub warnings: u64,
     /// The caching allocator whose blocks it uses, when one was seen (the `gpufrag.framework`
     /// attribute: one of [`crate::alloc::Framework::ALL`]'s names, or `none`).
     pub framework: Option<crate::alloc::Framework>,
@@ -415,6 +420,8 @@ impl Builder {
                 ooms: ooms.get(&key).copied().unwrap_or_default(),
                 retries: state.retries_of(pid, device),
                 ooms_held: held.get(&key).copied().unwrap_or_default(),
+                predicted_peak: state.forecast_of(pid, device).map(|f| f.predicted_peak),
+                warnings: state.forecast_warnings_of(pid, device),
                 framework: s.framework,
                 exited,
                 identity,

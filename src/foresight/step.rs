@@ -45,10 +45,14 @@ pub struct Step {
     pub period: usize,
     /// Allocations in one step.
     pub allocs: usize,
-    /// Whole steps seen back to back at the end of the stream (at least 3).
+    /// Whole steps seen back to back at the end of the stream (at least 3, at most
+    /// [`ENVELOPE_STEPS`]).
     pub repeats: usize,
-    /// The first request of the last whole step.
+    /// The first request of the last whole step (an index into the requests searched).
     pub last_start: usize,
+    /// Allocations before the last whole step, counted from the stream's start (its first
+    /// allocation's index in the stream).
+    pub allocs_before_last: u32,
     /// How the sizes change.
     pub growth: Growth,
     /// Sizes of the last step's allocations, in order.
@@ -61,6 +65,10 @@ pub struct Step {
 /// The smallest number of whole steps the finder needs.
 pub const MIN_REPEATS: usize = 3;
 
+/// The most whole steps counted back from the end (the envelope of a varying step is taken over
+/// them): a search of the last `(ENVELOPE_STEPS + 1)` steps finds what a search of the whole does.
+pub const ENVELOPE_STEPS: usize = 16;
+
 fn key(r: &Request, allocs_before: u32) -> u64 {
     match *r {
         Request::Alloc { stream, .. } => 1 ^ (stream.wrapping_mul(0x9e37_79b9_7f4a_7c15) << 2),
@@ -72,7 +80,12 @@ fn key(r: &Request, allocs_before: u32) -> u64 {
 
 /// The keys of `requests` (see the module header).
 pub fn keys(requests: &[Request]) -> Vec<u64> {
-    let mut n = 0u32;
+    keys_from(requests, 0)
+}
+
+/// The keys of `requests`, a window of a stream that made `allocs_before` allocations before it.
+pub fn keys_from(requests: &[Request], allocs_before: u32) -> Vec<u64> {
+    let mut n = allocs_before;
     requests
         .iter()
         .map(|r| {
@@ -111,11 +124,17 @@ fn window(h: &[u64], p: &[u64], a: usize, b: usize) -> u64 {
 
 /// Finds the step of `requests`, or says why there is none (a one-line note).
 pub fn find_step(requests: &[Request]) -> Result<Step, String> {
+    find_step_in(requests, 0)
+}
+
+/// Finds the step of `requests`, the last requests of a stream that made `allocs_before`
+/// allocations before them (the live pipeline searches a bounded window, not the whole history).
+pub fn find_step_in(requests: &[Request], allocs_before: u32) -> Result<Step, String> {
     let n = requests.len();
     if n < MIN_REPEATS * 2 {
         return Err(format!("{n} requests are too few to find a step (at least {} whole steps are needed)", MIN_REPEATS));
     }
-    let k = keys(requests);
+    let k = keys_from(requests, allocs_before);
     let (h, p) = prefix(&k);
     let mut found = None;
     for period in 1..=n / MIN_REPEATS {
@@ -134,7 +153,8 @@ pub fn find_step(requests: &[Request]) -> Result<Step, String> {
         return Err(format!("no repeating step in the last {n} requests (the last three windows of any length differ)"));
     };
     let mut repeats = 3;
-    while (repeats + 1) * period <= n && k[n - (repeats + 1) * period..n - repeats * period] == k[n - period..n] {
+    while repeats < ENVELOPE_STEPS && (repeats + 1) * period <= n && k[n - (repeats + 1) * period..n - repeats * period] == k[n - period..n]
+    {
         repeats += 1;
     }
     let sizes = |start: usize| -> Vec<u64> {
@@ -166,20 +186,22 @@ pub fn find_step(requests: &[Request]) -> Result<Step, String> {
         }
         (Growth::Varying, max.iter().zip(&s2).map(|(&m, &s)| m as i64 - s as i64).collect())
     };
-    Ok(Step { period, allocs: s2.len(), repeats, last_start, growth, last_sizes: s2, delta })
+    let allocs_before_last = allocs_before + requests[..last_start].iter().filter(|r| matches!(r, Request::Alloc { .. })).count() as u32;
+    Ok(Step { period, allocs: s2.len(), repeats, last_start, allocs_before_last, growth, last_sizes: s2, delta })
 }
 
 /// The requests of the `ahead`-th step after the stream's end (1 = the next one), for a stream
 /// with `allocs_so_far` allocations before that step: the last step's requests with each size
 /// extrapolated (growing: `ahead` × the change; varying: the envelope), each free pointing at
-/// the allocation the same lag back.
+/// the allocation the same lag back. `requests` are those the step was found in.
 pub fn extrapolate(requests: &[Request], step: &Step, ahead: usize, allocs_so_far: u32) -> Vec<Request> {
     let mut out = Vec::with_capacity(step.period);
     let mut n = allocs_so_far;
     let mut j = 0usize;
-    let k = keys(requests);
-    for (i, r) in requests[step.last_start..step.last_start + step.period].iter().enumerate() {
-        let lag = k[step.last_start + i] >> 2;
+    let last = &requests[step.last_start..step.last_start + step.period];
+    let k = keys_from(last, step.allocs_before_last);
+    for (i, r) in last.iter().enumerate() {
+        let lag = k[i] >> 2;
         match *r {
             Request::Alloc { size, stream, .. } => {
                 let d = step.delta.get(j).copied().unwrap_or(0);

@@ -23,6 +23,7 @@
 //! The state's size distributions (allocation sizes as events arrive, free-run sizes at a
 //! summary) live beside it in [`histogram`].
 
+pub mod forecasts;
 pub mod histogram;
 pub mod holders;
 pub mod oom_rule;
@@ -397,6 +398,13 @@ pub struct State {
     /// simulation replays; every summary of this state carries it. A replayed state has none:
     /// `analyze` computes it from the file, over the same events.
     pub computed_fix: Option<Result<crate::sim::ComputedFix, String>>,
+    /// Per (pid, device): the latest forecast of its peak ([`forecasts`]); kept when a process
+    /// is forgotten, like its OOM records.
+    pub forecasts: BTreeMap<(u32, i16), forecasts::Forecast>,
+    /// The first [`forecasts::KEPT_WARNINGS`] warnings (forecasts that do not fit), in order.
+    pub forecast_warnings: Vec<forecasts::Forecast>,
+    /// Per (pid, device): warnings so far.
+    pub forecast_warning_counts: BTreeMap<(u32, i16), u64>,
 }
 
 /// How far apart in time an OOM and the amendment that gives it its allowed bytes may be (they
@@ -560,6 +568,10 @@ impl State {
             EventKind::RecordEnd => Ok(()),
             EventKind::AllocSettings | EventKind::MemoryFraction | EventKind::FrameworkInfo | EventKind::FrameworkFigures => {
                 self.apply_fact(ev, kind, text);
+                Ok(())
+            }
+            EventKind::Forecast => {
+                self.apply_forecast(ev, text);
                 Ok(())
             }
             // Placement is the attribution's (the live pipeline reads it before the state).

@@ -79,6 +79,13 @@ pub enum EventKind {
     /// the failure): `size` = pool bytes, `requested` = bytes in use, `handle` = largest free
     /// chunk; they are the figures of the process's latest OOM there.
     FrameworkFigures = 27,
+    /// gpufrag's own prediction of a process's coming peak on `device` (`crate::foresight`, made
+    /// after a step of its requests): `size` = the predicted peak reserved bytes, `requested` =
+    /// the bytes it may hold (device free + what it holds, or its cap), `handle` = how many steps
+    /// ahead a step does not fit (0: every step simulated fits), `addr` = the steps simulated,
+    /// `requested`'s source in `op` (1: its cap); a warning's text is the setting that would fit.
+    /// Recorded like any event, so that a record replays to the warnings the live run gave.
+    Forecast = 28,
     /// The driver's UUID of CUDA ordinal `device` in this process (`cuDeviceGetUuid`, asked once
     /// per ordinal before its first allocation is recorded): the 16 bytes in `addr` (bytes 0..8,
     /// big-endian) and `size` (bytes 8..16). The GPU a process's memory is on, whatever its
@@ -90,7 +97,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind, in wire order.
-    pub const ALL: [EventKind; 29] = [
+    pub const ALL: [EventKind; 30] = [
         EventKind::MemAlloc,
         EventKind::MemAllocPitch,
         EventKind::MemAllocManaged,
@@ -118,6 +125,7 @@ impl EventKind {
         EventKind::MemoryFraction,
         EventKind::FrameworkInfo,
         EventKind::FrameworkFigures,
+        EventKind::Forecast,
         EventKind::DeviceUuid,
         EventKind::IpcExport,
     ];
@@ -127,10 +135,17 @@ impl EventKind {
         BY_WIRE_VALUE.get(v as usize).copied().flatten()
     }
 
-    /// A fact a process states about itself (its settings, memory fraction, framework, its
-    /// framework's OOM figures), not a memory operation.
+    /// A fact about a process (its settings, memory fraction, framework, its framework's OOM
+    /// figures, gpufrag's forecast of its peak), not a memory operation.
     pub fn is_fact(self) -> bool {
-        matches!(self, EventKind::AllocSettings | EventKind::MemoryFraction | EventKind::FrameworkInfo | EventKind::FrameworkFigures)
+        matches!(
+            self,
+            EventKind::AllocSettings
+                | EventKind::MemoryFraction
+                | EventKind::FrameworkInfo
+                | EventKind::FrameworkFigures
+                | EventKind::Forecast
+        )
     }
 
     /// The snake-case name used in JSON and on screen.
@@ -163,6 +178,7 @@ impl EventKind {
             EventKind::MemoryFraction => "memory_fraction",
             EventKind::FrameworkInfo => "framework_info",
             EventKind::FrameworkFigures => "framework_figures",
+            EventKind::Forecast => "forecast",
             EventKind::DeviceUuid => "device_uuid",
             EventKind::IpcExport => "ipc_export",
         }

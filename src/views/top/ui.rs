@@ -100,6 +100,12 @@ fn draw_title(f: &mut TermFrame<'_>, app: &App, area: Rect) {
     let (events, dropped, exact) = app.frame.as_ref().map_or((0, 0, true), |fr| (fr.summary.events, fr.summary.dropped, fr.summary.exact));
     // OOMs and recovered allocations by the one rule (crate::ingest::oom_rule), as the summary has them.
     let (ooms, retries) = app.frame.as_ref().map_or((0, 0), |fr| (fr.summary.ooms.len(), fr.summary.retries));
+    // Foresight's warnings (predicted OOMs), as the summary lists them.
+    let warned = app.frame.as_ref().map_or(0, |fr| fr.summary.warnings.len());
+    if warned > 0 {
+        title_spans.push(tag(format!(" {warned} predicted OOM warning(s) "), Color::Yellow));
+        title_spans.push(Span::raw(" "));
+    }
     // The source (a path, any length) goes last: a narrow terminal cuts it, not the figures.
     title_spans.push(Span::raw(format!(
         "{position} sort: {}{} · {} events · dropped {} · {ooms} OOMs · {retries} retries · {} · {}",
@@ -113,8 +119,28 @@ fn draw_title(f: &mut TermFrame<'_>, app: &App, area: Rect) {
     f.render_widget(Paragraph::new(Line::from(title_spans)), area);
 }
 
-/// The last OOM, in words.
+/// The last OOM, in words; or foresight's last warning when it came after the last OOM (the
+/// marker: a predicted OOM, checkpoint now).
 fn draw_oom(f: &mut TermFrame<'_>, app: &App, area: Rect) {
+    let warning = app.frame.as_ref().and_then(|fr| fr.summary.warnings.last());
+    let last_oom_ts = app.frame.as_ref().and_then(|fr| fr.summary.ooms.last()).map(|o| o.ts_ns);
+    if let Some(w) = warning.filter(|w| last_oom_ts.is_none_or(|t| w.ts_ns > t)) {
+        let text = format!(
+            "PREDICTED OOM pid {} gpu {}: {} step(s) ahead, peak {} of {} {}: checkpoint now; fix: {}",
+            w.pid,
+            w.device,
+            w.steps_ahead,
+            human_bytes(w.predicted_peak),
+            human_bytes(w.available),
+            if w.capped { "allowed" } else { "available" },
+            w.fix
+        );
+        f.render_widget(
+            Paragraph::new(Line::from(Span::styled(text, Style::default().fg(Color::Yellow).add_modifier(Modifier::BOLD)))),
+            area,
+        );
+        return;
+    }
     let Some(o) = app.frame.as_ref().and_then(|fr| fr.summary.ooms.last()) else { return };
     let text = format!(
         "OOM pid {} gpu {}: {} requested: {} (largest free block {}, stranded {}, device free {}{}{}){} · fix: {}",

@@ -1,0 +1,186 @@
+//! foresight live (issue 24 item 1): `gpufrag run` of a stand-in PyTorch training loop
+//! (tests/python_hook/tracker/grow.py on the stand-in torch and libc10_cuda.so, its trace
+//! tracker built by the hook, its driver calls through the real shim on simcuda with a memory
+//! limit) whose activation grows each step until it OOMs: the warning comes at least one step
+//! before the failing step starts, its predicted peak is the failing request's figures (reserved
+//! then + the request, as the program itself printed them at its OOM), and `analyze` of the
+//! run's record gives the same warnings. A loop that repeats with room gives forecasts and no
+//! warning; one too short to show a step gives a note and no warning.
+
+use gpufrag::event::EventKind;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const MIB: u64 = 1 << 20;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A scratch directory with the stand-in libc10_cuda.so and libc10.so built into `lib/`.
+struct Scratch {
+    dir: PathBuf,
+}
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("gpufrag-foresight-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for d in ["lib", "cache", "state"] {
+            std::fs::create_dir_all(dir.join(d)).expect("scratch dir");
+        }
+        let t = root().join("tests/python_hook/tracker");
+        let out = Command::new("c++")
+            .args(["-O1", "-shared", "-fPIC", "-std=c++20", "-I"])
+            .arg(t.join("torch/include"))
+            .arg(t.join("standin_c10_cuda.cpp"))
+            .arg("-o")
+            .arg(dir.join("lib/libc10_cuda.so"))
+            .output()
+            .expect("c++ (the tracker tests need a C++ compiler)");
+        assert!(out.status.success(), "building the stand-in libc10_cuda.so: {}", String::from_utf8_lossy(&out.stderr));
+        std::fs::write(dir.join("c10.c"), "int gpufrag_standin_c10;\n").expect("c10.c");
+        let out = Command::new("cc")
+            .args(["-shared", "-fPIC"])
+            .arg(dir.join("c10.c"))
+            .arg("-o")
+            .arg(dir.join("lib/libc10.so"))
+            .output()
+            .expect("cc");
+        assert!(out.status.success(), "building the stand-in libc10.so: {}", String::from_utf8_lossy(&out.stderr));
+        Scratch { dir }
+    }
+
+    /// `gpufrag run --record` of grow.py with `args` on a 256 MiB simulated device (16 MiB the
+    /// driver's): (summary, output, record path).
+    fn run(&self, tag: &str, args: &[&str]) -> (Value, Output, PathBuf) {
+        let bin = Path::new(env!("CARGO_BIN_EXE_gpufrag"));
+        let simcuda = bin.with_file_name("simcuda");
+        assert!(simcuda.join("libcuda.so.1").exists(), "{} has no libcuda.so.1: build the workspace", simcuda.display());
+        let summary = self.dir.join(format!("{tag}.json"));
+        let rec = self.dir.join(format!("{tag}.rec"));
+        let out = Command::new(bin)
+            .args(["run", "--no-report", "--no-feed", "--torch-tracker=build", "--summary-json"])
+            .arg(&summary)
+            .arg("--record")
+            .arg(&rec)
+            .arg("--")
+            .arg("python3")
+            .arg(root().join("tests/python_hook/tracker/grow.py"))
+            .args(args)
+            .env("PYTHONPATH", root().join("tests/python_hook/tracker"))
+            .env("FAKE_TORCH_LIB", self.dir.join("lib"))
+            .env("XDG_CACHE_HOME", self.dir.join("cache"))
+            .env("LD_LIBRARY_PATH", &simcuda)
+            .env("SIMCUDA_MEM", "256MiB")
+            .env("SIMCUDA_RESERVE", "16MiB")
+            .env("SIMCUDA_STATE_DIR", self.dir.join("state"))
+            .env_remove("CXX")
+            .output()
+            .expect("run gpufrag");
+        let text = std::fs::read_to_string(&summary).unwrap_or_else(|e| {
+            panic!("no summary: {e}\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+        });
+        (serde_json::from_str(&text).expect("summary json"), out, rec)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn notes(s: &Value) -> String {
+    s["notes"].as_array().map(|n| n.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("\n")).unwrap_or_default()
+}
+
+/// `key=value` of the program's line starting with `head`.
+fn field(stdout: &str, head: &str, key: &str) -> Option<u64> {
+    let line = stdout.lines().find(|l| l.starts_with(head))?;
+    line.split_whitespace().find_map(|w| w.strip_prefix(&format!("{key}="))).and_then(|v| v.parse().ok())
+}
+
+fn analyze(rec: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpufrag")).arg("analyze").arg("--json").arg(rec).output().expect("analyze");
+    assert!(out.status.code().is_some_and(|c| c <= 1), "analyze of the record: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("analyze json: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+#[test]
+fn a_growing_sequence_length_is_warned_a_step_before_its_oom_with_the_failing_requests_figures_and_the_record_replays_the_warnings() {
+    let sc = Scratch::new("grow");
+    // weights 40 MiB; per step an activation of 20 + 8k MiB and a 16 MiB temporary; 0.2 s a step
+    let (s, out, rec) = sc.run("grow", &["40", "20", "8", "16", "60", "0.2"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let n = field(&stdout, "OOM ", "step").unwrap_or_else(|| panic!("the program did not OOM:\n{stdout}\n{stderr}"));
+    let oom_reserved = field(&stdout, "OOM ", "reserved").expect("reserved");
+    let oom_request = field(&stdout, "OOM ", "request").expect("request");
+    let step_start = |k: u64| field(&stdout, &format!("STEP {k} "), "t").unwrap_or_else(|| panic!("no STEP {k}:\n{stdout}"));
+    let warnings = s["warnings"].as_array().unwrap_or_else(|| panic!("no warnings list: {s:#}"));
+    assert!(!warnings.is_empty(), "no warning before the OOM at step {n}:\n{}\n{stderr}", notes(&s));
+    let first = &warnings[0];
+    let ts = first["ts_ns"].as_u64().expect("ts_ns");
+    eprintln!(
+        "OOM at step {n} (reserved {} MiB + {} MiB asked); {} warning(s), the first {:.2} s before step {n} began, {} step(s) ahead: {first}",
+        oom_reserved / MIB,
+        oom_request / MIB,
+        warnings.len(),
+        (step_start(n) as f64 - ts as f64) / 1e9,
+        first["steps_ahead"]
+    );
+    assert!(ts < step_start(n), "the first warning ({ts}) came after the failing step {n} began ({}): {first}", step_start(n));
+    for w in warnings {
+        assert_eq!(w["pid"], s["ooms"][0]["pid"], "{w}");
+        assert_eq!(w["device"].as_i64(), Some(0), "{w}");
+        assert!(w["steps_ahead"].as_u64().is_some_and(|a| a >= 1), "{w}");
+        assert!(w["ts_ns"].as_u64().is_some_and(|t| t < step_start(n)), "a warning after the failing step began: {w}");
+        assert_eq!(
+            w["predicted_peak"].as_u64(),
+            Some(oom_reserved + oom_request),
+            "predicted peak vs the program's own OOM figures ({oom_reserved} reserved + {oom_request} asked): {w}"
+        );
+        assert!(w["available"].as_u64().is_some_and(|a| a < oom_reserved + oom_request), "{w}");
+        let fix = w["fix"].as_str().unwrap_or("");
+        assert!(fix.contains("PYTORCH_CUDA_ALLOC_CONF=") || fix.contains("checkpoint now"), "{fix}");
+    }
+    // gpufrag's own OOM record says the same figures
+    let o = &s["ooms"][0];
+    assert_eq!((o["reserved"].as_u64(), o["requested"].as_u64()), (Some(oom_reserved), Some(oom_request)), "{o}");
+    assert!(stderr.contains("WARNING pid") && stderr.contains("predicted OOM"), "the live line: {stderr}");
+    // the record replays to the same warnings
+    let a = analyze(&rec);
+    assert_eq!(a["warnings"], s["warnings"], "analyze of the record vs the live run");
+}
+
+#[test]
+fn a_loop_that_repeats_with_room_is_forecast_and_never_warned() {
+    let sc = Scratch::new("periodic");
+    let (s, out, rec) = sc.run("periodic", &["40", "30", "0", "16", "12", "0.1"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("DONE steps=12"), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(s["warnings"].as_array().map(Vec::len), Some(0), "{:#}", s["warnings"]);
+    let events = gpufrag::record::read(&rec).expect("record").events;
+    let forecasts: Vec<_> = events.iter().filter(|e| e.kind() == Some(EventKind::Forecast)).collect();
+    assert!(!forecasts.is_empty(), "no forecast was made: {}", notes(&s));
+    // every forecast fits: 40 + 30 + 16 MiB of a 236 MiB device's allocatable memory
+    for f in &forecasts {
+        assert_eq!(f.handle, 0, "{f:?}");
+        assert_eq!(f.size, 86 * MIB, "the predicted peak of a periodic step is what it holds: {f:?}");
+    }
+}
+
+#[test]
+fn a_run_too_short_to_show_a_step_gets_a_note_and_no_warning() {
+    let sc = Scratch::new("short");
+    let (s, out, _) = sc.run("short", &["40", "30", "100", "16", "2", "0.3"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("DONE steps=2"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(s["warnings"].as_array().map(Vec::len), Some(0), "{:#}", s["warnings"]);
+    let n = notes(&s);
+    assert!(
+        n.contains("foresight: pid") && n.contains("no prediction") && (n.contains("too few") || n.contains("no repeating step")),
+        "{n}"
+    );
+}
