@@ -3,7 +3,8 @@
 //! program that dlopens the stand-in allocator library after its start (as `import torch` loads
 //! PyTorch's) and makes its blocks. Where the agent's start-up scan of the node's library roots
 //! found the file, the program is exact from its first block; where it did not, the loader's
-//! breakpoint (`_dl_debug_state`) gets the file probed within milliseconds, and the coverage
+//! breakpoint (`_dl_debug_state`) gets the file probed within milliseconds; a filesystem mounted
+//! after the start (a container's rootfs) is scanned when its first exec is held; the coverage
 //! notes say, per process and library, the time from the load to the probe; a process whose
 //! first segment came before its allocator's probes is not claimed exact. Tests skip (printing
 //! why) only where the kernel refuses eBPF.
@@ -62,7 +63,12 @@ fn fresh_torch_lib(dir: &Path) -> PathBuf {
 
 /// Runs `cuda_prog ARGS` on a fresh simulated device; its pid and stdout.
 fn run_prog(args: &[&str]) -> (u32, String) {
-    let mut cmd = Command::new(&fixtures().prog);
+    run_exe(&fixtures().prog, args)
+}
+
+/// Runs the program `exe` (a copy of cuda_prog) with `args` on a fresh simulated device.
+fn run_exe(exe: &Path, args: &[&str]) -> (u32, String) {
+    let mut cmd = Command::new(exe);
     cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::inherit());
     Machine::new(1).env(&mut cmd);
     let child = cmd.spawn().expect("cuda_prog");
@@ -174,4 +180,46 @@ fn a_segment_made_before_the_allocators_probe_is_not_claimed_exact() {
     let (note, _) = load_note(&s, pid, "libc10_cuda.so");
     assert!(note.contains("its first segment came") && note.contains("not exact"), "{note}");
     assert_eq!(coverage_exact(&s, pid), Some(false), "{:#}\n{note}\n{log}", s["coverage"]);
+}
+
+/// A tmpfs mounted for a test, unmounted (lazily) when dropped.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A filesystem mounted after the agent started (what a container's rootfs is to the agent)
+/// holds a program and, where Python packages live, the stand-in allocator library: the first
+/// exec from it is held while its library roots are scanned, so the library is probed before the
+/// program loads it, and blocks made at once after the load are all seen (exact).
+#[test]
+fn a_filesystem_mounted_after_the_start_is_scanned_at_its_first_exec_so_its_library_is_probed_before_the_load() {
+    require_ebpf!();
+    let mnt = unique("late-rootfs");
+    std::fs::create_dir_all(&mnt).expect("mount point");
+    let agent = start_agent(&[]);
+    let st = Command::new("mount").args(["-t", "tmpfs", "-o", "size=64m", "gpufrag-test"]).arg(&mnt).status().expect("mount(8)");
+    assert!(st.success(), "mount -t tmpfs {}: {st} (the test runs as root)", mnt.display());
+    let _unmount = Mounted(mnt.clone());
+    let lib = fresh_torch_lib(&mnt.join("usr/local/lib/python3.12/dist-packages/torch/lib"));
+    std::fs::create_dir_all(mnt.join("bin")).expect("bin");
+    let exe = mnt.join("bin/cuda_prog");
+    std::fs::copy(&fixtures().prog, &exe).expect("copy cuda_prog");
+    // The agent marks a new filesystem for the exec hold when the mount table changes.
+    std::thread::sleep(Duration::from_millis(500));
+    let (pid, stdout) = run_exe(&exe, &["dlopen", &lib.display().to_string(), "0", "500"]);
+    let (s, log) = stop(agent);
+    assert_every_block(&s, pid, &stdout, &log);
+    assert_eq!(coverage_exact(&s, pid), Some(true), "{:#}\n{log}", s["coverage"]);
+    let scanned = notes(&s)
+        .into_iter()
+        .find(|n| n.starts_with(&format!("new filesystem {}", mnt.display())))
+        .unwrap_or_else(|| panic!("no note of the new filesystem's scan: {:#}", s["notes"]));
+    assert!(scanned.contains(&lib.display().to_string()), "{scanned}");
+    let (note, ms) = load_note(&s, pid, "libc10_cuda.so");
+    assert!(ms.is_some_and(|m| m < 0.0) && note.contains("probed before its load"), "{note}");
+    println!("{scanned}\n{note}");
 }

@@ -5,6 +5,10 @@
 //! process that later loads it. What the scan does not find is probed when the dynamic loader's
 //! breakpoint reports the load (see `session`), a few milliseconds late.
 //!
+//! A filesystem mounted after the start (a new container's rootfs) is walked the same way, under
+//! its mount point, when the exec hold holds the first exec from it ([`roots_under`],
+//! [`HELD_TIME_BUDGET`]).
+//!
 //! Bounded: a breadth-first walk of [`default_roots`] (and `--lib-root` directories), at most
 //! [`MAX_DEPTH`] directories below a root, [`MAX_ENTRIES`] directory entries and [`TIME_BUDGET`]
 //! in all, [`MAX_FOUND`] files; symbolic links to directories are not followed, hidden
@@ -25,6 +29,9 @@ pub const MAX_ENTRIES: u64 = 400_000;
 pub const TIME_BUDGET: Duration = Duration::from_secs(2);
 /// Library files kept, at most.
 pub const MAX_FOUND: usize = 64;
+/// Wall time of the walk of a new filesystem whose first exec is held (a container's rootfs:
+/// its start waits on it, within the hold's timeout).
+pub const HELD_TIME_BUDGET: Duration = Duration::from_millis(500);
 
 /// Where Python environments and framework installs usually live.
 const ROOTS: [&str; 11] =
@@ -59,6 +66,11 @@ pub fn default_roots(host_root: Option<&Path>) -> Vec<PathBuf> {
     }
     out.retain(|p| p.is_dir());
     out
+}
+
+/// [`ROOTS`] under `root` (a new filesystem's mount point), those that exist.
+pub fn roots_under(root: &Path) -> Vec<PathBuf> {
+    ROOTS.iter().map(|r| root.join(r.trim_start_matches('/'))).filter(|p| p.is_dir()).collect()
 }
 
 fn enter(name: &str) -> bool {

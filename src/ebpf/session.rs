@@ -95,6 +95,8 @@ struct LibLoad {
     load_ns: Option<u64>,
     /// When its probes went in.
     probe_ns: u64,
+    /// When the agent first saw it in the process's maps.
+    seen_ns: u64,
 }
 
 /// What the loader's breakpoint cost the agent: events, `/proc/PID/maps` reads, time spent.
@@ -165,6 +167,8 @@ pub struct Session {
     /// probe's moment). A segment of theirs stamped before it makes them not exact.
     late_allocator: std::collections::HashMap<u32, (u64, u64)>,
     loader_cost: LoaderCost,
+    /// New filesystems scanned at the exec hold.
+    rootfs_scans: u64,
 }
 
 /// Bound of the per-process library records.
@@ -227,6 +231,7 @@ impl Session {
             lib_loads: BTreeMap::new(),
             late_allocator: std::collections::HashMap::new(),
             loader_cost: LoaderCost::default(),
+            rootfs_scans: 0,
         };
         // The dynamic loader's breakpoint first: every dlopen from now on is reported.
         let loaders = procfs::node_loaders(s.opts.host_root.as_deref());
@@ -322,10 +327,55 @@ impl Session {
         Ok(())
     }
 
+    /// The first exec from a filesystem mounted after the start (a new container's rootfs) is
+    /// held: the allocator libraries under its library and Python roots are probed before its
+    /// process runs. Bounded by [`super::libroots::HELD_TIME_BUDGET`]; the last few scans are
+    /// noted, all are counted.
+    fn scan_rootfs(&mut self, root: &std::path::Path, pid: u32, exe: &std::path::Path) {
+        let roots = super::libroots::roots_under(root);
+        let t = Instant::now();
+        let scan = super::libroots::scan_within(&roots, super::libroots::HELD_TIME_BUDGET, super::libroots::MAX_ENTRIES);
+        let mut probed = Vec::new();
+        for (kind, path) in &scan.found {
+            match self.attach_file(*kind, path) {
+                Ok(()) => probed.push(path.display().to_string()),
+                Err(e) => {
+                    self.notes.push(format!("could not probe {} found under the new filesystem {}: {e}", path.display(), root.display()))
+                }
+            }
+        }
+        self.rootfs_scans += 1;
+        if self.rootfs_scans <= 8 {
+            self.notes.push(format!(
+                "new filesystem {} (pid {pid}'s exec of {} held while it was scanned): {} directories, {} entries in {:.1} ms{}; {} allocator librar{} probed in {:.1} ms{}",
+                root.display(),
+                exe.display(),
+                scan.dirs,
+                scan.entries,
+                scan.elapsed.as_secs_f64() * 1e3,
+                scan.cut.as_ref().map(|c| format!(", cut at {c}")).unwrap_or_default(),
+                probed.len(),
+                if probed.len() == 1 { "y" } else { "ies" },
+                (t.elapsed() - scan.elapsed).as_secs_f64() * 1e3,
+                if probed.is_empty() { String::new() } else { format!(": {}", probed.join(", ")) }
+            ));
+        }
+    }
+
     /// Records that process `pid` maps `lib` (loaded at `load_ns` when the loader's breakpoint
     /// said so), for the coverage notes: allocator libraries always, libcuda when probed late.
     fn record_load(&mut self, pid: u32, lib: &procfs::MappedLib, load_ns: Option<u64>) {
-        if lib.kind == LibKind::Loader || self.lib_loads.contains_key(&(pid, lib.id)) {
+        if lib.kind == LibKind::Loader {
+            return;
+        }
+        if let Some(l) = self.lib_loads.get_mut(&(pid, lib.id)) {
+            // Seen by the /proc scan before this breakpoint's batch was read: the breakpoint,
+            // stamped before that sighting, is the load's (the batch before it found nothing).
+            if let (None, Some(t)) = (l.load_ns, load_ns) {
+                if t <= l.seen_ns {
+                    l.load_ns = Some(t);
+                }
+            }
             return;
         }
         let Some(&probe_ns) = self.probed_at.get(&lib.id) else { return };
@@ -338,7 +388,8 @@ impl Session {
             }
         }
         let name = lib.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        self.lib_loads.insert((pid, lib.id), LibLoad { start_time: st.start_time, kind: lib.kind, name, load_ns, probe_ns });
+        let seen_ns = now_ns();
+        self.lib_loads.insert((pid, lib.id), LibLoad { start_time: st.start_time, kind: lib.kind, name, load_ns, probe_ns, seen_ns });
     }
 
     /// Serves the exec hold's requests: an annotated executable held at its exec is probed now
@@ -350,13 +401,21 @@ impl Session {
         let requests: Vec<super::exec_hold::Request> = h.requests.try_iter().collect();
         for r in requests {
             match r {
-                super::exec_hold::Request::Probe { req, id, path, pid } => {
+                super::exec_hold::Request::Probe { req, id, path, pid, rootfs, annotated } => {
                     if self.held_reads.len() >= 4096 {
                         self.held_reads.clear();
                     }
                     self.held_reads.insert(pid, crate::attribution::ProcRead::read(std::path::Path::new("/proc"), pid));
                     self.checked_exes.insert(id);
-                    let result = self.attach_file_as(LibKind::Annotated, &path, true).map_err(|e| e.to_string());
+                    if let Some(root) = rootfs {
+                        self.scan_rootfs(&root, pid, &path);
+                    }
+                    let result = if annotated {
+                        self.attach_file_as(LibKind::Annotated, &path, true).map_err(|e| e.to_string())
+                    } else {
+                        self.probes.mark_probed(id);
+                        Ok(())
+                    };
                     if let Err(e) = &result {
                         self.checked_exes.remove(&id);
                         self.notes.push(format!("could not probe the annotations in {} before its first exec ran: {e}", path.display()));
@@ -991,7 +1050,7 @@ impl Session {
                     continue;
                 }
                 Some(t) => format!("load to probe {:.1} ms (the load seen at the dynamic loader's breakpoint)", ms(l.probe_ns, t)),
-                None => "mapped before its probes, found by the /proc scan (the load itself not seen)".to_string(),
+                None => "load not seen (found by the /proc scan)".to_string(),
             };
             let seg = match p.first_segment_ns {
                 _ if l.kind == LibKind::Cuda => "driver calls before the probe are missing: not exact".to_string(),
