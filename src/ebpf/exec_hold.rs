@@ -524,6 +524,10 @@ impl Thread {
         let rootfs = if self.scanned_devs.contains(&dev) {
             None
         } else {
+            if self.scanned_devs.len() >= CACHE_MAX {
+                // Bounded: a filesystem forgotten is only scanned again at its next first exec.
+                self.scanned_devs = self.marked_devs.clone();
+            }
             self.scanned_devs.insert(dev.clone());
             mounts().into_iter().find(|(d, _, _)| *d == dev).map(|(_, _, point)| point)
         };

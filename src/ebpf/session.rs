@@ -169,6 +169,8 @@ pub struct Session {
     loader_cost: LoaderCost,
     /// New filesystems scanned at the exec hold.
     rootfs_scans: u64,
+    /// Dynamic loaders that could not be probed (not tried again).
+    unprobeable_loaders: HashSet<FileId>,
 }
 
 /// Bound of the per-process library records.
@@ -232,6 +234,7 @@ impl Session {
             late_allocator: std::collections::HashMap::new(),
             loader_cost: LoaderCost::default(),
             rootfs_scans: 0,
+            unprobeable_loaders: HashSet::new(),
         };
         // The dynamic loader's breakpoint first: every dlopen from now on is reported.
         let loaders = procfs::node_loaders(s.opts.host_root.as_deref());
@@ -507,10 +510,20 @@ impl Session {
     /// not a read of every process's maps: the hold waits on this).
     fn attach_file_as(&mut self, kind: LibKind, path: &std::path::Path, executable: bool) -> Result<(), ProbeError> {
         let id = procfs::file_id(path).map_err(|e| ProbeError::Other(format!("{}: {e}", path.display())))?;
-        if self.probes.has_file(&id) {
+        if self.probes.has_file(&id) || self.unprobeable_loaders.contains(&id) {
             return Ok(());
         }
-        let how = self.probes.attach(kind, path)?.clone();
+        let how = match self.probes.attach(kind, path) {
+            Ok(how) => how.clone(),
+            Err(e) => {
+                // A loader without the breakpoint (or one that refused the uprobe) is said once,
+                // not at every scan that sees a process running it.
+                if kind == LibKind::Loader && self.unprobeable_loaders.len() < LIB_LOADS_MAX {
+                    self.unprobeable_loaders.insert(id);
+                }
+                return Err(e);
+            }
+        };
         let probe_ns = now_ns();
         if self.probed_at.len() >= LIB_LOADS_MAX {
             self.probed_at.clear();
