@@ -924,10 +924,11 @@ struct {
 #define LIB_NAME_LEN 48
 
 struct lib_mapped {
-	__u64 ino;
+	__u64 ino; /* 0 with dev 0: the dynamic loader's breakpoint, no file (on_dl_debug_state) */
 	__u32 dev;
 	__u32 pid;
 	char name[LIB_NAME_LEN];
+	__u64 ts_ns; /* bpf_ktime_get_ns, the clock of the events */
 };
 
 struct {
@@ -997,7 +998,32 @@ int on_mmap_file(struct pt_regs *ctx)
 	m->ino = k.ino;
 	m->dev = k.dev;
 	m->pid = id >> 32;
+	m->ts_ns = bpf_ktime_get_ns();
 	__builtin_memcpy(m->name, name, sizeof(name));
+	bpf_ringbuf_submit(m, BPF_RB_FORCE_WAKEUP);
+	return 0;
+}
+
+/* The dynamic loader's breakpoint: glibc's and musl's ld.so call _dl_debug_state (the r_debug
+ * r_brk function debuggers put a breakpoint on) when a dlopen starts mapping objects (RT_ADD) and
+ * again once they are mapped and before their initializers run (RT_CONSISTENT). A uprobe on it
+ * tells user space that a process's mappings changed, so that a CUDA library it loaded is probed
+ * within milliseconds rather than at the next /proc scan. No file is named (ino 0): user space
+ * reads the process's maps. */
+SEC("uprobe")
+int on_dl_debug_state(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!is_traced(id >> 32))
+		return 0;
+	struct lib_mapped *m = bpf_ringbuf_reserve(&lib_maps, sizeof(*m), 0);
+	if (!m)
+		return 0;
+	m->ino = 0;
+	m->dev = 0;
+	m->pid = id >> 32;
+	m->ts_ns = bpf_ktime_get_ns();
+	m->name[0] = 0;
 	bpf_ringbuf_submit(m, BPF_RB_FORCE_WAKEUP);
 	return 0;
 }
@@ -1048,6 +1074,7 @@ static __always_inline void report_new_exe(struct bpf_raw_tracepoint_args *ctx, 
 	m->ino = k.ino;
 	m->dev = k.dev;
 	m->pid = tgid;
+	m->ts_ns = bpf_ktime_get_ns();
 	const unsigned char *np = BPF_CORE_READ(file, f_path.dentry, d_name.name);
 	if (bpf_probe_read_kernel_str(m->name, sizeof(m->name), np) <= 0)
 		m->name[0] = 0;

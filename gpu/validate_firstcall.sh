@@ -6,8 +6,13 @@
 #     fresh copy (a file the agent has never seen): exact from its first call, its segment and
 #     blocks as it states them (reserved 64 MiB, allocated 24 MiB, 3 blocks), its first exec held
 #     until probed (the summary's exec hold note);
-#  2. a PyTorch program (allocations, frees, a few steps) under the same kind of agent: exact, and
-#     the agent's reserved/allocated equal to torch.cuda.memory_reserved()/memory_allocated().
+#  2. a PyTorch program (allocations right after `import torch`, frees, a matmul) under the same
+#     kind of agent: exact, and the agent's reserved/allocated equal to
+#     torch.cuda.memory_reserved()/memory_allocated(). libc10_cuda.so is loaded at `import torch`,
+#     after the exec: the agent probes it before the load when its start-up scan of the library
+#     and Python roots found it, else at the dynamic loader's breakpoint (issue 26 item 3). The
+#     line also prints where torch lives, the roots-scan note and the process's load-to-probe
+#     note for libc10_cuda.so (negative: probed before the load).
 # Run from the repository root on the device machine: OUT=DIR bash gpu/validate_firstcall.sh
 # (binaries in .gpu/bin). Prints PASS/FAIL lines, also written to $OUT/results.md; logs and
 # summaries in $OUT/firstcall_log.txt and $OUT/firstcall.tgz. Under 4 minutes.
@@ -63,6 +68,7 @@ time.sleep(2)
 # above (the sixth round's FAIL: 32 MiB, the cuBLAS workspace that teardown does not free).
 __import__("os")._exit(0)
 PY
+python3 -c 'import importlib.util as u; print("torch at", u.find_spec("torch").origin)' >> $L 2>&1
 agent torch
 timeout 120 python3 $W/torch_first.py $W/torch.own.json >> $L 2>&1; echo "torch exit $?" >> $L
 stop_agent torch
@@ -74,8 +80,11 @@ procs = [p for p in s["processes"] if p["pid"] == pid]
 f = procs[0] if procs else {}
 got = (bool(cov) and all(c["exact"] for c in cov), f.get("framework_reserved") or f.get("reserved"), f.get("allocated"))
 want = (True, own["reserved"], own["allocated"])
-print(f"{'PASS' if got == want else 'FAIL'} firstcall_torch exact,reserved,allocated agent {got} memory_stats {want}")
+roots = [n for n in s["notes"] if n.startswith("library roots scanned at start")]
+load = [n for n in s["notes"] if n.startswith(f"pid {pid} (") and "libc10_cuda.so" in n]
+print(f"{'PASS' if got == want else 'FAIL'} firstcall_torch exact,reserved,allocated agent {got} memory_stats {want} | {load[0] if load else 'no load note for libc10_cuda.so'}")
+print("   " + (roots[0][:600] if roots else "no roots-scan note"))
 if got != want:
-    print("   notes: " + "; ".join(s["notes"])[:800])
+    print("   notes: " + "; ".join(s["notes"])[:1200])
 PY
 ( cd $W && tar czf $OUT/firstcall.tgz *.json 2>/dev/null )

@@ -34,6 +34,10 @@ pub struct Args {
     /// most this many milliseconds; 0 turns the hold off.
     #[arg(long, default_value_t = 2000, value_name = "MS")]
     pub exec_hold_ms: u64,
+    /// Also scan this directory at start for the caching allocators' libraries (beside the
+    /// node's usual library and Python roots, which are always scanned). Repeatable.
+    #[arg(long = "lib-root", value_name = "DIR")]
+    pub lib_roots: Vec<std::path::PathBuf>,
     /// Testing: never answer the hold of an executable whose path contains this (only the
     /// timeout, or the agent's end, releases it).
     #[arg(long, hide = true, value_name = "TEXT")]
@@ -53,6 +57,7 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let mut opts = args.probe.session_options(Target::All, !args.keep_exited, Duration::ZERO)?;
     opts.keep_exited_max = args.keep_exited_max;
+    opts.lib_roots = Some(args.lib_roots.clone());
     opts.exec_hold = (args.exec_hold_ms > 0).then(|| crate::ebpf::exec_hold::HoldOptions {
         timeout: Duration::from_millis(args.exec_hold_ms),
         stall: args.exec_hold_stall.clone(),

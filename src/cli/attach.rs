@@ -85,6 +85,7 @@ impl ProbeArgs {
             host_root: self.host_root.clone(),
             keep_exited_max: usize::MAX,
             exec_hold: None,
+            lib_roots: None,
         })
     }
 }

@@ -79,7 +79,10 @@ struct Key {
 /// What the thread asks of the session.
 #[derive(Debug)]
 pub enum Request {
-    /// Probe the annotated executable `path` (the file `id`) now, then answer `req`.
+    /// Probe the annotated executable `path` (the file `id`) now, then answer `req`; with
+    /// `rootfs`, first probe the allocator libraries under that filesystem's library and Python
+    /// roots (the first exec from a filesystem mounted after the agent started: a new
+    /// container's rootfs, whose first process is held while it is scanned).
     Probe {
         /// The request's number, echoed in the answer.
         req: u64,
@@ -90,6 +93,10 @@ pub enum Request {
         path: PathBuf,
         /// The process whose exec is held (who it is can be read now, before it runs).
         pid: u32,
+        /// The mount point of the new filesystem to scan first.
+        rootfs: Option<PathBuf>,
+        /// Whether the executable carries the annotation probes (else it only needs the scan).
+        annotated: bool,
     },
     /// A file looked at that needs no probe (the session stops asking the exec tracepoint
     /// about it).
@@ -143,6 +150,9 @@ pub struct HoldStats {
     pub first_plain: Timing,
     /// First execs of annotated executables, held until probed.
     pub first_probed: Timing,
+    /// First execs from a filesystem mounted after the start (a new container's rootfs), held
+    /// while its library roots were scanned and what they hold probed.
+    pub first_rootfs: Timing,
     /// Holds released by the timeout (processes declared not exact).
     pub timeouts: u64,
     /// Execs answered at once because the file could not be examined (its descriptor missing).
@@ -165,6 +175,12 @@ impl HoldStats {
             t(&self.first_plain),
             t(&self.repeated)
         )];
+        if self.first_rootfs.count > 0 {
+            out.push(format!(
+                "exec hold: first execs from a filesystem mounted after the start (a new container's rootfs), held while its library roots were scanned {}",
+                t(&self.first_rootfs)
+            ));
+        }
         if self.timeouts > 0 {
             out.push(format!(
                 "exec hold: {} hold(s) released by the {} ms timeout before the probes were in: those processes are not exact",
@@ -274,6 +290,8 @@ struct Thread {
     cache: HashSet<Key>,
     cache_order: Vec<Key>,
     marked_devs: HashSet<String>,
+    /// Filesystems whose library roots were scanned (those of the start: by the session's scan).
+    scanned_devs: HashSet<String>,
     pending: HashMap<u64, Pending>,
     by_key: HashMap<Key, u64>,
     next_req: u64,
@@ -281,6 +299,8 @@ struct Thread {
 
 struct Pending {
     key: Key,
+    /// Held for a new filesystem's scan.
+    rootfs: bool,
     path: PathBuf,
     deadline: Instant,
     /// (event descriptor, pid, when the event was read).
@@ -322,11 +342,13 @@ impl ExecHold {
             cache: HashSet::new(),
             cache_order: Vec::new(),
             marked_devs: HashSet::new(),
+            scanned_devs: HashSet::new(),
             pending: HashMap::new(),
             by_key: HashMap::new(),
             next_req: 1,
         };
         t.mark_new_filesystems();
+        t.scanned_devs = t.marked_devs.clone();
         if t.marked_devs.is_empty() {
             let why = stats.lock().map(|s| s.mark_failures.join("; ")).unwrap_or_default();
             return Err(std::io::Error::other(format!("no filesystem could be marked: {why}")));
@@ -497,7 +519,20 @@ impl Thread {
             // A container's rootfs is mounted before its runtime runs: mark it now.
             self.mark_new_filesystems();
         }
-        if super::symbols::annotate_probes_in(file).is_empty() {
+        // The first exec from a filesystem mounted since the start: its mount point is scanned.
+        let dev = format!("{}:{}", libc::major(meta.dev()), libc::minor(meta.dev()));
+        let rootfs = if self.scanned_devs.contains(&dev) {
+            None
+        } else {
+            if self.scanned_devs.len() >= CACHE_MAX {
+                // Bounded: a filesystem forgotten is only scanned again at its next first exec.
+                self.scanned_devs = self.marked_devs.clone();
+            }
+            self.scanned_devs.insert(dev.clone());
+            mounts().into_iter().find(|(d, _, _)| *d == dev).map(|(_, _, point)| point)
+        };
+        let annotated = !super::symbols::annotate_probes_in(file).is_empty();
+        if !annotated && rootfs.is_none() {
             self.remember(key);
             self.respond(&fd);
             self.stats().first_plain.add(t0.elapsed());
@@ -510,10 +545,11 @@ impl Thread {
         let req = self.next_req;
         self.next_req += 1;
         let stalled = self.stall.as_deref().is_some_and(|s| path.to_string_lossy().contains(s));
-        self.pending.insert(req, Pending { key, path, deadline: t0 + self.timeout, held: vec![(fd, pid, t0)] });
+        let scan = rootfs.is_some();
+        self.pending.insert(req, Pending { key, rootfs: scan, path, deadline: t0 + self.timeout, held: vec![(fd, pid, t0)] });
         self.by_key.insert(key, req);
         if !stalled {
-            let _ = self.requests.send(Request::Probe { req, id: key.id, path: probe_path, pid });
+            let _ = self.requests.send(Request::Probe { req, id: key.id, path: probe_path, pid, rootfs, annotated });
             poke(self.wake);
         }
     }
@@ -527,7 +563,12 @@ impl Thread {
             }
             for (fd, _, t0) in &p.held {
                 self.respond(fd);
-                self.stats().first_probed.add(t0.elapsed());
+                let mut st = self.stats();
+                if p.rootfs {
+                    st.first_rootfs.add(t0.elapsed());
+                } else {
+                    st.first_probed.add(t0.elapsed());
+                }
             }
         }
     }

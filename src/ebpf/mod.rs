@@ -12,6 +12,7 @@
 //! `gpufrag run` uses.
 
 pub mod exec_hold;
+pub mod libroots;
 pub mod nvml;
 pub mod processes;
 pub mod procfs;
@@ -170,19 +171,31 @@ pub enum Attached {
         /// Probes attached.
         probes: usize,
     },
+    /// A dynamic loader (`ld.so`): a uprobe on [`LOADER_BREAKPOINT`].
+    Loader,
 }
 
 /// A process mapped a CUDA library file that is not probed yet (the `security_mmap_file`
-/// kprobe): probe it now rather than at the next `/proc` scan.
+/// kprobe), exec'd a file not looked at yet (the exec tracepoint), or changed its mappings
+/// through the dynamic loader (the `_dl_debug_state` uprobe: `loader`, no file named): probe
+/// what it maps now rather than at the next `/proc` scan.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LibMapped {
     /// The process.
     pub pid: u32,
-    /// The file, as `stat` would give it.
+    /// The file, as `stat` would give it (zero for the loader's breakpoint).
     pub id: FileId,
     /// Its file name.
     pub name: String,
+    /// When (the events' clock, CLOCK_MONOTONIC ns).
+    pub ts_ns: u64,
+    /// The dynamic loader's breakpoint: a dlopen began or finished mapping objects.
+    pub loader: bool,
 }
+
+/// The function of the dynamic loader that glibc's and musl's `ld.so` call at every change of
+/// the loaded objects (the `r_debug` breakpoint debuggers use).
+pub const LOADER_BREAKPOINT: &str = "_dl_debug_state";
 
 /// The kernel's internal `dev_t` (`major << 20 | minor`) as `stat`'s `st_dev`.
 pub fn stat_dev(kernel_dev: u32) -> u64 {
@@ -266,14 +279,16 @@ impl Probes {
         })
         .map_err(|e| ProbeError::Other(format!("ring buffer: {e}")))?;
         rb.add(&skel.maps.lib_maps, move |data: &[u8]| {
-            // struct lib_mapped: u64 ino, u32 dev, u32 pid, char name[48].
-            if data.len() >= 16 {
+            // struct lib_mapped: u64 ino, u32 dev, u32 pid, char name[48], u64 ts_ns.
+            if data.len() >= 72 {
                 let ino = u64::from_ne_bytes(data[0..8].try_into().unwrap_or([0; 8]));
                 let dev = u32::from_ne_bytes(data[8..12].try_into().unwrap_or([0; 4]));
                 let pid = u32::from_ne_bytes(data[12..16].try_into().unwrap_or([0; 4]));
-                let raw = &data[16..];
+                let raw = &data[16..64];
+                let ts_ns = u64::from_ne_bytes(data[64..72].try_into().unwrap_or([0; 8]));
                 let name = String::from_utf8_lossy(&raw[..raw.iter().position(|&b| b == 0).unwrap_or(raw.len())]).into_owned();
-                mapped_sink.borrow_mut().push(LibMapped { pid, id: FileId { dev: stat_dev(dev), ino }, name });
+                let loader = ino == 0 && dev == 0;
+                mapped_sink.borrow_mut().push(LibMapped { pid, id: FileId { dev: stat_dev(dev), ino }, name, ts_ns, loader });
             }
             0
         })
@@ -520,6 +535,29 @@ impl Probes {
         Ok(&self.files[&id].1)
     }
 
+    /// Puts a uprobe on the dynamic loader's breakpoint ([`LOADER_BREAKPOINT`]) in the `ld.so`
+    /// at `path` (once per file), so that every dlopen of every process that runs this loader
+    /// is reported as it happens.
+    pub fn attach_loader(&mut self, path: &Path) -> Result<&Attached, ProbeError> {
+        let id = procfs::file_id(path).map_err(|e| ProbeError::Other(format!("{}: {e}", path.display())))?;
+        if !self.files.contains_key(&id) {
+            let offsets =
+                symbols::function_offsets(path, &[LOADER_BREAKPOINT]).map_err(|e| ProbeError::Other(format!("{}: {e}", path.display())))?;
+            let off = *offsets
+                .get(LOADER_BREAKPOINT)
+                .ok_or_else(|| ProbeError::Other(format!("{} has no {LOADER_BREAKPOINT}", path.display())))?;
+            let link = self
+                .skel
+                .progs
+                .on_dl_debug_state
+                .attach_uprobe(false, -1, path, off as usize)
+                .map_err(|e| classify(&e, &format!("attaching a uprobe to {LOADER_BREAKPOINT} in {}", path.display())))?;
+            self.links.push(link);
+            self.files.insert(id, (path.to_path_buf(), Attached::Loader));
+        }
+        Ok(&self.files[&id].1)
+    }
+
     /// Probes a library of any kind.
     pub fn attach(&mut self, kind: LibKind, path: &Path) -> Result<&Attached, ProbeError> {
         let id = procfs::file_id(path).map_err(|e| ProbeError::Other(format!("{}: {e}", path.display())))?;
@@ -535,6 +573,9 @@ impl Probes {
             }
             LibKind::XlaBfc => {
                 self.attach_bfc(path)?;
+            }
+            LibKind::Loader => {
+                self.attach_loader(path)?;
             }
         }
         self.mark_probed(id);

@@ -69,8 +69,28 @@ pub struct Incarnation {
     pub exited: bool,
     /// The device its last device-bearing event named.
     pub last_device: Option<i16>,
+    /// When its first segment came from the driver (a successful driver allocation; the
+    /// events' clock): a caching allocator's block can only be carved from a segment, so a
+    /// process with none before its allocator's probes went in has no block missing.
+    pub first_segment_ns: Option<u64>,
     /// Physical VMM handles → device.
     handle_device: HashMap<u64, i16>,
+}
+
+/// Whether `kind` (with return code `rc`) gives a process memory from the driver: a segment
+/// (or the physical memory or range of one) that blocks can be carved from.
+pub fn segment_like(kind: EventKind, rc: i32) -> bool {
+    rc == 0
+        && matches!(
+            kind,
+            EventKind::MemAlloc
+                | EventKind::MemAllocPitch
+                | EventKind::MemAllocManaged
+                | EventKind::AddressReserve
+                | EventKind::PhysCreate
+                | EventKind::Map
+                | EventKind::PoolAlloc
+        )
 }
 
 /// Every process seen, current incarnation per pid.
@@ -197,8 +217,19 @@ impl ProcessTable {
                 out.push(Action::Forget(pid));
             }
         }
-        self.procs
-            .insert(pid, Incarnation { pid, start_time, name, exact, exited: false, last_device: None, handle_device: HashMap::new() });
+        self.procs.insert(
+            pid,
+            Incarnation {
+                pid,
+                start_time,
+                name,
+                exact,
+                exited: false,
+                last_device: None,
+                first_segment_ns: None,
+                handle_device: HashMap::new(),
+            },
+        );
         // Not traced from its start: the stream says so, and its OOMs are inconclusive.
         let flags = if exact { 0 } else { crate::event::F_PARTIAL };
         out.push(Action::Apply(Event { ts_ns, flags, ..Event::new(EventKind::ProcessExec, pid, -1) }));
@@ -318,6 +349,9 @@ impl ProcessTable {
                     0
                 }
             };
+        }
+        if segment_like(kind, ev.rc) && p.first_segment_ns.is_none_or(|t| ev.ts_ns < t) {
+            p.first_segment_ns = Some(ev.ts_ns);
         }
         if ev.device >= 0 {
             p.last_device = Some(ev.device);

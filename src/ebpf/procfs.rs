@@ -20,6 +20,24 @@ pub enum LibKind {
     /// Any ELF file with gpufrag's own USDT probes (`include/gpufrag_annotate.h`): found by
     /// its notes, not its name.
     Annotated,
+    /// The dynamic loader (`ld-linux*.so*`, `ld-musl-*.so*`, [`is_loader`]): probed at its
+    /// breakpoint so that each dlopen is reported as it happens. [`LibKind::of`] never says it
+    /// (it is no CUDA library); [`try_cuda_libs`] lists it.
+    Loader,
+}
+
+/// Whether a file name is a dynamic loader's (glibc's `ld-linux-x86-64.so.2`,
+/// `ld-linux-aarch64.so.1`, musl's `ld-musl-x86_64.so.1`).
+pub fn is_loader(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    (name.starts_with("ld-linux") || name.starts_with("ld-musl-")) && name.contains(".so")
+}
+
+impl LibKind {
+    /// A caching allocator's library (blocks live inside segments the driver gave out).
+    pub fn is_allocator(self) -> bool {
+        matches!(self, LibKind::C10Cuda | LibKind::XlaBfc | LibKind::Annotated)
+    }
 }
 
 impl LibKind {
@@ -132,8 +150,8 @@ fn read_maps(pid: u32) -> Result<String, Unreadable> {
     })
 }
 
-/// The CUDA libraries process `pid` maps, each once, reachable through its root (nothing
-/// when its maps cannot be read).
+/// The CUDA libraries (and loader) process `pid` maps, each once, reachable through its root
+/// (nothing when its maps cannot be read).
 pub fn cuda_libs(pid: u32) -> Vec<MappedLib> {
     try_cuda_libs(pid).unwrap_or_default()
 }
@@ -278,12 +296,44 @@ fn ld_cache_dirs(root: &Path) -> Vec<String> {
     dirs
 }
 
-/// The CUDA libraries process `pid` maps, each once, reachable through its root.
+/// The dynamic loaders of the node: `PT_INTERP` of this agent and the usual loader paths, in
+/// this root and under `host_root`, once per file.
+pub fn node_loaders(host_root: Option<&Path>) -> Vec<PathBuf> {
+    const USUAL: [&str; 6] = [
+        "/lib64/ld-linux-x86-64.so.2",
+        "/lib/ld-linux-aarch64.so.1",
+        "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+        "/lib/aarch64-linux-gnu/ld-linux-aarch64.so.1",
+        "/lib/ld-musl-x86_64.so.1",
+        "/lib/ld-musl-aarch64.so.1",
+    ];
+    let mut roots = vec![PathBuf::from("/")];
+    if let Some(h) = host_root {
+        roots.push(h.to_path_buf());
+    }
+    let mut out = Vec::new();
+    let mut ids = Vec::new();
+    for root in &roots {
+        for p in USUAL {
+            let path = root.join(p.trim_start_matches('/'));
+            if let Ok(id) = file_id(&path) {
+                if !ids.contains(&id) {
+                    ids.push(id);
+                    out.push(path);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The CUDA libraries (and the dynamic loader, [`LibKind::Loader`]) process `pid` maps, each
+/// once, reachable through its root.
 pub fn try_cuda_libs(pid: u32) -> Result<Vec<MappedLib>, Unreadable> {
     let text = read_maps(pid)?;
     let mut seen = BTreeMap::new();
     for e in parse_maps(&text) {
-        let Some(kind) = LibKind::of(&e.path) else { continue };
+        let Some(kind) = LibKind::of(&e.path).or_else(|| is_loader(&e.path).then_some(LibKind::Loader)) else { continue };
         let path = reachable(pid, &e.path);
         // The identity libbpf's uprobe will resolve is the stat of the path it opens.
         let id = match std::fs::metadata(&path) {
@@ -434,6 +484,8 @@ mod tests {
         assert_eq!(LibKind::of("/venv/site-packages/jax_plugins/xla_cuda13/xla_cuda_plugin.so"), Some(LibKind::XlaBfc));
         assert_eq!(LibKind::of("/venv/site-packages/tensorflow/libtensorflow_framework.so.2"), Some(LibKind::XlaBfc));
         assert_eq!(LibKind::of("/usr/lib/libcuda_stub.so"), None);
+        assert!(is_loader("/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2") && is_loader("/lib/ld-musl-x86_64.so.1"));
+        assert!(!is_loader("/usr/lib/ld.so.conf") && !is_loader("/usr/lib/libld-linux-helper.a"));
     }
 
     #[test]

@@ -76,6 +76,40 @@ pub struct SessionOptions {
     pub keep_exited_max: usize,
     /// Hold the first exec of each executable until its probes are in (the agent).
     pub exec_hold: Option<super::exec_hold::HoldOptions>,
+    /// Scan the node's library and Python roots at start for the caching allocators' libraries
+    /// ([`super::libroots`]), these directories too (the agent; `None`: no scan).
+    pub lib_roots: Option<Vec<PathBuf>>,
+}
+
+/// One library of one process: when it was loaded and when its probes went in (the coverage
+/// notes say the time between).
+#[derive(Clone, Debug)]
+struct LibLoad {
+    /// The process's start time (which holder of the pid).
+    start_time: u64,
+    kind: LibKind,
+    /// The file's name.
+    name: String,
+    /// When the dynamic loader's breakpoint reported the dlopen that brought it (`None`: found
+    /// by the `/proc` scan, the load itself not seen).
+    load_ns: Option<u64>,
+    /// When its probes went in.
+    probe_ns: u64,
+    /// When the agent first saw it in the process's maps.
+    seen_ns: u64,
+}
+
+/// What the loader's breakpoint cost the agent: events, `/proc/PID/maps` reads, time spent.
+#[derive(Clone, Debug, Default)]
+struct LoaderCost {
+    events: u64,
+    reads: u64,
+    /// Reading the maps and looking at them, probing not included.
+    total_ns: u64,
+    max_ns: u64,
+    /// Libraries probed from these events, and the time their probing took.
+    probed: u64,
+    probe_ns: u64,
 }
 
 /// A running session.
@@ -125,7 +159,22 @@ pub struct Session {
     placer: super::nvml::DriverPlacer,
     /// The exec hold, when on.
     hold: Option<super::exec_hold::ExecHold>,
+    /// When each file's probes went in (the events' clock).
+    probed_at: std::collections::HashMap<FileId, u64>,
+    /// Per (process, library file): its load and probe (bounded).
+    lib_loads: BTreeMap<(u32, FileId), LibLoad>,
+    /// Processes that mapped an allocator library before its probes went in: (start time, the
+    /// probe's moment). A segment of theirs stamped before it makes them not exact.
+    late_allocator: std::collections::HashMap<u32, (u64, u64)>,
+    loader_cost: LoaderCost,
+    /// New filesystems scanned at the exec hold.
+    rootfs_scans: u64,
+    /// Dynamic loaders that could not be probed (not tried again).
+    unprobeable_loaders: HashSet<FileId>,
 }
+
+/// Bound of the per-process library records.
+const LIB_LOADS_MAX: usize = 65_536;
 
 /// How long probe events wait before they are applied, so that a free (stamped when its call
 /// began) is applied before an allocation of the same address by another thread that returned
@@ -180,7 +229,31 @@ impl Session {
             placement: crate::attribution::Attribution::for_node(None),
             placer: super::nvml::DriverPlacer::default(),
             hold: None,
+            probed_at: std::collections::HashMap::new(),
+            lib_loads: BTreeMap::new(),
+            late_allocator: std::collections::HashMap::new(),
+            loader_cost: LoaderCost::default(),
+            rootfs_scans: 0,
+            unprobeable_loaders: HashSet::new(),
         };
+        // The dynamic loader's breakpoint first: every dlopen from now on is reported.
+        let loaders = procfs::node_loaders(s.opts.host_root.as_deref());
+        let mut probed_loaders = Vec::new();
+        for l in &loaders {
+            match s.attach_file(LibKind::Loader, l) {
+                Ok(()) => probed_loaders.push(l.display().to_string()),
+                Err(e) => s.notes.push(format!("no uprobe on the dynamic loader {} ({e})", l.display())),
+            }
+        }
+        s.notes.push(if probed_loaders.is_empty() {
+            format!("dynamic loader not probed: a library loaded later is found by the /proc scan only, every {} ms", s.opts.scan_interval.as_millis())
+        } else {
+            format!(
+                "dynamic loader: a uprobe on {} in {} (and in each other ld.so a process is seen running): a library a process loads later is probed when the loader reports it",
+                super::LOADER_BREAKPOINT,
+                probed_loaders.join(", ")
+            )
+        });
         if let Some(e) = &s.probes.mmap_probe_error {
             s.notes.push(format!("no kprobe on a kernel mmap function ({e}): a libcuda file not probed at start is found only by the /proc scan, every {} ms", s.opts.scan_interval.as_millis()));
         }
@@ -205,6 +278,9 @@ impl Session {
             c.extend(procfs::node_libcuda(s.opts.host_root.as_deref()));
             s.attach_up_front(c)?;
         }
+        if let Some(extra) = s.opts.lib_roots.clone() {
+            s.scan_lib_roots(&extra)?;
+        }
         // Before the first scan: whatever is exec'd after it is held.
         if let Some(h) = s.opts.exec_hold.clone() {
             match super::exec_hold::ExecHold::start(h) {
@@ -219,6 +295,106 @@ impl Session {
         Ok(s)
     }
 
+    /// Probes the caching allocators' libraries found under the node's library and Python roots
+    /// (and `extra`) before any process loads them; the summary's note says what was walked,
+    /// found, probed and cut, and what it took.
+    fn scan_lib_roots(&mut self, extra: &[PathBuf]) -> Result<(), ProbeError> {
+        let mut roots = super::libroots::default_roots(self.opts.host_root.as_deref());
+        roots.extend(extra.iter().cloned());
+        let t = Instant::now();
+        let scan = super::libroots::scan(&roots);
+        let mut probed = Vec::new();
+        for (kind, path) in &scan.found {
+            match self.attach_file(*kind, path) {
+                Ok(()) => probed.push(path.display().to_string()),
+                Err(e @ (ProbeError::Privileges(_) | ProbeError::Unsupported(_))) => return Err(e),
+                Err(e) => self.notes.push(format!("could not probe {} found under the library roots: {e}", path.display())),
+            }
+        }
+        let b = super::libroots::TIME_BUDGET.as_millis();
+        self.notes.push(format!(
+            "library roots scanned at start ({} root(s); bounds: {} directories deep, {} entries, {b} ms, {} files): {} directories, {} entries in {:.1} ms{}; {} allocator librar{} probed before any process loads them in {:.1} ms{}",
+            roots.len(),
+            super::libroots::MAX_DEPTH,
+            super::libroots::MAX_ENTRIES,
+            super::libroots::MAX_FOUND,
+            scan.dirs,
+            scan.entries,
+            scan.elapsed.as_secs_f64() * 1e3,
+            scan.cut.as_ref().map(|c| format!(", cut at {c}")).unwrap_or_default(),
+            probed.len(),
+            if probed.len() == 1 { "y" } else { "ies" },
+            (t.elapsed() - scan.elapsed).as_secs_f64() * 1e3,
+            if probed.is_empty() { String::new() } else { format!(": {}", probed.join(", ")) }
+        ));
+        Ok(())
+    }
+
+    /// The first exec from a filesystem mounted after the start (a new container's rootfs) is
+    /// held: the allocator libraries under its library and Python roots are probed before its
+    /// process runs. Bounded by [`super::libroots::HELD_TIME_BUDGET`]; the last few scans are
+    /// noted, all are counted.
+    fn scan_rootfs(&mut self, root: &std::path::Path, pid: u32, exe: &std::path::Path) {
+        let roots = super::libroots::roots_under(root);
+        let t = Instant::now();
+        let scan = super::libroots::scan_within(&roots, super::libroots::HELD_TIME_BUDGET, super::libroots::MAX_ENTRIES);
+        let mut probed = Vec::new();
+        for (kind, path) in &scan.found {
+            match self.attach_file(*kind, path) {
+                Ok(()) => probed.push(path.display().to_string()),
+                Err(e) => {
+                    self.notes.push(format!("could not probe {} found under the new filesystem {}: {e}", path.display(), root.display()))
+                }
+            }
+        }
+        self.rootfs_scans += 1;
+        if self.rootfs_scans <= 8 {
+            self.notes.push(format!(
+                "new filesystem {} (pid {pid}'s exec of {} held while it was scanned): {} directories, {} entries in {:.1} ms{}; {} allocator librar{} probed in {:.1} ms{}",
+                root.display(),
+                exe.display(),
+                scan.dirs,
+                scan.entries,
+                scan.elapsed.as_secs_f64() * 1e3,
+                scan.cut.as_ref().map(|c| format!(", cut at {c}")).unwrap_or_default(),
+                probed.len(),
+                if probed.len() == 1 { "y" } else { "ies" },
+                (t.elapsed() - scan.elapsed).as_secs_f64() * 1e3,
+                if probed.is_empty() { String::new() } else { format!(": {}", probed.join(", ")) }
+            ));
+        }
+    }
+
+    /// Records that process `pid` maps `lib` (loaded at `load_ns` when the loader's breakpoint
+    /// said so), for the coverage notes: allocator libraries always, libcuda when probed late.
+    fn record_load(&mut self, pid: u32, lib: &procfs::MappedLib, load_ns: Option<u64>) {
+        if lib.kind == LibKind::Loader {
+            return;
+        }
+        if let Some(l) = self.lib_loads.get_mut(&(pid, lib.id)) {
+            // Seen by the /proc scan before this breakpoint's batch was read: the breakpoint,
+            // stamped before that sighting, is the load's (the batch before it found nothing).
+            if let (None, Some(t)) = (l.load_ns, load_ns) {
+                if t <= l.seen_ns {
+                    l.load_ns = Some(t);
+                }
+            }
+            return;
+        }
+        let Some(&probe_ns) = self.probed_at.get(&lib.id) else { return };
+        let Some(st) = procfs::stat(pid) else { return };
+        if self.lib_loads.len() >= LIB_LOADS_MAX {
+            let table = &self.table;
+            self.lib_loads.retain(|&(p, _), l| table.get(p).is_some_and(|i| i.start_time == l.start_time));
+            if self.lib_loads.len() >= LIB_LOADS_MAX {
+                self.lib_loads.clear();
+            }
+        }
+        let name = lib.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let seen_ns = now_ns();
+        self.lib_loads.insert((pid, lib.id), LibLoad { start_time: st.start_time, kind: lib.kind, name, load_ns, probe_ns, seen_ns });
+    }
+
     /// Serves the exec hold's requests: an annotated executable held at its exec is probed now
     /// and let go; a file looked at is not asked about again; processes the timeout released
     /// unprobed are declared not exact.
@@ -228,13 +404,21 @@ impl Session {
         let requests: Vec<super::exec_hold::Request> = h.requests.try_iter().collect();
         for r in requests {
             match r {
-                super::exec_hold::Request::Probe { req, id, path, pid } => {
+                super::exec_hold::Request::Probe { req, id, path, pid, rootfs, annotated } => {
                     if self.held_reads.len() >= 4096 {
                         self.held_reads.clear();
                     }
                     self.held_reads.insert(pid, crate::attribution::ProcRead::read(std::path::Path::new("/proc"), pid));
                     self.checked_exes.insert(id);
-                    let result = self.attach_file_as(LibKind::Annotated, &path, true).map_err(|e| e.to_string());
+                    if let Some(root) = rootfs {
+                        self.scan_rootfs(&root, pid, &path);
+                    }
+                    let result = if annotated {
+                        self.attach_file_as(LibKind::Annotated, &path, true).map_err(|e| e.to_string())
+                    } else {
+                        self.probes.mark_probed(id);
+                        Ok(())
+                    };
                     if let Err(e) = &result {
                         self.checked_exes.remove(&id);
                         self.notes.push(format!("could not probe the annotations in {} before its first exec ran: {e}", path.display()));
@@ -326,10 +510,29 @@ impl Session {
     /// not a read of every process's maps: the hold waits on this).
     fn attach_file_as(&mut self, kind: LibKind, path: &std::path::Path, executable: bool) -> Result<(), ProbeError> {
         let id = procfs::file_id(path).map_err(|e| ProbeError::Other(format!("{}: {e}", path.display())))?;
-        if self.probes.has_file(&id) {
+        if self.probes.has_file(&id) || self.unprobeable_loaders.contains(&id) {
             return Ok(());
         }
-        let how = self.probes.attach(kind, path)?.clone();
+        let how = match self.probes.attach(kind, path) {
+            Ok(how) => how.clone(),
+            Err(e) => {
+                // A loader without the breakpoint (or one that refused the uprobe) is said once,
+                // not at every scan that sees a process running it.
+                if kind == LibKind::Loader && self.unprobeable_loaders.len() < LIB_LOADS_MAX {
+                    self.unprobeable_loaders.insert(id);
+                }
+                return Err(e);
+            }
+        };
+        let probe_ns = now_ns();
+        if self.probed_at.len() >= LIB_LOADS_MAX {
+            self.probed_at.clear();
+        }
+        self.probed_at.insert(id, probe_ns);
+        if kind == LibKind::Loader {
+            // Nothing was missed by a process that ran this loader before: it only reports.
+            return Ok(());
+        }
         if self.attached_notes.insert(id) {
             let note = match how {
                 Attached::Driver { functions } => format!("driver level: uprobes on {functions} functions of {}", path.display()),
@@ -386,6 +589,7 @@ impl Session {
                 Attached::Annotations { probes } => {
                     format!("allocator blocks: {probes} gpufrag annotation USDT probes (include/gpufrag_annotate.h) in {}", path.display())
                 }
+                Attached::Loader => format!("dynamic loader: a uprobe on {} in {}", super::LOADER_BREAKPOINT, path.display()),
             };
             self.notes.push(note);
         }
@@ -397,11 +601,24 @@ impl Session {
                 procfs::maps_file(pid, id)
             }
         };
+        // An allocator's library (not an executable held at its exec): its blocks are carved
+        // from segments the driver gave out, so a process with no segment before this moment
+        // lost no block; one with a segment before it may have (not exact).
+        let allocator = kind.is_allocator() && !executable;
         for pid in procfs::pids() {
             if pid != std::process::id() && runs(pid) {
                 if let Some(st) = procfs::stat(pid) {
+                    let known = self.table.get(pid).filter(|p| p.start_time == st.start_time);
+                    if allocator && known.is_none_or(|p| p.first_segment_ns.is_none_or(|t| t >= probe_ns)) {
+                        if self.late_allocator.len() >= LIB_LOADS_MAX {
+                            self.late_allocator.clear();
+                        }
+                        let e = self.late_allocator.entry(pid).or_insert((st.start_time, probe_ns));
+                        *e = (st.start_time, e.1.max(probe_ns));
+                        continue;
+                    }
                     self.preexisting.insert((pid, st.start_time));
-                    if self.table.get(pid).is_some_and(|p| p.start_time == st.start_time) {
+                    if known.is_some() {
                         self.table.mark_inexact(pid);
                     }
                 }
@@ -451,6 +668,7 @@ impl Session {
                         self.notes.push(format!("could not probe {} of pid {pid}: {e}", lib.path.display()));
                     }
                 }
+                self.record_load(pid, &lib, None);
             }
         }
         Ok(())
@@ -497,13 +715,21 @@ impl Session {
     /// Probes the library files the kprobe saw mapped (found in `/proc/PID/maps` by identity;
     /// retried for a few rounds while the mapping is not listed yet).
     fn probe_mapped(&mut self) {
-        let mut work: Vec<(super::LibMapped, u32)> = self.probes.take_mapped().into_iter().map(|m| (m, 0)).collect();
+        let (loader, mapped): (Vec<super::LibMapped>, Vec<super::LibMapped>) =
+            self.probes.take_mapped().into_iter().partition(|m| m.loader);
+        self.on_loader(loader);
+        let mut work: Vec<(super::LibMapped, u32)> = mapped.into_iter().map(|m| (m, 0)).collect();
         work.append(&mut self.mapped_pending);
         for (m, tries) in work {
             if self.probes.has_file(&m.id) || !self.wanted(m.pid) {
                 continue;
             }
             if LibKind::of(&m.name).is_none() {
+                // An executable the exec hold looked at already (its answer may reach this thread
+                // after the exec tracepoint's report): nothing to probe, nothing missed.
+                if self.checked_exes.contains(&m.id) {
+                    continue;
+                }
                 // An executable the exec tracepoint saw for the first time.
                 if procfs::exe_path(m.pid).is_some() {
                     self.check_exe(m.pid);
@@ -531,6 +757,43 @@ impl Session {
                     "pid {} mapped {} (not probed yet) and was gone before it could be found in /proc/{}/maps",
                     m.pid, m.name, m.pid
                 )),
+            }
+        }
+    }
+
+    /// The dynamic loader's breakpoint fired in these processes (a dlopen began or finished
+    /// mapping objects): each one's maps are read once, its CUDA libraries not probed yet are
+    /// probed now, and each library's load is recorded at the earliest breakpoint of the batch.
+    fn on_loader(&mut self, events: Vec<super::LibMapped>) {
+        if events.is_empty() {
+            return;
+        }
+        self.loader_cost.events += events.len() as u64;
+        let mut first: BTreeMap<u32, u64> = BTreeMap::new();
+        for m in &events {
+            let e = first.entry(m.pid).or_insert(m.ts_ns);
+            *e = (*e).min(m.ts_ns);
+        }
+        for (pid, ts) in first {
+            if !self.wanted(pid) || pid == std::process::id() {
+                continue;
+            }
+            self.loader_cost.reads += 1;
+            let read = Instant::now();
+            let libs = procfs::cuda_libs(pid);
+            let ns = read.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+            self.loader_cost.total_ns = self.loader_cost.total_ns.saturating_add(ns);
+            self.loader_cost.max_ns = self.loader_cost.max_ns.max(ns);
+            for lib in libs {
+                if !self.probes.has_file(&lib.id) {
+                    let probe = Instant::now();
+                    match self.attach_file(lib.kind, &lib.path) {
+                        Ok(()) => self.loader_cost.probed += 1,
+                        Err(e) => self.notes.push(format!("could not probe {} of pid {pid}: {e}", lib.path.display())),
+                    }
+                    self.loader_cost.probe_ns += probe.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+                }
+                self.record_load(pid, &lib, Some(ts));
             }
         }
     }
@@ -715,6 +978,16 @@ impl Session {
     fn handle_events(&mut self, out: &mut Vec<Msg>, events: Vec<Event>) {
         let lookup = ProcFs;
         for ev in events {
+            // A segment stamped before the allocator's probes of a process that had mapped its
+            // library: blocks may have been carved from it unseen.
+            let mut late_segment = false;
+            if let (Some(&(start, probe)), Some(kind)) = (self.late_allocator.get(&ev.pid), ev.kind()) {
+                if super::processes::segment_like(kind, ev.rc) && ev.ts_ns < probe {
+                    self.preexisting.insert((ev.pid, start));
+                    late_segment = true;
+                }
+            }
+            let pid = ev.pid;
             let pre = &self.preexisting;
             let unchecked = &self.unchecked_exec;
             // A process gone before its first event is handled has no start time (0): then any
@@ -723,6 +996,9 @@ impl Session {
                 !pre.contains(&(pid, start)) && !(start == 0 && (unchecked.contains(&pid) || pre.iter().any(|&(p, _)| p == pid)))
             };
             let acts = self.table.on_event(ev, &lookup, &exact_if_new);
+            if late_segment {
+                self.table.mark_inexact(pid);
+            }
             self.apply(out, acts);
         }
     }
@@ -801,6 +1077,57 @@ impl Session {
         self.probes.link_count()
     }
 
+    /// Per process and library: the time from its load to its probes, and what that means for
+    /// the process's exactness (allocator libraries always; libcuda when probed after its load).
+    fn load_notes(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (&(pid, _), l) in &self.lib_loads {
+            // Start time 0: the process was gone before its first event was handled.
+            let Some(p) = self.table.get(pid).filter(|p| p.start_time == l.start_time || p.start_time == 0) else { continue };
+            let late = l.load_ns.is_none_or(|t| l.probe_ns > t);
+            if l.kind == LibKind::Cuda && !late {
+                continue;
+            }
+            let ms = |a: u64, b: u64| (a as f64 - b as f64) / 1e6;
+            let when = match l.load_ns {
+                Some(t) if !late => {
+                    out.push(format!(
+                        "pid {pid} ({}): {} load to probe {:.1} ms: probed before its load, traced from its first call",
+                        p.name,
+                        l.name,
+                        ms(l.probe_ns, t)
+                    ));
+                    continue;
+                }
+                Some(t) => format!("load to probe {:.1} ms (the load seen at the dynamic loader's breakpoint)", ms(l.probe_ns, t)),
+                None => "load not seen (found by the /proc scan)".to_string(),
+            };
+            let seg = match p.first_segment_ns {
+                _ if l.kind == LibKind::Cuda => "driver calls before the probe are missing: not exact".to_string(),
+                Some(s) if s < l.probe_ns => format!(
+                    "its first segment came {:.1} ms before the probe, so blocks made before it may be missing: not exact",
+                    ms(l.probe_ns, s)
+                ),
+                _ => "no segment before the probe, so no block was made unseen".to_string(),
+            };
+            out.push(format!("pid {pid} ({}): {} {when}; {seg}", p.name, l.name));
+        }
+        let c = &self.loader_cost;
+        if c.events > 0 {
+            out.push(format!(
+                "dynamic loader's breakpoint: {} event(s), {} /proc/PID/maps read(s) of {:.1} µs on average (max {:.1} µs); {} librar{} probed from them in {:.1} ms on average",
+                c.events,
+                c.reads,
+                c.total_ns as f64 / c.reads.max(1) as f64 / 1e3,
+                c.max_ns as f64 / 1e3,
+                c.probed,
+                if c.probed == 1 { "y" } else { "ies" },
+                c.probe_ns as f64 / c.probed.max(1) as f64 / 1e6
+            ));
+        }
+        out
+    }
+
     /// Notes on coverage and device attribution for the summary.
     pub fn coverage_notes(&self, state: &State) -> Vec<String> {
         let mut notes = self.hold.as_ref().map(|h| h.notes()).unwrap_or_default();
@@ -816,6 +1143,7 @@ impl Session {
                 ));
             }
         }
+        notes.extend(self.load_notes());
         for (pid, n) in &self.table.assumed {
             notes.push(format!(
                 "pid {pid}: {n} allocation(s) attributed to device 0 (no CUDA context seen since attaching and NVML did not tell)"

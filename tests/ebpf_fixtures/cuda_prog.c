@@ -16,6 +16,9 @@
  *                    exists, exit (the OOM is seen while the process still holds its memory)
  *   gate FILE SCENARIO [ARG]  wait until FILE exists before touching CUDA at all, then SCENARIO
  *   torch LIB        blocks from the fake libc10_cuda.so at LIB inside one 20 MiB segment
+ *   dlopen LIB MS [LINGER]  the same, LIB loaded after the process started, its blocks MS ms
+ *                    after (0: at once), then LINGER ms before exiting
+ *   segdlopen LIB MS the segment first, then LIB loaded, its blocks MS ms after
  *   torchoom LIB MODE  a 4 MiB block in a 20 MiB segment, then PyTorch's OOM report (the fake
  *                    libc10.so beside LIB) for a 30 MiB request: MODE limit reports it with no
  *                    driver call (a memory fraction's cap refused it), MODE driver after a failed
@@ -270,18 +273,25 @@ static void oom_hold(unsigned long long hold, unsigned long long req, const char
 	wait_for(file);
 }
 
-static void torch(const char *lib)
+static void *open_lib(const char *lib)
 {
 	void *h = dlopen(lib, RTLD_NOW);
 	if (!h) {
 		fprintf(stderr, "cuda_prog: %s\n", dlerror());
 		exit(2);
 	}
+	return h;
+}
+
+/* The blocks of the torch scenario from the fake libc10_cuda.so `h`, in the segment `seg`
+ * (allocated here when 0). */
+static void torch_blocks(void *h, CUdeviceptr seg)
+{
 	void (*set_base)(unsigned long long) = sym(h, "fake_set_base");
 	void *(*fmalloc)(unsigned long, signed char) = sym(h, "fake_malloc");
 	void (*ffree)(void *) = sym(h, "fake_free");
-	CUdeviceptr seg;
-	check(cuMemAlloc_v2(&seg, 20 * MIB), "cuMemAlloc_v2");
+	if (!seg)
+		check(cuMemAlloc_v2(&seg, 20 * MIB), "cuMemAlloc_v2");
 	set_base(seg);
 	/* 3 blocks of 4 MiB, 2 MiB, 1 MiB + 1; the middle one freed. */
 	void *a = fmalloc(4 * MIB, 0);
@@ -299,6 +309,38 @@ static void torch(const char *lib)
 	raw_free(rs);
 	(void)r;
 	printf("FIGURES device=0 reserved=%llu blocks=3 requested=%llu\n", 20 * MIB, 8 * MIB + 1);
+}
+
+static void torch(const char *lib)
+{
+	torch_blocks(open_lib(lib), 0);
+}
+
+static unsigned long long mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+}
+
+/* dlopen LIB MS: the fake libc10_cuda.so is loaded after the process started (as `import torch`
+ * loads PyTorch's), then after MS milliseconds (0: at once) the torch scenario's segment and
+ * blocks. segdlopen LIB MS: the segment first, then the load, then the blocks MS later. */
+static void torch_dlopen(const char *lib, int ms, int segment_first, int linger_ms)
+{
+	CUdeviceptr seg = 0;
+	if (segment_first)
+		check(cuMemAlloc_v2(&seg, 20 * MIB), "cuMemAlloc_v2");
+	unsigned long long t0 = mono_ns();
+	void *h = open_lib(lib);
+	unsigned long long t1 = mono_ns();
+	if (ms > 0)
+		usleep((useconds_t)ms * 1000);
+	torch_blocks(h, seg);
+	printf("LOADED dlopen_start_ns=%llu dlopen_end_ns=%llu first_block_ns=%llu\n", t0, t1, mono_ns());
+	fflush(stdout);
+	if (linger_ms > 0)
+		usleep((useconds_t)linger_ms * 1000);
 }
 
 static void torch_oom(const char *lib, const char *mode)
@@ -500,6 +542,8 @@ int main(int argc, char **argv)
 		oom_hold(strtoull(argv[2], 0, 10), strtoull(argv[3], 0, 10), argv[4]);
 	else if (!strcmp(s, "torch"))
 		torch(argv[2]);
+	else if ((!strcmp(s, "dlopen") || !strcmp(s, "segdlopen")) && argc > 3)
+		torch_dlopen(argv[2], atoi(argv[3]), s[0] == 's', argc > 4 ? atoi(argv[4]) : 0);
 	else if (!strcmp(s, "torchoom") && argc > 3)
 		torch_oom(argv[2], argv[3]);
 	else if (!strcmp(s, "xla"))
