@@ -59,6 +59,8 @@ pub struct Live {
     /// The events applied and their texts (by index), kept for the computed fix; `None` once
     /// [`FIX_EVENTS_KEPT`] were passed or the fix was settled.
     fix_trace: Option<KeptTrace>,
+    /// No trace is kept for the computed fix at all ([`Live::without_fix_trace`]: the agent).
+    fix_off: bool,
     /// The computed fix's simulation under way, and since when.
     fix_running: Option<(std::sync::mpsc::Receiver<Result<crate::sim::ComputedFix, String>>, Instant)>,
     /// The live prediction of each PyTorch process's coming peak (`crate::foresight::watch`):
@@ -161,6 +163,7 @@ impl Live {
             attribution: crate::attribution::Attribution::for_node(std::env::var("GPUFRAG_NVML_LIB").ok().as_deref()),
             holder_reader: crate::ebpf::nvml::HolderReader::new(std::env::var("GPUFRAG_NVML_LIB").ok().as_deref()),
             fix_trace: Some((Vec::new(), Vec::new())),
+            fix_off: false,
             fix_running: None,
             foresight: crate::foresight::watch::Watch::new(),
             warned: BTreeMap::new(),
@@ -246,6 +249,15 @@ impl Live {
         }
     }
 
+    /// The node agent's pipeline: the node's events are not kept for the live computed fix (a
+    /// long-running agent's memory stays flat whatever the number of processes it sees, up to
+    /// the 1,000,000 events the fix would otherwise keep); each OOM's note says so, and `gpufrag
+    /// analyze` of the agent's record computes the fix from the file.
+    pub fn without_fix_trace(&mut self) {
+        self.fix_trace = None;
+        self.fix_off = true;
+    }
+
     /// Keeps an applied event (its index in the stream is its index here, as in the record) for
     /// the computed fix, while the fix is not settled and the bound of what is kept holds.
     fn keep_for_fix(&mut self, e: &Event, text: &[u8]) {
@@ -281,7 +293,14 @@ impl Live {
             other_allocator: framework.filter(|f| *f != crate::alloc::Framework::Pytorch),
             missing: o.partial.map(crate::ingest::Partial::missing),
         };
-        let Some((events, texts)) = self.fix_trace.take() else { return };
+        let Some((events, texts)) = self.fix_trace.take() else {
+            if self.fix_off {
+                self.state.computed_fix = Some(Err(
+                    "no simulated fix live: the node agent does not keep the node's events for the simulation (its memory stays flat over any number of processes); gpufrag analyze of its record (--record) computes it".into(),
+                ));
+            }
+            return;
+        };
         let end = (o.event as usize + 1).min(events.len());
         let (tx, rx) = std::sync::mpsc::channel();
         let spawned = std::thread::Builder::new().name("gpufrag-fix".into()).spawn(move || {
@@ -588,7 +607,7 @@ impl Live {
         // (crate::sim::verdict), else the verdict's own, with the note saying why not.
         let own = crate::analysis::sharing::fix(o, &inputs);
         let (fix, why_not) = match &self.state.computed_fix {
-            Some(Ok(f)) if f.device == o.device => (f.fix_of(verdict, &own), None),
+            Some(Ok(f)) if f.device == o.device => (crate::analysis::summary::fix_text(f, verdict, &own), None),
             Some(Err(note)) => (own, Some(note.as_str())),
             _ => (own, None),
         };
@@ -777,17 +796,6 @@ mod rotation_tests {
         (figures, settings)
     }
 
-    /// Applies `m`; when it made the record rotate, `closed` becomes the live state before it
-    /// (what the part just closed must replay to).
-    fn step(live: &mut Live, m: Msg, closed: &mut Option<Story>) {
-        let before = story(&live.state);
-        let rotations = live.record.as_ref().map_or(0, |r| r.rotations);
-        live.handle(m);
-        if live.record.as_ref().map_or(0, |r| r.rotations) > rotations {
-            *closed = Some(before);
-        }
-    }
-
     /// Issue 23 item 5: a part of a rotated record after the first began mid-stream (frees of
     /// blocks it never saw, figures inexact). Each part now begins with the state at its start:
     /// the last part replays alone to the live state at the end, the part before it to the live
@@ -799,10 +807,9 @@ mod rotation_tests {
         let path = dir.join("r.rec");
         let mut live = Live::new(Some(&path), true).expect("live");
         live.cap_record(&path, 64 * 80).expect("cap");
-        let mut closed = None;
         let fact =
             |ts, text: &str| Msg::Fact { event: Event { ts_ns: ts, ..Event::new(EventKind::AllocSettings, 7, -1) }, text: text.into() };
-        step(&mut live, fact(500, "roundup_power2_divisions:2"), &mut closed);
+        live.handle(fact(500, "roundup_power2_divisions:2"));
         let info = Event {
             ts_ns: 900,
             size: 16 << 30,
@@ -810,7 +817,7 @@ mod rotation_tests {
             flags: F_DEVICE_FREE_KNOWN,
             ..Event::new(EventKind::DeviceInfo, 0, 0)
         };
-        step(&mut live, Msg::Event(info), &mut closed);
+        live.handle(Msg::Event(info));
         let base = 0x7f00_0000_0000u64;
         let mut ts = 1_000;
         let mut rotations_seen = Vec::new();
@@ -827,24 +834,33 @@ mod rotation_tests {
             }
             for e in events {
                 ts += 1_000;
-                step(&mut live, Msg::Event(Event { ts_ns: ts, ..e }), &mut closed);
+                live.handle(Msg::Event(Event { ts_ns: ts, ..e }));
             }
             if i == 30 {
                 ts += 1_000;
-                step(&mut live, fact(ts, "max_split_size_mb:128"), &mut closed);
+                live.handle(fact(ts, "max_split_size_mb:128"));
             }
             rotations_seen.push(live.record.as_ref().map_or(0, |r| r.rotations));
         }
         let rotations = live.record.as_ref().map_or(0, |r| r.rotations);
         assert!(rotations >= 3, "the cap rotates the record several times: {rotations} ({rotations_seen:?})");
+        // (finish may still rotate: its last forecasts are events too.)
         live.finish();
+        let seeded = live.record.as_ref().map_or(0, |r| r.seed_entries());
         let last = crate::input::load(&path).expect("last part");
         assert!(last.state.anomalies.is_empty(), "{:?}", last.state.anomalies);
         assert_eq!(story(&last.state), story(&live.state), "the last part replays to the live state at the end");
         assert!(last.state.exact(), "the last part is exact on its own");
         let previous = crate::input::load(&record::Rotating::previous_part(&path)).expect("previous part");
         assert!(previous.state.anomalies.is_empty(), "{:?}", previous.state.anomalies);
-        assert_eq!(Some(story(&previous.state)), closed, "the previous part replays to the live state when it was closed");
+        // The state when the previous part closed: the current part's seed, replayed alone.
+        let mut at_close = State::default();
+        for entry in record::Reader::open(&path).expect("reader").take(seeded) {
+            let entry = entry.expect("entry");
+            at_close.apply_text(&entry.event, entry.text.as_deref().unwrap_or(&[]));
+        }
+        assert!(seeded > 0 && at_close.anomalies.is_empty(), "a seed of {seeded} entries");
+        assert_eq!(story(&previous.state), story(&at_close), "the previous part replays to the live state when it was closed");
         assert!(previous.state.exact(), "the previous part is exact on its own");
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -435,6 +435,8 @@ pub struct Rotating {
     /// Entries the current part began with (its seed): a part holding only them is not rotated
     /// again, whatever the cap.
     seeded: u64,
+    /// The seed's entries (events), as a reader counts them.
+    seed_len: usize,
 }
 
 impl Rotating {
@@ -442,7 +444,7 @@ impl Rotating {
     /// the end marker is raised to that).
     pub fn create(path: &Path, max_bytes: Option<u64>) -> io::Result<Rotating> {
         let max_bytes = max_bytes.map(|m| m.max((HEADER_LEN + 2 * EVENT_SIZE) as u64));
-        Ok(Rotating { path: path.to_path_buf(), max_bytes, w: Some(Writer::create(path)?), rotations: 0, seeded: 0 })
+        Ok(Rotating { path: path.to_path_buf(), max_bytes, w: Some(Writer::create(path)?), rotations: 0, seeded: 0, seed_len: 0 })
     }
 
     /// The part kept before the current one.
@@ -460,6 +462,12 @@ impl Rotating {
     /// Appends one event, rotating first when it would not fit.
     pub fn write(&mut self, e: &Event) -> io::Result<()> {
         self.write_text(e, &[])
+    }
+
+    /// Entries (events, each with its text) the current part began with (its seed, the state at
+    /// its start).
+    pub fn seed_entries(&self) -> usize {
+        self.seed_len
     }
 
     /// Whether an entry with `text_len` bytes of text would rotate the file first: it and, after
@@ -484,6 +492,7 @@ impl Rotating {
             w.write_text(e, text)?;
         }
         self.seeded = w.written();
+        self.seed_len = seed.len();
         self.w = Some(w);
         self.rotations += 1;
         Ok(())

@@ -186,27 +186,31 @@ fn a_failed_allocation_is_an_oom_with_its_request() {
 fn regression_pytorchs_oom_report_tells_the_allocators_cap_from_the_drivers_refusal() {
     require_ebpf!();
     for lib in [fixtures().usdt_lib.display().to_string(), fixtures().symbols_lib.display().to_string()] {
-        let t = attach_from_start(&["torchoom", &lib, "limit"], 1, &["--lib", &lib]);
-        let ooms = t.summary["ooms"].as_array().expect("ooms");
-        assert_eq!(ooms.len(), 1, "the CPU-side report is no GPU OOM: {:#}", t.summary);
-        let o = &ooms[0];
-        assert_eq!(o["verdict"], "allowed_limit", "{o:#}");
-        // Issue 22 item 3: the fraction setter's probe (libtorch_python.so beside) gives the
-        // verdict PyTorch's allowed bytes, fraction x the device total it read.
-        let allowed: u64 =
-            t.stdout.lines().find_map(|l| l.strip_prefix("FRACTION allowed=")).and_then(|v| v.trim().parse().ok()).expect("FRACTION");
-        assert_eq!(o["allowed"].as_u64(), Some(allowed), "{o:#}");
-        assert!(
-            t.summary["notes"].to_string().contains("memory fractions: a uprobe on THCPModule_setMemoryFraction"),
-            "{}",
-            t.summary["notes"]
-        );
-        story::assert_replays(&t.summary, &t.record);
-        assert_eq!(u(o, "requested"), 30 * MIB, "{o:#}");
-        assert_eq!(u(o, "reserved"), 20 * MIB, "{o:#}");
-        // The fraction's own cuMemGetInfo, just before, is the process's reading of the device.
-        assert_eq!(o["device_free_source"], "process_reading", "{o:#}");
-        assert!(t.stderr.contains("allowed_limit"), "the verdict is printed live:\n{}", t.stderr);
+        // limit: the setter reads cuMemGetInfo (PyTorch before 2.9); limitlazy: it multiplies a
+        // total read before, and the program reads the device after (2.9 and later, the H200's).
+        for mode in ["limit", "limitlazy"] {
+            let t = attach_from_start(&["torchoom", &lib, mode], 1, &["--lib", &lib]);
+            let ooms = t.summary["ooms"].as_array().expect("ooms");
+            assert_eq!(ooms.len(), 1, "the CPU-side report is no GPU OOM: {:#}", t.summary);
+            let o = &ooms[0];
+            assert_eq!(o["verdict"], "allowed_limit", "{o:#}");
+            // Issue 22 item 3: the fraction setter's probe (libtorch_python.so beside) gives the
+            // verdict PyTorch's allowed bytes, fraction x the device total it read.
+            let allowed: u64 =
+                t.stdout.lines().find_map(|l| l.strip_prefix("FRACTION allowed=")).and_then(|v| v.trim().parse().ok()).expect("FRACTION");
+            assert_eq!(o["allowed"].as_u64(), Some(allowed), "{o:#}");
+            assert!(
+                t.summary["notes"].to_string().contains("memory fractions: a uprobe on THCPModule_setMemoryFraction"),
+                "{}",
+                t.summary["notes"]
+            );
+            story::assert_replays(&t.summary, &t.record);
+            assert_eq!(u(o, "requested"), 30 * MIB, "{o:#}");
+            assert_eq!(u(o, "reserved"), 20 * MIB, "{o:#}");
+            // The fraction's own cuMemGetInfo, just before, is the process's reading of the device.
+            assert_eq!(o["device_free_source"], "process_reading", "{o:#}");
+            assert!(t.stderr.contains("allowed_limit"), "the verdict is printed live:\n{}", t.stderr);
+        }
 
         let t = attach_from_start(&["torchoom", &lib, "driver"], 1, &["--lib", &lib]);
         let ooms = t.summary["ooms"].as_array().expect("ooms");

@@ -180,7 +180,7 @@ fn a_run_too_short_to_show_a_step_gets_a_note_and_no_warning() {
     assert_eq!(s["warnings"].as_array().map(Vec::len), Some(0), "{:#}", s["warnings"]);
     let n = notes(&s);
     assert!(
-        n.contains("foresight: pid") && n.contains("no prediction") && (n.contains("too few") || n.contains("no repeating step")),
+        n.contains("foresight for process") && n.contains("no prediction") && (n.contains("too few") || n.contains("no repeating step")),
         "{n}"
     );
 }

@@ -206,37 +206,7 @@ pub struct SegmentSummary {
     pub largest_free_run: u64,
 }
 
-/// The simulated sweep of allocator settings for a trace that ran out of memory.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct WhatIfSummary {
-    /// Whether the simulation reproduced the trace under its own settings.
-    pub faithful: bool,
-    /// Settings simulated, the baseline included.
-    pub scenarios: usize,
-    /// The trace's own settings.
-    pub baseline: ScenarioBrief,
-    /// The best setting of the sweep.
-    pub best: ScenarioBrief,
-    /// The sentence.
-    pub recommendation: String,
-}
-
-/// One simulated setting, briefly.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct ScenarioBrief {
-    /// The `PYTORCH_CUDA_ALLOC_CONF` string.
-    pub alloc_conf: String,
-    /// Whether a request failed.
-    pub oom: bool,
-    /// The first failing request's size.
-    pub first_oom_requested: Option<u64>,
-    /// Peak reserved bytes.
-    pub peak_reserved: u64,
-    /// Peak allocated bytes.
-    pub peak_allocated: u64,
-    /// `num_alloc_retries`.
-    pub num_alloc_retries: u64,
-}
+pub use crate::ingest::fix::{ScenarioBrief, WhatIfSummary};
 
 /// One failed allocation.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -601,9 +571,38 @@ impl Summary {
         };
         // The live pipeline's computed fix (one computation, every view of this state).
         if let Some(fix) = &state.computed_fix {
-            crate::sim::put_fix(&mut summary, fix);
+            put_fix(&mut summary, fix);
         }
         summary
+    }
+}
+
+/// The fix of one OOM of the simulated device: the simulation's sentence, how it was had, and for
+/// an allowed-limit verdict the cap's own fix beside it.
+pub fn fix_text(f: &crate::ingest::fix::ComputedFix, verdict: crate::analysis::Verdict, own_fix: &str) -> String {
+    let simulated = format!(
+        "{} (simulated over {} allocator settings: gpufrag whatif FILE{})",
+        f.sentence,
+        f.whatif.scenarios,
+        f.allowed.map_or(String::new(), |a| format!(" --memory-limit {a}"))
+    );
+    if verdict == crate::analysis::Verdict::AllowedLimit {
+        format!("{simulated}; or {own_fix}")
+    } else {
+        simulated
+    }
+}
+
+/// Puts a computed fix (or the note why there is none) into `summary`'s OOM verdicts.
+pub fn put_fix(summary: &mut Summary, fix: &Result<crate::ingest::fix::ComputedFix, String>) {
+    match fix {
+        Err(note) => summary.notes.push(note.clone()),
+        Ok(f) => {
+            for o in summary.ooms.iter_mut().filter(|o| o.device == f.device) {
+                o.fix = fix_text(f, o.verdict, &o.fix);
+            }
+            summary.whatif = Some(f.whatif.clone());
+        }
     }
 }
 

@@ -64,6 +64,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     });
     let session = Session::start(opts, "gpufrag agent").map_err(probe_error)?;
     let mut live = args.out.live(&args.export, &args.views)?;
+    live.without_fix_trace();
     if let (Some(path), Some(max)) = (&args.out.record, args.record_max_bytes) {
         live.cap_record(path, max)?;
     }

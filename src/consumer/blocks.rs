@@ -10,7 +10,7 @@
 //! reproduces the live figures and the block events are there for a replay of the allocator's
 //! decisions; between two snapshots they are the difference, not every allocation.
 
-use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
+use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED, F_SRC_SNAPSHOT};
 use crate::ingest::State;
 use crate::snapshot::Snapshot;
 use std::collections::BTreeMap;
@@ -53,7 +53,7 @@ pub fn sync_events(state: &State, pid: u32, snap: &Snapshot, ts_ns: u64) -> Vec<
         for (&addr, &(size, requested, stream)) in &want {
             let same = space.and_then(|s| s.map.block_at(addr)).is_some_and(|b| b.size == size);
             if !same {
-                out.push(Event { addr, size, requested, stream, flags: F_BLOCK_SIZE_KNOWN, ..ev(EventKind::BlockAlloc) });
+                out.push(Event { addr, size, requested, stream, flags: F_BLOCK_SIZE_KNOWN | F_SRC_SNAPSHOT, ..ev(EventKind::BlockAlloc) });
             }
         }
     }

@@ -17,7 +17,7 @@
 use super::{Available, Forecast, Predictor, HORIZON};
 use crate::alloc::pytorch::AllocConf;
 use crate::alloc::Framework;
-use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_OOM_AMEND};
+use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_OOM_AMEND, F_SRC_SNAPSHOT};
 use crate::ingest::State;
 use crate::sim::Request;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -133,7 +133,9 @@ impl Watch {
                     if Framework::from_flags(e.flags) != Framework::Pytorch {
                         t.off = true;
                         self.note(key, format!("its blocks are {}'s, not PyTorch's caching allocator's: the simulation models PyTorch's only, no prediction", Framework::from_flags(e.flags).allocator()));
-                    } else if e.flags & F_BLOCK_SIZE_KNOWN != 0 {
+                    } else if e.flags & F_BLOCK_SIZE_KNOWN != 0 && e.flags & F_SRC_SNAPSHOT != 0 {
+                        // Blocks synced from snapshots (the tracker's and the annotations' blocks
+                        // come with their size too, one event per request: those are predicted).
                         t.off = true;
                         self.note(
                             key,
@@ -296,16 +298,16 @@ impl Watch {
         for (key, s) in &state.spaces {
             if !self.procs.contains_key(key) && s.map.figures().reserved > 0 && state.forecast_of(key.0, key.1).is_none() {
                 out.push(format!(
-                    "foresight: pid {} on device {}: no prediction: no caching-allocator block events (its segments only), so no step to find",
+                    "foresight for process {} on device {}: no prediction: no caching-allocator block events (its segments only), so no step to find",
                     key.0, key.1
                 ));
             }
         }
         for (key, note) in &self.notes {
             if self.forecasted.contains(key) {
-                out.push(format!("foresight: pid {} on device {}: the prediction stopped: {note}", key.0, key.1));
+                out.push(format!("foresight for process {} on device {}: the prediction stopped: {note}", key.0, key.1));
             } else {
-                out.push(format!("foresight: pid {} on device {}: no prediction: {note}", key.0, key.1));
+                out.push(format!("foresight for process {} on device {}: no prediction: {note}", key.0, key.1));
             }
         }
         out

@@ -23,6 +23,7 @@
 //! The state's size distributions (allocation sizes as events arrive, free-run sizes at a
 //! summary) live beside it in [`histogram`].
 
+pub mod fix;
 pub mod forecasts;
 pub mod histogram;
 pub mod holders;
@@ -149,6 +150,8 @@ impl DeviceFreeSource {
 struct Reading {
     ts_ns: u64,
     free: u64,
+    /// The device total the driver gave with it (CUDA's total: NVML's less the driver's reserve).
+    total: u64,
     /// The process's traced bytes on the device when it read.
     traced: u64,
 }
@@ -393,11 +396,11 @@ pub struct State {
     /// Processes whose start (`ProcessExec`) was applied, until forgotten (at most
     /// [`MAX_SPACES`]): an OOM report of a process never seen is a note ([`settings`]).
     execs: std::collections::BTreeSet<u32>,
-    /// The fix the simulation computed for the first OOM (`crate::sim::verdict`), or the note
+    /// The fix the simulation computed for the first OOM ([`fix`], computed by `crate::sim`), or the note
     /// why there is none: set by the live pipeline (`crate::live`), which keeps the events the
     /// simulation replays; every summary of this state carries it. A replayed state has none:
     /// `analyze` computes it from the file, over the same events.
-    pub computed_fix: Option<Result<crate::sim::ComputedFix, String>>,
+    pub computed_fix: Option<Result<fix::ComputedFix, String>>,
     /// Per (pid, device): the latest forecast of its peak ([`forecasts`]); kept when a process
     /// is forgotten, like its OOM records.
     pub forecasts: BTreeMap<(u32, i16), forecasts::Forecast>,
@@ -459,10 +462,10 @@ impl State {
 
     /// A reading of device free by (or, with `nvml`, for) `pid` on `device`: remembered as the
     /// process's latest, and given to the OOM records it may complete.
-    fn reading(&mut self, pid: u32, device: i16, ts_ns: u64, free: u64, nvml: bool) {
+    fn reading(&mut self, pid: u32, device: i16, ts_ns: u64, free: u64, total: u64, nvml: bool) {
         let traced = self.traced_bytes(pid, device);
         if !nvml {
-            self.readings.insert((pid, device), Reading { ts_ns, free, traced });
+            self.readings.insert((pid, device), Reading { ts_ns, free, total, traced });
         }
         let ooms = &mut self.ooms;
         for &i in &self.awaiting {
@@ -549,7 +552,7 @@ impl State {
                 if let Some(free) = ev.device_free() {
                     d.free = Some(free);
                     if pid != 0 {
-                        self.reading(pid, device, ev.ts_ns, free, ev.flags & F_SRC_NVML != 0);
+                        self.reading(pid, device, ev.ts_ns, free, ev.size, ev.flags & F_SRC_NVML != 0);
                     }
                 }
                 Ok(())

@@ -87,6 +87,11 @@ pub(super) fn is_release(kind: EventKind) -> bool {
     matches!(kind, EventKind::MemFree | EventKind::PoolFree | EventKind::PhysRelease | EventKind::PoolTrim | EventKind::Unmap)
 }
 
+/// How many of the latest OOM records a driver failure that arrives after a framework's report
+/// looks back through for that report (a report overtakes its failures by a few events, never by
+/// this many OOMs).
+const REPORT_LOOKBACK: usize = 64;
+
 impl State {
     /// Decides record `index` (once: a decided record keeps its outcome) and logs an OOM.
     pub(super) fn decide(&mut self, index: usize, outcome: OomOutcome) {
@@ -154,14 +159,17 @@ impl State {
         }
         // A driver failure that happened before a framework's report already applied (the Python
         // hook's socket overtook the shim's ring): one of that report's tries as well.
+        // Only the latest REPORT_LOOKBACK records are looked at: the bookkeeping stays linear in
+        // the OOMs (100,000 of them in a trace were quadratic here).
         let ts = self.ooms[index].ts_ns;
-        let report = self.ooms[..index].iter().rposition(|o| {
-            o.pid == pid
+        let report = self.ooms[..index].iter().enumerate().rev().take(REPORT_LOOKBACK).find_map(|(i, o)| {
+            (o.pid == pid
                 && o.device == device
                 && o.op == Some(EventKind::BlockAlloc)
                 && o.outcome == OomOutcome::Oom
                 && o.ts_ns >= ts
-                && o.ts_ns - ts <= OOM_HOLD_NS
+                && o.ts_ns - ts <= OOM_HOLD_NS)
+                .then_some(i)
         });
         if let Some(r) = report {
             self.ooms[r].driver_failures_before += 1;

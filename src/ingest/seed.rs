@@ -3,7 +3,7 @@
 //! events rebuild, from an empty state, what the figures and verdicts of the events after them
 //! depend on: each process's allocator settings (at start, then each change, so the settings in
 //! force and their history are the same), memory fractions and framework, the devices' totals,
-//! and each (process, device) address map (reservations, handles, segments, every live block with
+//! each process's latest reading of its device, and each (process, device) address map (reservations, handles, segments, every live block with
 //! its exact extent: [`crate::map::AddressSpace::to_events`]). Counters, OOMs and notes of the
 //! earlier part stay in it: a part tells the story of its own stretch of time.
 
@@ -38,6 +38,18 @@ impl State {
                 let (free, flags) = d.free.map_or((0, 0), |f| (f, F_DEVICE_FREE_KNOWN));
                 out.push((at(Event { size: total, device_free: free, flags, ..Event::new(EventKind::DeviceInfo, 0, device) }), Vec::new()));
             }
+        }
+        // Each process's latest reading of the device (the free and total a later OOM may take).
+        for (&(pid, device), r) in &self.readings {
+            out.push((
+                at(Event {
+                    size: r.total,
+                    device_free: r.free,
+                    flags: F_DEVICE_FREE_KNOWN,
+                    ..Event::new(EventKind::DeviceInfo, pid, device)
+                }),
+                Vec::new(),
+            ));
         }
         for s in self.spaces.values() {
             out.extend(s.map.to_events(s.pid, s.device).into_iter().map(|e| (at(e), Vec::new())));

@@ -122,7 +122,19 @@ impl State {
     }
 
     /// The allowed bytes `pid`'s memory fraction on `device` gives, when one was set.
+    ///
+    /// A fraction stated without its allowed bytes (the eBPF probe of the setter sees the fraction;
+    /// PyTorch 2.9 and later multiply it by the device's `totalGlobalMem`, read once, not by a
+    /// `cuMemGetInfo` inside the setter) takes the total of the process's own latest
+    /// `cuMemGetInfo` on that device, the same figure (CUDA's total, not NVML's): `(size_t)(fraction
+    /// × total)` as PyTorch computes it.
     pub fn allowed_of(&self, pid: u32, device: i16) -> Option<u64> {
-        self.settings.get(&pid).and_then(|s| s.fractions.get(&device)).map(|f| f.0).filter(|&a| a > 0)
+        let (allowed, fraction) = self.settings.get(&pid)?.fractions.get(&device)?;
+        if *allowed > 0 {
+            return Some(*allowed);
+        }
+        let f: f64 = fraction.trim().parse().ok()?;
+        let total = self.readings.get(&(pid, device)).map(|r| r.total).filter(|&t| t > 0)?;
+        (f > 0.0 && f <= 1.0).then(|| (f * total as f64) as u64)
     }
 }

@@ -16,7 +16,6 @@
 
 use super::{drive, sweep_for, Ask, Outcome, RequestStream};
 use crate::analysis::summary::{ScenarioBrief, Summary, WhatIfSummary};
-use crate::analysis::Verdict;
 
 fn brief(o: &Outcome) -> ScenarioBrief {
     ScenarioBrief {
@@ -61,36 +60,7 @@ impl FixInput {
     }
 }
 
-/// The fix the simulation computed, for the OOMs of one device.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ComputedFix {
-    /// The device simulated: the fix is that of its OOMs.
-    pub device: i16,
-    /// The sentence of the sweep (under the allowed bytes, when the first OOM had some).
-    pub sentence: String,
-    /// The allowed bytes it ran under.
-    pub allowed: Option<u64>,
-    /// The baseline and the best setting.
-    pub whatif: WhatIfSummary,
-}
-
-impl ComputedFix {
-    /// The fix of one OOM of the simulated device: the sentence, how it was had, and for an
-    /// allowed-limit verdict the cap's own fix beside it.
-    pub fn fix_of(&self, verdict: Verdict, own_fix: &str) -> String {
-        let simulated = format!(
-            "{} (simulated over {} allocator settings: gpufrag whatif FILE{})",
-            self.sentence,
-            self.whatif.scenarios,
-            self.allowed.map_or(String::new(), |a| format!(" --memory-limit {a}"))
-        );
-        if verdict == Verdict::AllowedLimit {
-            format!("{simulated}; or {own_fix}")
-        } else {
-            simulated
-        }
-    }
-}
+pub use crate::ingest::fix::ComputedFix;
 
 /// Runs the sweep for the OOMs `input` describes; `stream` gives the trace's requests up to
 /// `input.cut`, or why they cannot be had. `Err` is the note saying why there is no computed fix.
@@ -131,18 +101,7 @@ pub fn compute(input: &FixInput, stream: impl FnOnce() -> Result<RequestStream, 
     Ok(ComputedFix { device: stream.device, sentence, allowed, whatif })
 }
 
-/// Puts a computed fix (or the note why there is none) into `summary`'s OOM verdicts.
-pub fn put(summary: &mut Summary, fix: &Result<ComputedFix, String>) {
-    match fix {
-        Err(note) => summary.notes.push(note.clone()),
-        Ok(f) => {
-            for o in summary.ooms.iter_mut().filter(|o| o.device == f.device) {
-                o.fix = f.fix_of(o.verdict, &o.fix);
-            }
-            summary.whatif = Some(f.whatif.clone());
-        }
-    }
-}
+pub use crate::analysis::summary::put_fix as put;
 
 /// Puts the simulated sweep into `summary`'s OOM verdicts; `stream` gives the trace's requests
 /// up to the event index it is given (the first OOM's failure; `None`: all of them), or why they

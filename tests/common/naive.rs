@@ -497,7 +497,7 @@ pub enum Meaning {
 /// file's, so the table is rewritten when the wire format changes), and what it means to the
 /// model. Beside these, the `rc` field's doc ("0 on success") makes a call that returned non-zero
 /// change nothing, except the failure record itself.
-pub const MEANINGS: [(EventKind, &str, Meaning); 29] = [
+pub const MEANINGS: [(EventKind, &str, Meaning); 30] = [
     (EventKind::MemAlloc, "`cuMemAlloc` / `cudaMalloc`: a driver segment at `addr` of `size` bytes.", Meaning::Segment(SegmentKind::Driver)),
     (EventKind::MemAllocPitch, "`cuMemAllocPitch` / `cudaMallocPitch` / `cudaMalloc3D`: `size` = pitch × height (× depth).", Meaning::Segment(SegmentKind::Pitch)),
     (EventKind::MemAllocManaged, "`cuMemAllocManaged` / `cudaMallocManaged`.", Meaning::Segment(SegmentKind::Managed)),
@@ -549,6 +549,11 @@ pub const MEANINGS: [(EventKind, &str, Meaning); 29] = [
     (
         EventKind::FrameworkFigures,
         "A framework's own figures at its OOM on `device` (XLA's `memory_stats()` read right after the failure): `size` = pool bytes, `requested` = bytes in use, `handle` = largest free chunk; they are the figures of the process's latest OOM there.",
+        Meaning::Nothing,
+    ),
+    (
+        EventKind::Forecast,
+        "gpufrag's own prediction of a process's coming peak on `device` (`crate::foresight`, made after a step of its requests): `size` = the predicted peak reserved bytes, `requested` = the bytes it may hold (device free + what it holds, or its cap), `handle` = how many steps ahead a step does not fit (0: every step simulated fits), `addr` = the steps simulated, `requested`'s source in `op` (1: its cap); a warning's text is the setting that would fit. Recorded like any event, so that a record replays to the warnings the live run gave.",
         Meaning::Nothing,
     ),
     (

@@ -21,7 +21,10 @@
  *   segdlopen LIB MS the segment first, then LIB loaded, its blocks MS ms after
  *   torchoom LIB MODE  a 4 MiB block in a 20 MiB segment, then PyTorch's OOM report (the fake
  *                    libc10.so beside LIB) for a 30 MiB request: MODE limit reports it with no
- *                    driver call (a memory fraction's cap refused it), MODE driver after a failed
+ *                    driver call (a memory fraction's cap refused it; the fraction set through the
+ *                    fake libtorch_python.so, whose setter calls cuMemGetInfo as PyTorch before 2.9
+ *                    does; MODE limitlazy: it multiplies a total read before, as 2.9 and later),
+ *                    MODE driver after a failed
  *                    cuMemAlloc_v2 of the same request; a CPU-side report too, which is no GPU OOM
  *   xla LIB          chunks from the fake XLA BFC allocator at LIB (xla_cuda_plugin.so) inside one
  *                    64 MiB preallocated pool (one VMM mapping, as JAX's), ending with a
@@ -377,7 +380,7 @@ static void torch_oom(const char *lib, const char *mode)
 	set_base(seg);
 	(void)fmalloc(4 * MIB, 0);
 	report_cpu(MIB);
-	if (!strcmp(mode, "limit")) {
+	if (!strcmp(mode, "limit") || !strcmp(mode, "limitlazy")) {
 		/* CPython's objects: a tuple (fraction, device) of a float and a small int. */
 		struct { long refcnt; void *type; double value; } fraction = { 1, 0, 0.0025 };
 		struct { long refcnt; void *type; unsigned long tag; unsigned int digit[1]; } device = { 1, 0, 1 << 3, { 0 } };
@@ -385,11 +388,22 @@ static void torch_oom(const char *lib, const char *mode)
 		void (*init)(CUresult (*)(size_t *, size_t *)) = sym(ht, "fake_torch_python_init");
 		void *(*set_fraction)(void *, void *) = sym(ht, "_Z28THCPModule_setMemoryFractionP7_objectS0_");
 		unsigned long (*allowed)(void) = sym(ht, "fake_allowed");
-		init(cuMemGetInfo_v2);
+		size_t f0, t0;
+		if (!strcmp(mode, "limit")) {
+			init(cuMemGetInfo_v2);
+		} else {
+			/* As PyTorch 2.9 and later: the total read once before, none inside the setter;
+			 * the program reads the device afterwards (torch.cuda.mem_get_info). */
+			void (*set_total)(unsigned long) = sym(ht, "fake_torch_python_set_total");
+			check(cuMemGetInfo_v2(&f0, &t0), "cuMemGetInfo_v2");
+			set_total(t0);
+		}
 		if (!set_fraction(0, &args)) {
 			fprintf(stderr, "cuda_prog: setMemoryFraction failed\n");
 			exit(2);
 		}
+		if (strcmp(mode, "limit"))
+			check(cuMemGetInfo_v2(&f0, &t0), "cuMemGetInfo_v2");
 		printf("FRACTION allowed=%lu\n", allowed());
 	}
 	unsigned long long want = 30 * MIB;

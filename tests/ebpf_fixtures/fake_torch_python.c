@@ -24,11 +24,20 @@ struct pyfloat {
 };
 
 static mem_get_info_fn mem_get_info;
+static unsigned long device_total;
 static unsigned long allowed;
 
+/* PyTorch before 2.9: the setter calls cuMemGetInfo for the total. */
 void fake_torch_python_init(mem_get_info_fn f)
 {
 	mem_get_info = f;
+}
+
+/* PyTorch 2.9 and later: the setter multiplies by the device's totalGlobalMem, read once before
+ * (no driver call inside). */
+void fake_torch_python_set_total(unsigned long total)
+{
+	device_total = total;
 }
 
 unsigned long fake_allowed(void)
@@ -41,8 +50,8 @@ void *set_memory_fraction(struct object *self, struct tuple *args) __asm__("_Z28
 __attribute__((noinline)) void *set_memory_fraction(struct object *self, struct tuple *args)
 {
 	double fraction = ((struct pyfloat *)args->items[0])->value;
-	unsigned long free_b = 0, total = 0;
-	if (!mem_get_info || mem_get_info(&free_b, &total) != 0)
+	unsigned long free_b = 0, total = device_total;
+	if (mem_get_info && mem_get_info(&free_b, &total) != 0)
 		return 0; /* CPython: an exception is set, NULL returned */
 	allowed = (unsigned long)(fraction * (double)total);
 	__asm__ volatile("" : : "r"(self) : "memory");
