@@ -135,6 +135,6 @@ impl State {
         }
         let f: f64 = fraction.trim().parse().ok()?;
         let total = self.readings.get(&(pid, device)).map(|r| r.total).filter(|&t| t > 0)?;
-        (f > 0.0 && f <= 1.0).then(|| (f * total as f64) as u64)
+        (f > 0.0 && f <= 1.0).then_some((f * total as f64) as u64)
     }
 }
