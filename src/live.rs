@@ -249,6 +249,13 @@ impl Live {
         }
     }
 
+    /// Foresight predicts `steps` steps ahead (0: off). Before the first event.
+    pub fn foresee(&mut self, steps: usize) {
+        if steps != crate::foresight::HORIZON {
+            self.foresight = crate::foresight::watch::Watch::with_horizon(steps);
+        }
+    }
+
     /// The node agent's pipeline: the node's events are not kept for the live computed fix (a
     /// long-running agent's memory stays flat whatever the number of processes it sees, up to
     /// the 1,000,000 events the fix would otherwise keep); each OOM's note says so, and `gpufrag

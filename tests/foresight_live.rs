@@ -4,7 +4,9 @@
 //! limit) whose activation grows each step until it OOMs: the warning comes at least one step
 //! before the failing step starts, its predicted peak is the failing request's figures (reserved
 //! then + the request, as the program itself printed them at its OOM), and `analyze` of the
-//! run's record gives the same warnings. A loop that repeats with room gives forecasts and no
+//! run's record gives the same warnings. Under a cap (`set_per_process_memory_fraction`) the
+//! prediction is judged against the allowed bytes, not the device; `--foresight-steps` sets how
+//! far it looks (0: off). A loop that repeats with room gives forecasts and no
 //! warning; one too short to show a step gives a note and no warning.
 
 use gpufrag::event::EventKind;
@@ -55,6 +57,11 @@ impl Scratch {
     /// `gpufrag run --record` of grow.py with `args` on a 256 MiB simulated device (16 MiB the
     /// driver's): (summary, output, record path).
     fn run(&self, tag: &str, args: &[&str]) -> (Value, Output, PathBuf) {
+        self.run_with(tag, &[], args, &[])
+    }
+
+    /// [`Scratch::run`] with more `gpufrag run` flags and environment for the program.
+    fn run_with(&self, tag: &str, flags: &[&str], args: &[&str], env: &[(&str, &str)]) -> (Value, Output, PathBuf) {
         let bin = Path::new(env!("CARGO_BIN_EXE_gpufrag"));
         let simcuda = bin.with_file_name("simcuda");
         assert!(simcuda.join("libcuda.so.1").exists(), "{} has no libcuda.so.1: build the workspace", simcuda.display());
@@ -65,6 +72,7 @@ impl Scratch {
             .arg(&summary)
             .arg("--record")
             .arg(&rec)
+            .args(flags)
             .arg("--")
             .arg("python3")
             .arg(root().join("tests/python_hook/tracker/grow.py"))
@@ -77,6 +85,7 @@ impl Scratch {
             .env("SIMCUDA_RESERVE", "16MiB")
             .env("SIMCUDA_STATE_DIR", self.dir.join("state"))
             .env_remove("CXX")
+            .envs(env.iter().copied())
             .output()
             .expect("run gpufrag");
         let text = std::fs::read_to_string(&summary).unwrap_or_else(|e| {
@@ -183,4 +192,57 @@ fn a_run_too_short_to_show_a_step_gets_a_note_and_no_warning() {
         n.contains("foresight for process") && n.contains("no prediction") && (n.contains("too few") || n.contains("no repeating step")),
         "{n}"
     );
+}
+
+#[test]
+fn under_a_memory_fraction_the_warning_is_judged_against_the_allowed_bytes_before_the_cap_oom() {
+    let sc = Scratch::new("cap");
+    // a device whose total is 240 MiB (256 MiB less simcuda's 16 MiB) capped at half: 120 MiB
+    // allowed; per step 40 + (20 + 4k) + 16 MiB, so the cap fails step 12 while the device alone
+    // would last to step 40
+    let (s, out, rec) = sc.run_with("cap", &[], &["40", "20", "4", "16", "60", "0.15"], &[("GROW_FRACTION", "0.5")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let n = field(&stdout, "OOM ", "step").unwrap_or_else(|| panic!("the program did not OOM at its cap:\n{stdout}\n{stderr}"));
+    let allowed = field(&stdout, "OOM ", "allowed").expect("allowed");
+    assert_eq!(allowed, 120 * MIB, "the program's own cap");
+    assert_eq!(n, 12, "the cap fails step 12 (40 + 20 + 4*12 + 16 > 120 MiB): {stdout}");
+    let oom_reserved = field(&stdout, "OOM ", "reserved").expect("reserved");
+    let oom_request = field(&stdout, "OOM ", "request").expect("request");
+    let step_start = |k: u64| field(&stdout, &format!("STEP {k} "), "t").unwrap_or_else(|| panic!("no STEP {k}:\n{stdout}"));
+    let warnings = s["warnings"].as_array().unwrap_or_else(|| panic!("no warnings list: {s:#}"));
+    assert!(!warnings.is_empty(), "no warning before the cap's OOM at step {n}:\n{}\n{stderr}", notes(&s));
+    eprintln!("cap OOM at step {n}; {} warning(s), the first: {}", warnings.len(), warnings[0]);
+    for w in warnings {
+        assert!(w["ts_ns"].as_u64().is_some_and(|t| t < step_start(n)), "a warning after the failing step began: {w}");
+        assert_eq!(w["available"].as_u64(), Some(allowed), "judged against the cap ({allowed} B), not the device: {w}");
+        assert_eq!(
+            w["predicted_peak"].as_u64(),
+            Some(oom_reserved + oom_request),
+            "vs the program's OOM ({oom_reserved} + {oom_request}): {w}"
+        );
+    }
+    assert_eq!(s["ooms"][0]["allowed"].as_u64(), Some(allowed), "the OOM's allowed bytes: {:#}", s["ooms"][0]);
+    assert_eq!(analyze(&rec)["warnings"], s["warnings"], "analyze of the record vs the live run");
+}
+
+#[test]
+fn foresight_steps_sets_how_far_ahead_and_zero_turns_it_off() {
+    let sc = Scratch::new("steps");
+    let args = ["40", "20", "8", "16", "60", "0.15"];
+    let (s, out, _) = sc.run_with("two", &["--foresight-steps", "2"], &args, &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let n = field(&stdout, "OOM ", "step").unwrap_or_else(|| panic!("the program did not OOM:\n{stdout}"));
+    let warnings = s["warnings"].as_array().expect("warnings");
+    assert!(!warnings.is_empty(), "no warning with 2 steps ahead: {}", notes(&s));
+    for w in warnings {
+        assert!(w["steps_ahead"].as_u64().is_some_and(|a| (1..=2).contains(&a)), "looked further than 2 steps: {w}");
+    }
+    let (s, out, rec) = sc.run_with("off", &["--foresight-steps", "0"], &args, &[]);
+    assert_eq!(field(&String::from_utf8_lossy(&out.stdout), "OOM ", "step"), Some(n), "the same program");
+    assert_eq!(s["warnings"].as_array().map(Vec::len), Some(0), "{:#}", s["warnings"]);
+    assert!(notes(&s).contains("foresight: off (--foresight-steps 0)"), "{}", notes(&s));
+    let events = gpufrag::record::read(&rec).expect("record").events;
+    assert_eq!(events.iter().filter(|e| e.kind() == Some(EventKind::Forecast)).count(), 0, "a forecast with foresight off");
+    assert_eq!(s["ooms"].as_array().map(Vec::len), Some(1), "the OOM is still judged: {:#}", s["ooms"]);
 }

@@ -104,7 +104,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
     let run_args = run::Args {
         torch_tracker: run::TorchTracker::Off,
-        out: super::LiveArgs { summary_json: Some(summary_json.clone()), record: None, quiet: false },
+        out: super::LiveArgs {
+            summary_json: Some(summary_json.clone()),
+            record: None,
+            quiet: false,
+            foresight_steps: crate::foresight::HORIZON,
+        },
         no_follow: false,
         no_python_hook: true,
         python_interval: 1.0,

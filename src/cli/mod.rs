@@ -21,7 +21,7 @@ use std::process::ExitCode;
 
 /// The outputs every live command (`run`, `attach`, `agent`) shares besides the exporters and
 /// views: the summary JSON, the record file, and quiet.
-#[derive(clap::Args, Debug, Clone, Default)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct LiveArgs {
     /// Write the summary as JSON at the end (the schema of `analyze --json`, with `capture`, and
     /// `coverage` for eBPF: docs/metrics.md).
@@ -33,12 +33,18 @@ pub struct LiveArgs {
     /// No live status line and no summary on stderr (files are still written).
     #[arg(long, short)]
     pub quiet: bool,
+    /// Steps ahead that foresight predicts each traced PyTorch process's peak (a warning when
+    /// one of them would not fit); 0 turns foresight off.
+    #[arg(long, value_name = "N", default_value_t = crate::foresight::HORIZON, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=64))]
+    pub foresight_steps: usize,
 }
 
 impl LiveArgs {
     /// The live pipeline with every output asked for: these, the exporters and the views.
     pub fn live(&self, export: &crate::export::ExportArgs, views: &crate::views::ViewArgs) -> anyhow::Result<crate::live::Live> {
-        crate::live::Live::with_outputs(self.record.as_deref(), self.quiet, export, views, self.summary_json.as_deref())
+        let mut live = crate::live::Live::with_outputs(self.record.as_deref(), self.quiet, export, views, self.summary_json.as_deref())?;
+        live.foresee(self.foresight_steps);
+        Ok(live)
     }
 }
 

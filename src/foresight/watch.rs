@@ -4,7 +4,7 @@
 //! 100 ms ([`Watch::flush`], from the status tick, never per event) hands each process's new
 //! requests, with what it may hold, to one worker thread. The worker keeps a [`Predictor`] per
 //! process (the simulated allocator at the process's current state) and, once a whole step of
-//! new requests has come, predicts the next [`HORIZON`] steps; its answers come back to the
+//! new requests has come, predicts the next [`HORIZON`] steps (`--foresight-steps`; 0 turns it off); its answers come back to the
 //! pipeline ([`Watch::said`]), which states each forecast as an event (recorded, so a record
 //! replays to the same warnings). The simulation never runs on the pipeline's thread; when the
 //! worker falls behind it runs the requests queued and predicts once.
@@ -89,6 +89,8 @@ pub struct Watch {
     ended: BTreeSet<Key>,
     /// Per device: the latest reading of free bytes.
     readings: HashMap<i16, u64>,
+    /// Steps predicted ahead (`--foresight-steps`); 0: foresight off, nothing tracked.
+    horizon: usize,
 }
 
 impl Default for Watch {
@@ -98,11 +100,21 @@ impl Default for Watch {
 }
 
 impl Watch {
-    /// A watch with its worker thread.
+    /// A watch with its worker thread, predicting [`HORIZON`] steps ahead.
     pub fn new() -> Watch {
+        Watch::with_horizon(HORIZON)
+    }
+
+    /// A watch predicting `horizon` steps ahead; 0 turns foresight off (no worker, no request
+    /// kept, no forecast: the summary says so once).
+    pub fn with_horizon(horizon: usize) -> Watch {
         let (tx, jobs) = mpsc::channel::<Job>();
         let (said, rx) = mpsc::channel::<Said>();
-        let worker = std::thread::Builder::new().name("gpufrag-foresight".into()).spawn(move || work(jobs, said)).ok();
+        let worker = if horizon == 0 {
+            None
+        } else {
+            std::thread::Builder::new().name("gpufrag-foresight".into()).spawn(move || work(jobs, said, horizon)).ok()
+        };
         Watch {
             procs: HashMap::new(),
             tx: worker.as_ref().map(|_| tx),
@@ -112,7 +124,13 @@ impl Watch {
             forecasted: BTreeSet::new(),
             ended: BTreeSet::new(),
             readings: HashMap::new(),
+            horizon,
         }
+    }
+
+    /// Whether foresight is off (`--foresight-steps 0`).
+    pub fn off(&self) -> bool {
+        self.horizon == 0
     }
 
     fn note(&mut self, key: Key, note: String) {
@@ -121,6 +139,9 @@ impl Watch {
 
     /// Takes in one event the state has applied (O(1); nothing is simulated here).
     pub fn observe(&mut self, state: &State, e: &Event) {
+        if self.horizon == 0 {
+            return;
+        }
         let Some(kind) = e.kind() else { return };
         match kind {
             EventKind::BlockAlloc if e.device >= 0 => {
@@ -295,6 +316,10 @@ impl Watch {
     /// each process of `state` with memory on a device and no block events, that it has none.
     pub fn summary_notes(&self, state: &State) -> Vec<String> {
         let mut out = Vec::new();
+        if self.horizon == 0 {
+            out.push("foresight: off (--foresight-steps 0): no process's coming peak was predicted".to_string());
+            return out;
+        }
         for (key, s) in &state.spaces {
             if !self.procs.contains_key(key) && s.map.figures().reserved > 0 && state.forecast_of(key.0, key.1).is_none() {
                 out.push(format!(
@@ -332,7 +357,7 @@ struct Worked {
 
 /// The worker: runs each process's requests through its predictor and predicts once a whole
 /// step of new requests came (one prediction per process per round of queued jobs).
-fn work(jobs: mpsc::Receiver<Job>, said: mpsc::Sender<Said>) {
+fn work(jobs: mpsc::Receiver<Job>, said: mpsc::Sender<Said>, horizon: usize) {
     let mut procs: HashMap<Key, Worked> = HashMap::new();
     while let Ok(first) = jobs.recv() {
         let mut round: BTreeSet<Key> = BTreeSet::new();
@@ -392,7 +417,7 @@ fn work(jobs: mpsc::Receiver<Job>, said: mpsc::Sender<Said>) {
                 None => {
                     Err("the device's free memory is not known yet (no reading of it) and no cap is set: nothing to predict against".into())
                 }
-                Some(a) => w.predictor.predict(a, HORIZON),
+                Some(a) => w.predictor.predict(a, horizon),
             };
             if let Ok(f) = &result {
                 w.period = Some(f.step.period);

@@ -7,9 +7,13 @@
 # OOM entry (addr_ = device free, size_ = the request) and the program raises.
 #   argv: WEIGHTS_MIB ACT0_MIB GROWTH_MIB TEMP_MIB STEPS SLEEP_S
 # Per step: the activation (ACT0 + k * GROWTH MiB), a temporary (TEMP MiB), both freed at the
-# step's end. Prints "STEP k t=..." at each step's start and "OOM step=k t=... reserved=... free=..."
+# step's end. With GROW_FRACTION set, the program first calls set_per_process_memory_fraction
+# and its model refuses a segment past the allowed bytes (fraction x the device total) as
+# PyTorch's alloc_block does before cudaMalloc: the cached segments are freed and it tries once
+# more. Prints "STEP k t=..." at each step's start and "OOM step=k t=... reserved=... free=..."
 # at the failure.
 import ctypes
+import os
 import sys
 import time
 
@@ -32,6 +36,10 @@ cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
 cu.cuCtxSetCurrent(ctx)
 torch.cuda._lazy_init()
 c = torch.cuda
+allowed = None
+if os.environ.get("GROW_FRACTION"):
+    c.set_per_process_memory_fraction(float(os.environ["GROW_FRACTION"]))
+    allowed = int(c.get_per_process_memory_fraction() * c.mem_get_info()[1])
 
 segments = {}  # addr -> [size, in_use]
 
@@ -47,6 +55,8 @@ def device_free():
 
 
 def cuda_malloc(size):
+    if allowed is not None and reserved() + size > allowed:
+        return None
     p = ctypes.c_uint64()
     if cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(size)) != 0:
         return None
@@ -70,7 +80,7 @@ def malloc(size, step):
         if a is None:
             free = device_free()
             c._trace(c.OOM, free, size, S)
-            print(f"OOM step={step} t={time.monotonic_ns()} reserved={reserved()} request={size} free={free}", flush=True)
+            print(f"OOM step={step} t={time.monotonic_ns()} reserved={reserved()} request={size} free={free} allowed={allowed or 0}", flush=True)
             raise SystemExit(3)
     segments[a][1] = True
     c._trace(c.ALLOC, a, size, S)
