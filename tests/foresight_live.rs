@@ -16,42 +16,24 @@ use std::process::{Command, Output};
 
 const MIB: u64 = 1 << 20;
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+use tracker::root;
 
-/// A scratch directory with the stand-in libc10_cuda.so and libc10.so built into `lib/`.
-struct Scratch {
-    dir: PathBuf,
+#[path = "common/tracker.rs"]
+mod tracker;
+
+/// The stand-ins' scratch folder (tests/common/tracker.rs) and this test's runs in it.
+struct Scratch(tracker::Scratch);
+
+impl std::ops::Deref for Scratch {
+    type Target = tracker::Scratch;
+    fn deref(&self) -> &tracker::Scratch {
+        &self.0
+    }
 }
 
 impl Scratch {
     fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("gpufrag-foresight-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        for d in ["lib", "cache", "state"] {
-            std::fs::create_dir_all(dir.join(d)).expect("scratch dir");
-        }
-        let t = root().join("tests/python_hook/tracker");
-        let out = Command::new("c++")
-            .args(["-O1", "-shared", "-fPIC", "-std=c++20", "-I"])
-            .arg(t.join("torch/include"))
-            .arg(t.join("standin_c10_cuda.cpp"))
-            .arg("-o")
-            .arg(dir.join("lib/libc10_cuda.so"))
-            .output()
-            .expect("c++ (the tracker tests need a C++ compiler)");
-        assert!(out.status.success(), "building the stand-in libc10_cuda.so: {}", String::from_utf8_lossy(&out.stderr));
-        std::fs::write(dir.join("c10.c"), "int gpufrag_standin_c10;\n").expect("c10.c");
-        let out = Command::new("cc")
-            .args(["-shared", "-fPIC"])
-            .arg(dir.join("c10.c"))
-            .arg("-o")
-            .arg(dir.join("lib/libc10.so"))
-            .output()
-            .expect("cc");
-        assert!(out.status.success(), "building the stand-in libc10.so: {}", String::from_utf8_lossy(&out.stderr));
-        Scratch { dir }
+        Scratch(tracker::Scratch::new("foresight", name))
     }
 
     /// `gpufrag run --record` of grow.py with `args` on a 256 MiB simulated device (16 MiB the
@@ -92,12 +74,6 @@ impl Scratch {
             panic!("no summary: {e}\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
         });
         (serde_json::from_str(&text).expect("summary json"), out, rec)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

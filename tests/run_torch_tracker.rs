@@ -16,42 +16,24 @@ use std::process::{Command, Output};
 
 const MIB: u64 = 1 << 20;
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+use tracker::root;
 
-/// A scratch directory with the stand-in libc10_cuda.so and libc10.so built into `lib/`.
-struct Scratch {
-    dir: PathBuf,
+#[path = "common/tracker.rs"]
+mod tracker;
+
+/// The stand-ins' scratch folder (tests/common/tracker.rs) and this test's runs in it.
+struct Scratch(tracker::Scratch);
+
+impl std::ops::Deref for Scratch {
+    type Target = tracker::Scratch;
+    fn deref(&self) -> &tracker::Scratch {
+        &self.0
+    }
 }
 
 impl Scratch {
     fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("gpufrag-tracker-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        for d in ["lib", "cache", "state"] {
-            std::fs::create_dir_all(dir.join(d)).expect("scratch dir");
-        }
-        let t = root().join("tests/python_hook/tracker");
-        let out = Command::new("c++")
-            .args(["-O1", "-shared", "-fPIC", "-std=c++20", "-I"])
-            .arg(t.join("torch/include"))
-            .arg(t.join("standin_c10_cuda.cpp"))
-            .arg("-o")
-            .arg(dir.join("lib/libc10_cuda.so"))
-            .output()
-            .expect("c++ (the tracker tests need a C++ compiler)");
-        assert!(out.status.success(), "building the stand-in libc10_cuda.so: {}", String::from_utf8_lossy(&out.stderr));
-        std::fs::write(dir.join("c10.c"), "int gpufrag_standin_c10;\n").expect("c10.c");
-        let out = Command::new("cc")
-            .args(["-shared", "-fPIC"])
-            .arg(dir.join("c10.c"))
-            .arg("-o")
-            .arg(dir.join("lib/libc10.so"))
-            .output()
-            .expect("cc");
-        assert!(out.status.success(), "building the stand-in libc10.so: {}", String::from_utf8_lossy(&out.stderr));
-        Scratch { dir }
+        Scratch(tracker::Scratch::new("tracker", name))
     }
 
     fn cache(&self) -> PathBuf {
@@ -112,12 +94,6 @@ impl Scratch {
 
     fn library(&self) -> Option<PathBuf> {
         std::fs::read_dir(self.cache()).ok()?.flatten().map(|e| e.path()).find(|p| p.extension().is_some_and(|x| x == "so"))
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
