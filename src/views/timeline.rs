@@ -14,22 +14,43 @@ const Y0: f64 = 60.0;
 const Y1: f64 = 250.0;
 const FONT: &str = "DejaVu Sans, Helvetica, Arial, sans-serif";
 
+/// Where a time (or event index) and a byte count fall on the picture.
+struct Scale {
+    /// The x axis is time since the first time-stamped event (else the event index).
+    by_time: bool,
+    t_min: u64,
+    t_max: u64,
+    /// The last point's event index (the x axis's end without time stamps).
+    last_index: u64,
+    /// The y axis's top, in bytes (the highest tick).
+    y_top: f64,
+}
+
+impl Scale {
+    fn new(points: &[Point], marks: &[&OomMark], y_top: f64) -> Scale {
+        let t_min = points.iter().map(|p| p.t_ns).chain(marks.iter().map(|m| m.t_ns)).filter(|t| *t > 0).min().unwrap_or(0);
+        let t_max = points.iter().map(|p| p.t_ns).chain(marks.iter().map(|m| m.t_ns)).max().unwrap_or(0);
+        Scale { by_time: t_max > t_min, t_min, t_max, last_index: points.last().map_or(1, |p| p.index.max(1)), y_top }
+    }
+
+    fn x(&self, t_ns: u64, index: u64) -> f64 {
+        let (v, hi) = if self.by_time {
+            (t_ns.saturating_sub(self.t_min) as f64, (self.t_max - self.t_min) as f64)
+        } else {
+            (index as f64, self.last_index as f64)
+        };
+        X0 + v / hi.max(1.0) * (X1 - X0)
+    }
+
+    fn y(&self, b: u64) -> f64 {
+        Y1 - b as f64 / self.y_top * (Y1 - Y0)
+    }
+}
+
 /// The timeline of one device as one SVG document.
 pub fn svg(device: i16, points: &[Point], marks: &[OomMark]) -> String {
     let mut out = String::with_capacity(32 * 1024);
     let marks: Vec<&OomMark> = marks.iter().filter(|m| m.device == device).collect();
-    let t_min = points.iter().map(|p| p.t_ns).chain(marks.iter().map(|m| m.t_ns)).filter(|t| *t > 0).min().unwrap_or(0);
-    let t_max = points.iter().map(|p| p.t_ns).chain(marks.iter().map(|m| m.t_ns)).max().unwrap_or(0);
-    let by_time = t_max > t_min;
-    let x_of_t = |t_ns: u64, index: u64| -> f64 {
-        let (v, lo, hi) = if by_time {
-            (t_ns.saturating_sub(t_min) as f64, 0.0, (t_max - t_min) as f64)
-        } else {
-            let hi = points.last().map_or(1, |p| p.index.max(1)) as f64;
-            (index as f64, 0.0, hi)
-        };
-        X0 + (v - lo) / (hi - lo).max(1.0) * (X1 - X0)
-    };
     let y_max = points
         .iter()
         .map(|p| p.reserved.max(p.allocated).max(p.stranded).max(p.device_free.unwrap_or(0)))
@@ -38,8 +59,7 @@ pub fn svg(device: i16, points: &[Point], marks: &[OomMark]) -> String {
         .unwrap_or(0)
         .max(1);
     let ticks = s::byte_ticks(y_max);
-    let y_top = (*ticks.last().unwrap_or(&y_max)).max(y_max) as f64;
-    let y_of = |b: u64| Y1 - b as f64 / y_top * (Y1 - Y0);
+    let scale = Scale::new(points, &marks, (*ticks.last().unwrap_or(&y_max)).max(y_max) as f64);
     let peak = points.iter().map(|p| p.reserved).max().unwrap_or(0);
     put(
         &mut out,
@@ -48,14 +68,23 @@ pub fn svg(device: i16, points: &[Point], marks: &[OomMark]) -> String {
 data-device=\"{device}\" data-points=\"{}\" data-ooms=\"{}\" data-peak-reserved=\"{peak}\" data-axis=\"{}\">\n<rect width=\"{W}\" height=\"{H}\" fill=\"#fff\"/>\n",
             points.len(),
             marks.len(),
-            if by_time { "time" } else { "events" }
+            if scale.by_time { "time" } else { "events" }
         ),
     );
     put(
         &mut out,
         format_args!("<text x=\"16\" y=\"24\" font-size=\"16\" font-weight=\"bold\" fill=\"#111\">Device {device} over the trace</text>\n"),
     );
-    // Legend.
+    legend(&mut out);
+    axes(&mut out, &scale, &ticks);
+    series(&mut out, device, points, &scale);
+    oom_marks(&mut out, &marks, &scale);
+    out.push_str("</svg>\n");
+    out
+}
+
+/// The legend line under the title.
+fn legend(out: &mut String) {
     let legend = [
         ("reserved", s::RESERVED, ""),
         ("allocated", s::LIVE, ""),
@@ -65,31 +94,34 @@ data-device=\"{device}\" data-points=\"{}\" data-ooms=\"{}\" data-peak-reserved=
     ];
     let mut lx = 16.0;
     for (name, color, dash) in legend {
-        put(&mut out, format_args!("<line x1=\"{lx}\" y1=\"42\" x2=\"{:.0}\" y2=\"42\" stroke=\"{color}\" stroke-width=\"2.5\"{dash}/><text x=\"{:.0}\" y=\"46\" font-size=\"12\" fill=\"#333\">{name}</text>\n", lx + 22.0, lx + 27.0));
+        put(out, format_args!("<line x1=\"{lx}\" y1=\"42\" x2=\"{:.0}\" y2=\"42\" stroke=\"{color}\" stroke-width=\"2.5\"{dash}/><text x=\"{:.0}\" y=\"46\" font-size=\"12\" fill=\"#333\">{name}</text>\n", lx + 22.0, lx + 27.0));
         lx += 27.0 + name.len() as f64 * 7.0 + 20.0;
     }
     put(
-        &mut out,
+        out,
         format_args!(
             "<text x=\"{:.0}\" y=\"46\" font-size=\"11\" fill=\"#777\">each point is the maximum over its stretch of events</text>\n",
             lx + 10.0
         ),
     );
-    // Axes.
-    for t in &ticks {
-        let y = y_of(*t);
-        put(&mut out, format_args!("<line x1=\"{X0}\" y1=\"{y:.1}\" x2=\"{X1}\" y2=\"{y:.1}\" stroke=\"#ececec\"/><text x=\"{:.0}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" fill=\"#555\">{}</text>\n", X0 - 6.0, y + 4.0, esc(&short_bytes(*t))));
+}
+
+/// The byte ticks, the time (or event) axis and the two axis lines.
+fn axes(out: &mut String, scale: &Scale, ticks: &[u64]) {
+    for t in ticks {
+        let y = scale.y(*t);
+        put(out, format_args!("<line x1=\"{X0}\" y1=\"{y:.1}\" x2=\"{X1}\" y2=\"{y:.1}\" stroke=\"#ececec\"/><text x=\"{:.0}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" fill=\"#555\">{}</text>\n", X0 - 6.0, y + 4.0, esc(&short_bytes(*t))));
     }
-    if by_time {
-        let span = (t_max - t_min) as f64 / 1e9;
+    if scale.by_time {
+        let span = (scale.t_max - scale.t_min) as f64 / 1e9;
         let ticks = s::second_ticks(span);
         let step = ticks.get(1).copied().unwrap_or(1.0);
         for t in ticks {
             let x = X0 + t / span.max(1e-12) * (X1 - X0);
-            put(&mut out, format_args!("<line x1=\"{x:.1}\" y1=\"{Y1}\" x2=\"{x:.1}\" y2=\"{:.0}\" stroke=\"#888\"/><text x=\"{x:.1}\" y=\"{:.0}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">{}</text>\n", Y1 + 4.0, Y1 + 17.0, esc(&s::seconds_label(t, step))));
+            put(out, format_args!("<line x1=\"{x:.1}\" y1=\"{Y1}\" x2=\"{x:.1}\" y2=\"{:.0}\" stroke=\"#888\"/><text x=\"{x:.1}\" y=\"{:.0}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">{}</text>\n", Y1 + 4.0, Y1 + 17.0, esc(&s::seconds_label(t, step))));
         }
         put(
-            &mut out,
+            out,
             format_args!(
                 "<text x=\"{:.0}\" y=\"{:.0}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">time since the first event</text>\n",
                 (X0 + X1) / 2.0,
@@ -97,10 +129,13 @@ data-device=\"{device}\" data-points=\"{}\" data-ooms=\"{}\" data-peak-reserved=
             ),
         );
     } else {
-        put(&mut out, format_args!("<text x=\"{:.0}\" y=\"{:.0}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">events (no time stamps in this trace)</text>\n", (X0 + X1) / 2.0, Y1 + 24.0));
+        put(out, format_args!("<text x=\"{:.0}\" y=\"{:.0}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#555\">events (no time stamps in this trace)</text>\n", (X0 + X1) / 2.0, Y1 + 24.0));
     }
-    put(&mut out, format_args!("<line x1=\"{X0}\" y1=\"{Y1}\" x2=\"{X1}\" y2=\"{Y1}\" stroke=\"#888\"/><line x1=\"{X0}\" y1=\"{Y0}\" x2=\"{X0}\" y2=\"{Y1}\" stroke=\"#888\"/>\n"));
-    // Series as step lines.
+    put(out, format_args!("<line x1=\"{X0}\" y1=\"{Y1}\" x2=\"{X1}\" y2=\"{Y1}\" stroke=\"#888\"/><line x1=\"{X0}\" y1=\"{Y0}\" x2=\"{X0}\" y2=\"{Y1}\" stroke=\"#888\"/>\n"));
+}
+
+/// Reserved (a light area and a line), allocated, stranded and device free as step lines.
+fn series(out: &mut String, device: i16, points: &[Point], scale: &Scale) {
     type Get = Box<dyn Fn(&Point) -> Option<u64>>;
     let series: [(&str, &str, &str, Get); 4] = [
         ("reserved", s::RESERVED, "", Box::new(|p: &Point| Some(p.reserved))),
@@ -117,8 +152,8 @@ data-device=\"{device}\" data-points=\"{}\" data-ooms=\"{}\" data-peak-reserved=
                 prev_y = None;
                 continue;
             };
-            let x = x_of_t(p.t_ns, p.index);
-            let y = y_of(v);
+            let x = scale.x(p.t_ns, p.index);
+            let y = scale.y(v);
             match prev_y {
                 None => put(&mut d, format_args!("M{x:.1} {y:.1}")),
                 Some(py) if (py - y).abs() < 0.05 => put(&mut d, format_args!("H{x:.1}")),
@@ -132,28 +167,31 @@ data-device=\"{device}\" data-points=\"{}\" data-ooms=\"{}\" data-peak-reserved=
         }
         if *name == "reserved" {
             // Reserved as a light area: what the process holds; the lines inside show what is in it.
-            if let (Some(first), Some(lastp)) = (points.first(), points.last()) {
-                let (x0, x1) = (x_of_t(first.t_ns, first.index), x_of_t(lastp.t_ns, lastp.index));
-                put(&mut out, format_args!("<path d=\"{d}V{Y1}H{x0:.1}Z\" fill=\"#dfe4ec\" stroke=\"none\"/>\n"));
-                let _ = x1;
+            if let Some(first) = points.first() {
+                let x0 = scale.x(first.t_ns, first.index);
+                put(out, format_args!("<path d=\"{d}V{Y1}H{x0:.1}Z\" fill=\"#dfe4ec\" stroke=\"none\"/>\n"));
             }
         }
         let n_pts = d.matches('M').count() + d.matches('H').count();
-        put(&mut out, format_args!("<path class=\"series\" id=\"series-{name}-dev{device}\" data-last=\"{}\" d=\"{d}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"{dash}/>\n", last.unwrap_or(0)));
+        put(out, format_args!("<path class=\"series\" id=\"series-{name}-dev{device}\" data-last=\"{}\" d=\"{d}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"{dash}/>\n", last.unwrap_or(0)));
         if *name == "device-free" && n_pts <= 2 {
             // Measured once or twice (a snapshot knows it only at its OOM): show the measurements.
             if let Some(p) = points.iter().find(|p| p.device_free.is_some()) {
                 let v = p.device_free.unwrap_or(0);
-                let (x, y) = (x_of_t(p.t_ns, p.index), y_of(v));
-                put(&mut out, format_args!("<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"4\" fill=\"{color}\"/><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" fill=\"{color}\">device free {}</text>\n", x - 7.0, y + 4.0, esc(&short_bytes(v))));
+                let (x, y) = (scale.x(p.t_ns, p.index), scale.y(v));
+                put(out, format_args!("<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"4\" fill=\"{color}\"/><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" fill=\"{color}\">device free {}</text>\n", x - 7.0, y + 4.0, esc(&short_bytes(v))));
             }
         }
     }
-    // OOM marks, their labels on as many rows as it takes for none to overlap another.
+}
+
+/// Each OOM as a vertical line with its label, on as many rows as it takes for none to overlap
+/// another.
+fn oom_marks(out: &mut String, marks: &[&OomMark], scale: &Scale) {
     const LABEL_W: f64 = 175.0;
     let mut rows_end: Vec<(f64, f64)> = Vec::new(); // each label row's occupied span (left, right)
-    for m in &marks {
-        let x = x_of_t(m.t_ns, m.event_index);
+    for m in marks {
+        let x = scale.x(m.t_ns, m.event_index);
         let (tx, anchor) = if x > X0 + 240.0 { (x - 4.0, "end") } else { (x + 4.0, "start") };
         let span = if anchor == "end" { (tx - LABEL_W, tx) } else { (tx, tx + LABEL_W) };
         let row = match rows_end.iter().position(|&(l, r)| span.1 < l || span.0 > r) {
@@ -168,7 +206,7 @@ data-device=\"{device}\" data-points=\"{}\" data-ooms=\"{}\" data-peak-reserved=
             }
         };
         put(
-            &mut out,
+            out,
             format_args!(
                 "<g class=\"oom-mark\" data-requested=\"{}\" data-index=\"{}\" data-label-row=\"{row}\"><line x1=\"{x:.1}\" y1=\"{Y0}\" x2=\"{x:.1}\" y2=\"{Y1}\" stroke=\"{}\" stroke-width=\"2\"/><text x=\"{tx:.1}\" y=\"{:.0}\" font-size=\"11.5\" text-anchor=\"{anchor}\" fill=\"{}\">OOM {}: {} requested</text></g>\n",
                 m.requested,
@@ -181,6 +219,4 @@ data-device=\"{device}\" data-points=\"{}\" data-ooms=\"{}\" data-peak-reserved=
             ),
         );
     }
-    out.push_str("</svg>\n");
-    out
 }
