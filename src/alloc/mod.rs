@@ -1,13 +1,32 @@
-//! The caching allocators gpufrag models, one file each: PyTorch's `CUDACachingAllocator`
-//! ([`pytorch`]), XLA's BFC allocator ([`bfc`], JAX and TensorFlow) and CuPy's memory pool
-//! ([`cupy`]); [`framework`] says which of them a block or adopt event belongs to. Each file owns
-//! its allocator's rules (how a request becomes a block, what is split, what is stranded), and
-//! the address map, the analysis and the simulator all apply them from here: the foundation floor,
-//! importing nothing but units.
+//! The caching allocators gpufrag models, one file each, each implementing [`AllocatorModel`]
+//! (src/alloc/model.rs): PyTorch's `CUDACachingAllocator` ([`pytorch`]), XLA's BFC allocator
+//! ([`bfc`], JAX and TensorFlow) and CuPy's memory pool ([`cupy`]). Each file owns its
+//! allocator's rules (how a request becomes a block, what is split, what is stranded, what its
+//! OOM means and what fixes it); [`REGISTRY`] lists them once, and a [`Framework`] is a place in
+//! that list. The address map, the analysis and the simulator all apply the rules from here: the
+//! foundation floor, importing nothing but units and the wire's flag bits. Adding an allocator:
+//! docs/design.md, "Adding an allocator".
 
 pub mod bfc;
 pub mod cupy;
 mod framework;
+mod model;
 pub mod pytorch;
 
-pub use framework::{Framework, FrameworkReport};
+pub use framework::{Framework, FrameworkReport, ALLOC_FLAGS};
+pub use model::{AllocatorModel, FreeRun, OomFigures, OomKind, RegionFree, Rules};
+
+/// Every allocator model, once. A [`Framework`] is an index into this table: PyTorch first (the
+/// allocator of events that name none), then in the order of [`Framework`]'s constants; a new
+/// allocator appends its line.
+pub static REGISTRY: &[&dyn AllocatorModel] = &[&pytorch::MODEL, &bfc::MODEL, &cupy::MODEL];
+
+/// The libraries an allocator is found in by its symbols, by file name (exact, or followed by a
+/// version: `libtensorflow_framework.so.2`), and the allocator they carry: the eBPF probes attach
+/// that allocator's uprobes there.
+pub static LIBRARIES: &[(&str, Framework)] = &[("xla_cuda_plugin.so", Framework::XLA)];
+
+/// The allocator carried by the library file `name` (a base name) by [`LIBRARIES`].
+pub fn library_allocator(name: &str) -> Option<Framework> {
+    LIBRARIES.iter().find(|(lib, _)| name == *lib || name.strip_prefix(lib).is_some_and(|v| v.starts_with('.'))).map(|&(_, f)| f)
+}
