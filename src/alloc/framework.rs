@@ -7,10 +7,10 @@
 
 use super::model::AllocatorModel;
 use super::REGISTRY;
-use crate::event::{F_ALLOC_CUPY, F_ALLOC_XLA_BFC};
+use crate::event::{F_ALLOC_CUPY, F_ALLOC_ID_MASK, F_ALLOC_ID_SHIFT, F_ALLOC_XLA_BFC};
 
 /// Every flag bit that may name an allocator: a model's `flags` lies within these.
-pub const ALLOC_FLAGS: u32 = F_ALLOC_XLA_BFC | F_ALLOC_CUPY;
+pub const ALLOC_FLAGS: u32 = F_ALLOC_XLA_BFC | F_ALLOC_CUPY | F_ALLOC_ID_MASK;
 
 /// A caching allocator family: an index into the registration table.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -45,9 +45,14 @@ impl Framework {
         Framework::all().find(|f| f.name() == name)
     }
 
-    /// The flag bits that name this allocator on the wire.
+    /// The flag bits that name this allocator on the wire: its model's own bits where it has
+    /// them (XLA's, CuPy's; none for PyTorch's, the first place), else its place in the table in
+    /// the allocator field (`F_ALLOC_ID_MASK`).
     pub fn flags(self) -> u32 {
-        self.model().flags()
+        match self.model().flags() {
+            0 if self.0 > 0 => (self.0 as u32) << F_ALLOC_ID_SHIFT,
+            own => own,
+        }
     }
 
     /// The name used in JSON, metric attributes and on screen.
@@ -146,5 +151,6 @@ mod tests {
         let flags: std::collections::BTreeSet<u32> = Framework::all().map(Framework::flags).collect();
         assert_eq!(flags.len(), names.len(), "two allocators share flag bits");
         assert!(serde_json::from_str::<Framework>("\"tensorflow_nope\"").is_err());
+        assert!(REGISTRY.len() <= 16, "the allocator field holds places 0 to 15");
     }
 }

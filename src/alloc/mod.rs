@@ -19,14 +19,35 @@ pub use model::{AllocatorModel, FreeRun, OomFigures, OomKind, RegionFree, Rules}
 /// Every allocator model, once. A [`Framework`] is an index into this table: PyTorch first (the
 /// allocator of events that name none), then in the order of [`Framework`]'s constants; a new
 /// allocator appends its line.
-pub static REGISTRY: &[&dyn AllocatorModel] = &[&pytorch::MODEL, &bfc::MODEL, &cupy::MODEL];
+#[rustfmt::skip]
+pub static REGISTRY: &[&dyn AllocatorModel] = &[
+    &pytorch::MODEL,
+    &bfc::MODEL,
+    &cupy::MODEL,
+];
 
 /// The libraries an allocator is found in by its symbols, by file name (exact, or followed by a
-/// version: `libtensorflow_framework.so.2`), and the allocator they carry: the eBPF probes attach
+/// version: `libcuda.so.1` style), and the allocator they carry: the eBPF probes attach
 /// that allocator's uprobes there.
-pub static LIBRARIES: &[(&str, Framework)] = &[("xla_cuda_plugin.so", Framework::XLA)];
+#[rustfmt::skip]
+pub static LIBRARIES: &[(&str, Framework)] = &[
+    ("xla_cuda_plugin.so", Framework::XLA),
+];
 
 /// The allocator carried by the library file `name` (a base name) by [`LIBRARIES`].
 pub fn library_allocator(name: &str) -> Option<Framework> {
     LIBRARIES.iter().find(|(lib, _)| name == *lib || name.strip_prefix(lib).is_some_and(|v| v.starts_with('.'))).map(|&(_, f)| f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_library_names_its_allocator_with_or_without_a_version() {
+        assert_eq!(library_allocator("xla_cuda_plugin.so"), Some(Framework::XLA));
+        assert_eq!(library_allocator("xla_cuda_plugin.so.1"), Some(Framework::XLA));
+        assert_eq!(library_allocator("xla_cuda_plugin.sox"), None);
+        assert_eq!(library_allocator("libcudart.so.13"), None);
+    }
 }

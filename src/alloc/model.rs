@@ -83,9 +83,13 @@ pub trait AllocatorModel: Sync {
     /// The allocator's own name, for sentences (`PyTorch's caching allocator`).
     fn allocator(&self) -> &'static str;
 
-    /// The flag bits that name it on block and adopt events (`crate::event::F_ALLOC_*`); 0 for
-    /// exactly one model, the one every older source meant.
-    fn flags(&self) -> u32;
+    /// Flag bits of its own that name it on block and adopt events (`crate::event::F_ALLOC_XLA_BFC`,
+    /// `F_ALLOC_CUPY`: the allocators older sources knew). The default, 0, names it by its place
+    /// in the registration table in the allocator field (`F_ALLOC_ID_MASK`, `Framework::flags`);
+    /// for the first place, PyTorch's, 0 is what every source without allocator bits meant.
+    fn flags(&self) -> u32 {
+        0
+    }
 
     /// The extent of the block a request of `requested` bytes gets at the start of `run`, where
     /// an event carries the request alone: the allocator's rounding and its split rule. A value

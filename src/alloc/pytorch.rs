@@ -383,10 +383,6 @@ impl super::model::AllocatorModel for Pytorch {
         "PyTorch's caching allocator"
     }
 
-    fn flags(&self) -> u32 {
-        0
-    }
-
     fn block_size(&self, rules: &super::model::Rules, run: super::model::FreeRun, requested: u64) -> u64 {
         let r = &rules.pytorch;
         let rounded = r.round_size(requested);
