@@ -27,11 +27,12 @@ pub static REGISTRY: &[&dyn AllocatorModel] = &[
 ];
 
 /// The libraries an allocator is found in by its symbols, by file name (exact, or followed by a
-/// version: `libcuda.so.1` style), and the allocator they carry: the eBPF probes attach
+/// version: `libtensorflow_framework.so.2`), and the allocator they carry: the eBPF probes attach
 /// that allocator's uprobes there.
 #[rustfmt::skip]
 pub static LIBRARIES: &[(&str, Framework)] = &[
     ("xla_cuda_plugin.so", Framework::XLA),
+    ("libtensorflow_framework.so", Framework::XLA),
 ];
 
 /// The allocator carried by the library file `name` (a base name) by [`LIBRARIES`].
@@ -46,8 +47,9 @@ mod tests {
     #[test]
     fn a_library_names_its_allocator_with_or_without_a_version() {
         assert_eq!(library_allocator("xla_cuda_plugin.so"), Some(Framework::XLA));
-        assert_eq!(library_allocator("xla_cuda_plugin.so.1"), Some(Framework::XLA));
-        assert_eq!(library_allocator("xla_cuda_plugin.sox"), None);
+        assert_eq!(library_allocator("libtensorflow_framework.so.2"), Some(Framework::XLA));
+        assert_eq!(library_allocator("libtensorflow_framework.so"), Some(Framework::XLA));
+        assert_eq!(library_allocator("libtensorflow_framework.sox"), None);
         assert_eq!(library_allocator("libcudart.so.13"), None);
     }
 }
