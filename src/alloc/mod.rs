@@ -1,17 +1,18 @@
 //! The caching allocators gpufrag models, one file each, each implementing [`AllocatorModel`]
 //! (src/alloc/model.rs): PyTorch's `CUDACachingAllocator` ([`pytorch`]), XLA's BFC allocator
-//! ([`bfc`], JAX and TensorFlow) and CuPy's memory pool ([`cupy`]). Each file owns its
-//! allocator's rules (how a request becomes a block, what is split, what is stranded, what its
-//! OOM means and what fixes it); [`REGISTRY`] lists them once, and a [`Framework`] is a place in
-//! that list. The address map, the analysis and the simulator all apply the rules from here: the
-//! foundation floor, importing nothing but units and the wire's flag bits. Adding an allocator:
-//! docs/design.md, "Adding an allocator".
+//! ([`bfc`], JAX and TensorFlow), CuPy's memory pool ([`cupy`]) and RAPIDS RMM's
+//! `pool_memory_resource` ([`rmm`]). Each file owns its allocator's rules (how a request becomes
+//! a block, what is split, what is stranded, what its OOM means and what fixes it); [`REGISTRY`]
+//! lists them once, and a [`Framework`] is a place in that list. The address map, the analysis
+//! and the simulator all apply the rules from here: the foundation floor, importing nothing but
+//! units and the wire's flag bits. Adding an allocator: docs/design.md, "Adding an allocator".
 
 pub mod bfc;
 pub mod cupy;
 mod framework;
 mod model;
 pub mod pytorch;
+pub mod rmm;
 
 pub use framework::{Framework, FrameworkReport, ALLOC_FLAGS};
 pub use model::{AllocatorModel, FreeRun, OomFigures, OomKind, RegionFree, Rules};
@@ -24,6 +25,7 @@ pub static REGISTRY: &[&dyn AllocatorModel] = &[
     &pytorch::MODEL,
     &bfc::MODEL,
     &cupy::MODEL,
+    &rmm::MODEL,
 ];
 
 /// The libraries an allocator is found in by its symbols, by file name (exact, or followed by a
