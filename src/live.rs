@@ -297,7 +297,7 @@ impl Live {
             device: o.device,
             allowed: o.allowed,
             cut: Some(o.event),
-            other_allocator: framework.filter(|f| *f != crate::alloc::Framework::Pytorch),
+            other_allocator: framework.filter(|f| *f != crate::alloc::Framework::PYTORCH),
             missing: o.partial.map(crate::ingest::Partial::missing),
         };
         let Some((events, texts)) = self.fix_trace.take() else {
@@ -449,13 +449,14 @@ impl Live {
                 // Under `run` XLA's pool is one mapping with nothing visible inside: the OOM's
                 // figures are the ones BFC itself reported right after the failure, stated as an
                 // event (a replay of the record gives the same verdict).
-                if let (crate::alloc::Framework::Xla, Some(r)) = (framework, self.framework_reports.get(&(pid, device, framework, "oom"))) {
+                let report = self.framework_reports.get(&(pid, device, framework, "oom"));
+                if let (Some([pool, in_use, largest]), Some(r)) = (framework.model().oom_report_keys(), report) {
                     let st = |k: &str| r.stats.get(k).copied().unwrap_or(0);
                     let figures = Event {
                         ts_ns: e.ts_ns,
-                        size: st("pool_bytes"),
-                        requested: st("bytes_in_use"),
-                        handle: st("largest_free_block_bytes"),
+                        size: st(pool),
+                        requested: st(in_use),
+                        handle: st(largest),
                         flags: framework.flags(),
                         ..Event::new(EventKind::FrameworkFigures, pid, device)
                     };
@@ -728,8 +729,8 @@ impl Live {
         for r in self.framework_reports.values() {
             s.notes.push(format!("reported by the framework itself: {}", r.line()));
         }
-        if s.ooms.iter().any(|o| o.framework == Some(crate::alloc::Framework::Xla))
-            && self.framework_reports.keys().any(|k| k.2 == crate::alloc::Framework::Xla && k.3 == "oom")
+        if s.ooms.iter().any(|o| o.framework == Some(crate::alloc::Framework::XLA))
+            && self.framework_reports.keys().any(|k| k.2 == crate::alloc::Framework::XLA && k.3 == "oom")
         {
             s.notes.push("an XLA OOM's figures (pool, in use, free, largest free chunk) are jax.Device.memory_stats() read right after the failure (recorded as a framework_figures event: a replay of the record gives the same)".into());
         }

@@ -1,7 +1,7 @@
-//! XLA's BFC allocator model (`gpufrag::alloc::bfc::BfcAllocator`, binned best fit) against a
+//! XLA's BFC allocator model (`gpufrag::sim::bfc::BfcAllocator`, binned best fit) against a
 //! deliberately naive one written here (a `Vec` of chunks in address order, every search a linear
 //! scan for the smallest chunk that fits, merges by looking left and right), and the address map
-//! placing the same blocks from the requested sizes alone with `Framework::Xla`'s rules.
+//! placing the same blocks from the requested sizes alone with `Framework::XLA`'s rules.
 //!
 //! Random sequences of allocations and frees (sizes from 1 byte to a few MiB, limits of a few
 //! dozen MiB so that the pool grows, fills and fails) run through all three; after every step the
@@ -12,9 +12,9 @@
 //! region with a live chunk strands its free bytes; only a wholly free region is releasable), as
 //! the naive model counts them region by region.
 
-use gpufrag::alloc::bfc::{BfcAllocator, BfcOptions, BfcStats, BumpDevice, Chunk};
 use gpufrag::alloc::Framework;
 use gpufrag::map::{AddressSpace, SegmentKind};
+use gpufrag::sim::bfc::{BfcAllocator, BfcOptions, BfcStats, BumpDevice, Chunk};
 use proptest::prelude::*;
 
 const BASE: u64 = 0x7f00_0000_0000;
@@ -274,7 +274,7 @@ proptest! {
                     }
                     if let Some(p) = got {
                         let chunk = bfc.chunks().find(|c| c.addr == p).expect("chunk at the pointer");
-                        let placed = map.block_alloc_by(p, n, None, Framework::Xla);
+                        let placed = map.block_alloc_by(p, n, None, Framework::XLA);
                         prop_assert_eq!(placed, Ok(chunk.size), "step {} map placed {:x} of {} bytes", step, p, n);
                         live.push(p);
                     }

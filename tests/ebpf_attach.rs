@@ -160,6 +160,33 @@ fn xla_bfc_chunks_through_symtab_uprobes_match_the_allocators_own_stats() {
     assert!(o["fix"].to_string().contains("XLA_PYTHON_CLIENT_PREALLOCATE=false"), "{o:#}");
 }
 
+/// TensorFlow's BFC (docs/design.md, "Adding an allocator": a registration only): a library named
+/// `libtensorflow_framework.so.2` whose `tsl::BFCAllocator` symbols are exported in `.dynsym` (no
+/// `.symtab`) is probed as XLA's BFC by its name alone, and its chunks are modelled by BFC's rules:
+/// the figures are the allocator's own, as the driving program prints them.
+#[test]
+fn tensorflow_bfc_found_by_its_dynsym_in_libtensorflow_framework() {
+    require_ebpf!();
+    let lib = fixtures().tf_lib.display().to_string();
+    let t = attach_from_start(&["xla", &lib], 1, &["--lib", &lib]);
+    assert_matches_printed(&t);
+    let want = &printed_figures(&t.stdout)[&0];
+    let d = device(&t.summary, 0);
+    assert_eq!(
+        (u(d, "allocated"), u(d, "largest_free_block"), u(d, "reserved"), u(d, "blocks")),
+        (want["bfc_bytes_in_use"], want["bfc_largest_free_block"], want["bfc_pool_bytes"], 5),
+        "bytes_in_use, largest free chunk, pool bytes, chunks\n{d:#}"
+    );
+    assert_eq!((u(d, "stranded"), u(d, "releasable")), (want["bfc_stranded"], 0), "{d:#}");
+    let notes = t.summary["notes"].to_string();
+    let how = format!("XLA BFC blocks: uprobes on tsl::BFCAllocator::AllocateRaw (both overloads) and DeallocateRaw from .dynsym of {lib}");
+    assert!(notes.contains(&how), "{how}\n{notes}");
+    assert_eq!(t.summary["processes"][0]["framework"], "xla", "{:#}", t.summary["processes"][0]);
+    let o = &t.summary["ooms"][0];
+    assert_eq!((o["verdict"].as_str(), o["framework"].as_str()), (Some("fragmentation"), Some("xla")), "{o:#}");
+    assert_eq!(u(o, "largest_free_block"), want["bfc_largest_free_block"], "{o:#}");
+}
+
 #[test]
 fn a_failed_allocation_is_an_oom_with_its_request() {
     require_ebpf!();

@@ -134,6 +134,7 @@ fn c_header_and_rust_struct_have_the_same_layout() {
         acc | f
     });
     assert_eq!(all.count_ones() as usize, FLAGS.len());
+    assert_eq!(all & event::F_ALLOC_ID_MASK, 0, "the allocator field (bits 16-19) overlaps a flag");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

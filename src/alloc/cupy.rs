@@ -12,6 +12,9 @@
 //! `free_bytes()` (their difference). The Python hook's `MemoryHook` sends exact chunk sizes, so
 //! the address map needs only [`chunk_size`] where a source knows the request alone.
 
+use super::model::{AllocatorModel, FreeRun, OomFigures, OomKind, Rules};
+use crate::units::human_bytes;
+
 /// The rounding unit: 512 bytes.
 pub const ALLOCATION_UNIT: u64 = 512;
 
@@ -34,6 +37,53 @@ pub const FIXES: &[&str] = &[
     "a pool limit, cupy.get_default_memory_pool().set_limit(size=...) or CUPY_GPU_MEMORY_LIMIT: the pool frees its cache before it reaches the card's end (other libraries keep their share; a request above the limit fails early)",
     "cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc): the driver's stream-ordered pool, which can map free pages together (a driver call per allocation)",
 ];
+
+/// CuPy's pool as the map, the analysis and the outputs see it.
+pub struct Cupy;
+
+/// The one instance, listed in the registration table.
+pub static MODEL: Cupy = Cupy;
+
+impl AllocatorModel for Cupy {
+    fn name(&self) -> &'static str {
+        "cupy"
+    }
+
+    fn allocator(&self) -> &'static str {
+        "CuPy's memory pool"
+    }
+
+    fn flags(&self) -> u32 {
+        crate::event::F_ALLOC_CUPY
+    }
+
+    fn block_size(&self, _rules: &Rules, _run: FreeRun, requested: u64) -> u64 {
+        round_size(requested)
+    }
+
+    fn report_keys(&self) -> &'static [&'static str] {
+        &["used_bytes", "total_bytes", "free_bytes"]
+    }
+
+    fn oom_fix(&self, kind: OomKind, f: &OomFigures) -> Option<String> {
+        let h = human_bytes;
+        match kind {
+            OomKind::Fragmentation => Some(format!(
+                "CuPy's pool holds {} free, {} of it in unused driver allocations, the largest free chunk {}: {}",
+                h(f.stranded + f.releasable),
+                h(f.releasable),
+                h(f.largest_free_block),
+                FIXES.join("; or ")
+            )),
+            OomKind::TrueOom => Some(format!(
+                "the request is larger than all free memory, CuPy's cache included (short by {}): make arrays smaller or fewer; {}",
+                h(f.requested.saturating_sub(f.total_free())),
+                FIXES[0]
+            )),
+            OomKind::Inconclusive => None,
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

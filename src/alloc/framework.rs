@@ -1,63 +1,90 @@
-//! Which caching allocator carves a process's segments into blocks: PyTorch's, XLA's BFC (JAX,
-//! TensorFlow) or CuPy's memory pool. A block or adopt event names its allocator in two flag bits
-//! (`F_ALLOC_XLA_BFC`, `F_ALLOC_CUPY`; neither = PyTorch, the one every older source meant), the
-//! address map applies that allocator's rules (src/alloc/pytorch.rs, bfc.rs, cupy.rs), and
-//! the outputs name it: a bounded set of values, fit for a metric attribute.
+//! Which caching allocator carves a process's segments into blocks: a [`Framework`] is a place in
+//! the registration table (`REGISTRY`, src/alloc/mod.rs) and says everything about its allocator
+//! through that entry's [`AllocatorModel`]. A block or adopt event names its allocator in its flag
+//! bits (the model's `flags`; none = PyTorch, the one every older source meant), the address map
+//! applies that allocator's rules, and the outputs name it: a bounded set of values, fit for a
+//! metric attribute, written and read by name in JSON.
 
-use crate::event::{F_ALLOC_CUPY, F_ALLOC_XLA_BFC};
+use super::model::AllocatorModel;
+use super::REGISTRY;
+use crate::event::{F_ALLOC_CUPY, F_ALLOC_ID_MASK, F_ALLOC_ID_SHIFT, F_ALLOC_XLA_BFC};
 
-/// A caching allocator family.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Framework {
-    /// PyTorch's `CUDACachingAllocator`.
-    Pytorch,
-    /// XLA's `tsl::BFCAllocator` (JAX; TensorFlow's GPU allocator).
-    Xla,
-    /// CuPy's `MemoryPool`.
-    Cupy,
-}
+/// Every flag bit that may name an allocator: a model's `flags` lies within these.
+pub const ALLOC_FLAGS: u32 = F_ALLOC_XLA_BFC | F_ALLOC_CUPY | F_ALLOC_ID_MASK;
+
+/// A caching allocator family: an index into the registration table.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Framework(u8);
 
 impl Framework {
-    /// Every value, in order.
-    pub const ALL: [Framework; 3] = [Framework::Pytorch, Framework::Xla, Framework::Cupy];
+    /// PyTorch's `CUDACachingAllocator`.
+    pub const PYTORCH: Framework = Framework(0);
+    /// XLA's `tsl::BFCAllocator` (JAX; TensorFlow's GPU allocator).
+    pub const XLA: Framework = Framework(1);
+    /// CuPy's `MemoryPool`.
+    pub const CUPY: Framework = Framework(2);
 
-    /// The allocator a block or adopt event's flags name.
-    pub fn from_flags(flags: u32) -> Framework {
-        if flags & F_ALLOC_XLA_BFC != 0 {
-            Framework::Xla
-        } else if flags & F_ALLOC_CUPY != 0 {
-            Framework::Cupy
-        } else {
-            Framework::Pytorch
-        }
+    /// Every registered allocator, in table order.
+    pub fn all() -> impl Iterator<Item = Framework> {
+        (0..REGISTRY.len()).map(|i| Framework(i as u8))
     }
 
-    /// The flag bits that name this allocator on the wire.
+    /// The allocator's model.
+    pub fn model(self) -> &'static dyn AllocatorModel {
+        REGISTRY[self.0 as usize]
+    }
+
+    /// The allocator a block or adopt event's flags name (PyTorch when none or an unknown one).
+    pub fn from_flags(flags: u32) -> Framework {
+        let bits = flags & ALLOC_FLAGS;
+        Framework::all().find(|f| f.flags() == bits).unwrap_or(Framework::PYTORCH)
+    }
+
+    /// The allocator of this name.
+    pub fn by_name(name: &str) -> Option<Framework> {
+        Framework::all().find(|f| f.name() == name)
+    }
+
+    /// The flag bits that name this allocator on the wire: its model's own bits where it has
+    /// them (XLA's, CuPy's; none for PyTorch's, the first place), else its place in the table in
+    /// the allocator field (`F_ALLOC_ID_MASK`).
     pub fn flags(self) -> u32 {
-        match self {
-            Framework::Pytorch => 0,
-            Framework::Xla => F_ALLOC_XLA_BFC,
-            Framework::Cupy => F_ALLOC_CUPY,
+        match self.model().flags() {
+            0 if self.0 > 0 => (self.0 as u32) << F_ALLOC_ID_SHIFT,
+            own => own,
         }
     }
 
     /// The name used in JSON, metric attributes and on screen.
     pub fn name(self) -> &'static str {
-        match self {
-            Framework::Pytorch => "pytorch",
-            Framework::Xla => "xla",
-            Framework::Cupy => "cupy",
-        }
+        self.model().name()
     }
 
     /// The allocator's own name, for sentences.
     pub fn allocator(self) -> &'static str {
-        match self {
-            Framework::Pytorch => "PyTorch's caching allocator",
-            Framework::Xla => "XLA's BFC allocator",
-            Framework::Cupy => "CuPy's memory pool",
-        }
+        self.model().allocator()
+    }
+}
+
+impl std::fmt::Debug for Framework {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl serde::Serialize for Framework {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Framework {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Framework, D::Error> {
+        let name = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Framework::by_name(&name).ok_or_else(|| {
+            let known: Vec<&str> = Framework::all().map(Framework::name).collect();
+            serde::de::Error::custom(format!("unknown allocator {name:?} (known: {})", known.join(", ")))
+        })
     }
 }
 
@@ -84,11 +111,7 @@ pub struct FrameworkReport {
 impl FrameworkReport {
     /// The figures on one line, in the framework's own names.
     pub fn line(&self) -> String {
-        let keys: &[&str] = match self.framework {
-            Framework::Xla => &["bytes_in_use", "largest_free_block_bytes", "pool_bytes", "bytes_limit", "peak_bytes_in_use", "num_allocs"],
-            Framework::Cupy => &["used_bytes", "total_bytes", "free_bytes"],
-            Framework::Pytorch => &[],
-        };
+        let keys = self.framework.model().report_keys();
         let figs: Vec<String> = keys.iter().filter_map(|k| self.stats.get(*k).map(|v| format!("{k}={v}"))).collect();
         format!(
             "pid {} device {}: {} ({}, {}): {}",
@@ -114,9 +137,20 @@ mod tests {
 
     #[test]
     fn flags_round_trip_and_no_flag_means_pytorch() {
-        for f in Framework::ALL {
+        for f in Framework::all() {
             assert_eq!(Framework::from_flags(f.flags() | 0b111), f);
+            assert_eq!(f.flags() & !ALLOC_FLAGS, 0, "{f}'s flags lie outside the allocator bits");
+            assert_eq!(Framework::by_name(f.name()), Some(f));
+            let json = serde_json::to_string(&f).expect("serialize");
+            assert_eq!(json, format!("\"{}\"", f.name()));
+            assert_eq!(serde_json::from_str::<Framework>(&json).expect("deserialize"), f);
         }
-        assert_eq!(Framework::from_flags(0), Framework::Pytorch);
+        assert_eq!(Framework::from_flags(0), Framework::PYTORCH);
+        let names: Vec<&str> = Framework::all().map(Framework::name).collect();
+        assert_eq!(names[..3], ["pytorch", "xla", "cupy"], "the consts name these places of the table");
+        let flags: std::collections::BTreeSet<u32> = Framework::all().map(Framework::flags).collect();
+        assert_eq!(flags.len(), names.len(), "two allocators share flag bits");
+        assert!(serde_json::from_str::<Framework>("\"tensorflow_nope\"").is_err());
+        assert!(REGISTRY.len() <= 16, "the allocator field holds places 0 to 15");
     }
 }

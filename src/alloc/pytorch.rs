@@ -366,6 +366,42 @@ impl AllocConf {
     }
 }
 
+/// PyTorch's caching allocator as the map, the analysis and the outputs see it. Its OOM words
+/// and fixes are the analysis' own (they weigh the process's settings, its memory fraction and
+/// the driver level, which only the analysis holds).
+pub struct Pytorch;
+
+/// The one instance, listed first in the registration table (events that name no allocator).
+pub static MODEL: Pytorch = Pytorch;
+
+impl super::model::AllocatorModel for Pytorch {
+    fn name(&self) -> &'static str {
+        "pytorch"
+    }
+
+    fn allocator(&self) -> &'static str {
+        "PyTorch's caching allocator"
+    }
+
+    fn block_size(&self, rules: &super::model::Rules, run: super::model::FreeRun, requested: u64) -> u64 {
+        let r = &rules.pytorch;
+        let rounded = r.round_size(requested);
+        if rounded <= run.avail && !r.should_split(run.avail, rounded, run.mapped) {
+            run.avail
+        } else {
+            rounded
+        }
+    }
+
+    fn has_allowed_limit(&self) -> bool {
+        true
+    }
+
+    fn fix_command(&self, kind: super::model::OomKind) -> Option<&'static str> {
+        (kind == super::model::OomKind::Fragmentation).then_some("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -135,10 +135,11 @@ impl OomInputs {
     /// unknown, and not counted for XLA's pool), its process's figures at that moment, and the
     /// allocator that failed.
     pub fn of(o: &crate::ingest::OomRecord) -> OomInputs {
+        let pool_only = o.framework.is_some_and(|f| !f.model().counts_device_free());
         OomInputs {
             requested: o.requested,
-            device_free: if o.framework == Some(Framework::Xla) { 0 } else { o.device_free.unwrap_or(0) },
-            device_free_known: o.device_free.is_some() || o.framework == Some(Framework::Xla),
+            device_free: if pool_only { 0 } else { o.device_free.unwrap_or(0) },
+            device_free_known: o.device_free.is_some() || pool_only,
             stranded: o.figures.stranded,
             releasable: o.figures.releasable,
             largest_free_block: o.figures.largest_free_block,
@@ -150,6 +151,26 @@ impl OomInputs {
             reserved: o.allocator_reserved.unwrap_or(o.figures.reserved),
             device_total: o.device_total,
             partial: o.partial,
+        }
+    }
+
+    /// The verdict as an allocator words it (`crate::alloc::OomKind`).
+    fn oom_kind(&self) -> crate::alloc::OomKind {
+        match self.verdict() {
+            Verdict::TrueOom => crate::alloc::OomKind::TrueOom,
+            Verdict::Fragmentation => crate::alloc::OomKind::Fragmentation,
+            Verdict::Inconclusive | Verdict::AllowedLimit | Verdict::SharingLimit => crate::alloc::OomKind::Inconclusive,
+        }
+    }
+
+    /// The failure's figures as an allocator's model reads them.
+    fn oom_figures(&self) -> crate::alloc::OomFigures {
+        crate::alloc::OomFigures {
+            requested: self.requested,
+            device_free: self.device_free,
+            stranded: self.stranded,
+            releasable: self.releasable,
+            largest_free_block: self.largest_free_block,
         }
     }
 
@@ -170,7 +191,7 @@ impl OomInputs {
     /// The request passed the allocator's allowed bytes: `Some(allowed)` when they are known,
     /// `Some(None)` when only the allocator's refusal without a driver call shows it.
     fn allowed_limit(&self) -> Option<Option<u64>> {
-        if matches!(self.allocator, Some(Framework::Xla | Framework::Cupy)) {
+        if self.allocator.is_some_and(|f| !f.model().has_allowed_limit()) {
             return None;
         }
         match self.allowed {
@@ -222,18 +243,8 @@ impl OomInputs {
         if let (Some(p), None) = (self.partial, self.allowed_limit()) {
             return self.partial_explanation(p);
         }
-        if self.allocator == Some(Framework::Xla) {
-            return match self.verdict() {
-                Verdict::TrueOom => format!("true OOM inside XLA's BFC pool: {} requested, {} free in the pool in all", h(self.requested), h(total)),
-                Verdict::Fragmentation => format!(
-                    "fragmentation OOM inside XLA's BFC pool: {} requested and {} free in the pool, but its largest free chunk is {}",
-                    h(self.requested), h(total), h(self.largest_free_block)
-                ),
-                Verdict::Inconclusive | Verdict::AllowedLimit | Verdict::SharingLimit => format!(
-                    "inconclusive: {} requested and by the traced figures XLA's pool has a free chunk of {}; the failure comes from outside what was traced",
-                    h(self.requested), h(self.largest_free_block)
-                ),
-            };
+        if let Some(words) = self.allocator.and_then(|f| f.model().oom_explanation(self.oom_kind(), &self.oom_figures())) {
+            return words;
         }
         if let Some(limit) = self.allowed_limit() {
             return self.allowed_explanation(limit);
@@ -363,24 +374,9 @@ impl OomInputs {
         if self.partial.is_some() {
             return "trace the process from its start: run it under gpufrag run, or have gpufrag agent running before it starts (its exec hold keeps a new process until its probes are in) and nothing dropped; then its verdict rests on every block it allocated".to_string();
         }
-        match (self.verdict(), self.allocator) {
-            (Verdict::Fragmentation, Some(Framework::Xla)) => format!(
-                "XLA's BFC pool has {} free but not in one piece (largest free chunk {}). For JAX: XLA_PYTHON_CLIENT_PREALLOCATE=false lets the pool grow region by region from 2 MiB instead of one preallocated block (free chunks still merge only inside a region, the first steps pay driver allocations, and other processes can take what JAX has not claimed yet); XLA_PYTHON_CLIENT_MEM_FRACTION above the default .75 gives the pool more room (less for cuDNN/cuBLAS workspaces, NCCL and other processes); XLA_PYTHON_CLIENT_ALLOCATOR=platform drops the pool (every buffer its own driver allocation, freed at once: no fragmentation inside a pool, but a cuMemAlloc/cuMemFree per buffer, much slower; for debugging); or allocate the large buffer first, before smaller ones pin the space around it",
-                h(self.stranded + self.releasable), h(self.largest_free_block)
-            ),
-            (Verdict::TrueOom, Some(Framework::Xla)) => format!(
-                "the request is larger than all free memory in XLA's BFC pool (short by {}): reduce the batch, donate buffers (jax.jit donate_argnums), rematerialise (jax.checkpoint), or raise XLA_PYTHON_CLIENT_MEM_FRACTION (less left for other libraries and processes)",
-                h(self.requested.saturating_sub(self.stranded + self.releasable))
-            ),
-            (Verdict::Fragmentation, Some(Framework::Cupy)) => format!(
-                "CuPy's pool holds {} free, {} of it in unused driver allocations, the largest free chunk {}: {}",
-                h(self.stranded + self.releasable), h(self.releasable), h(self.largest_free_block), crate::alloc::cupy::FIXES.join("; or ")
-            ),
-            (Verdict::TrueOom, Some(Framework::Cupy)) => format!(
-                "the request is larger than all free memory, CuPy's cache included (short by {}): make arrays smaller or fewer; {}",
-                h(self.requested.saturating_sub(self.device_free + self.stranded + self.releasable)), crate::alloc::cupy::FIXES[0]
-            ),
-            _ => self.fix_pytorch_or_driver(),
+        match self.allocator.and_then(|f| f.model().oom_fix(self.oom_kind(), &self.oom_figures())) {
+            Some(fix) => fix,
+            None => self.fix_pytorch_or_driver(),
         }
     }
 
@@ -434,7 +430,7 @@ mod tests {
             releasable: 0,
             largest_free_block: 209_715_200,
             framework: true,
-            allocator: Some(Framework::Pytorch),
+            allocator: Some(Framework::PYTORCH),
             page_stranded: 0,
             allowed: None,
             allocator_refused: false,
@@ -477,7 +473,7 @@ mod tests {
             releasable: 0,
             largest_free_block: 17 * mib,
             framework: true,
-            allocator: Some(Framework::Xla),
+            allocator: Some(Framework::XLA),
             ..frag_oom()
         };
         assert_eq!(o.verdict(), Verdict::Fragmentation);
@@ -486,7 +482,7 @@ mod tests {
             assert!(fix.contains(want), "{fix}");
         }
         assert!(o.explanation().contains("largest free chunk is 17.00 MiB"), "{}", o.explanation());
-        let c = OomInputs { allocator: Some(Framework::Cupy), releasable: 8 * mib, ..o };
+        let c = OomInputs { allocator: Some(Framework::CUPY), releasable: 8 * mib, ..o };
         assert!(c.fix().contains("free_all_blocks") && c.fix().contains("set_limit"), "{}", c.fix());
     }
 
@@ -554,7 +550,7 @@ mod tests {
         assert_eq!(seen.verdict(), Verdict::AllowedLimit);
         assert!(seen.explanation().contains("without asking the driver"), "{}", seen.explanation());
         // XLA's and CuPy's pools are not PyTorch's cap.
-        assert_ne!(OomInputs { allocator: Some(Framework::Xla), ..seen }.verdict(), Verdict::AllowedLimit);
+        assert_ne!(OomInputs { allocator: Some(Framework::XLA), ..seen }.verdict(), Verdict::AllowedLimit);
     }
 
     /// Issue 13: at the driver level (no caching allocator), sub-2 MiB allocations strand 2 MiB

@@ -14,8 +14,8 @@ pub enum LibKind {
     Cuda,
     /// PyTorch's CUDA library, `libc10_cuda.so*`.
     C10Cuda,
-    /// A library carrying XLA's BFC allocator: JAX's CUDA plugin (`xla_cuda_plugin.so`, in
-    /// `jax_plugins/xla_cuda13/`) or TensorFlow's `libtensorflow_framework.so*`.
+    /// A library carrying XLA's BFC allocator, as `crate::alloc::LIBRARIES` names them: JAX's
+    /// CUDA plugin (`xla_cuda_plugin.so`, in `jax_plugins/xla_cuda13/`).
     XlaBfc,
     /// Any ELF file with gpufrag's own USDT probes (`include/gpufrag_annotate.h`): found by
     /// its notes, not its name.
@@ -48,10 +48,10 @@ impl LibKind {
             Some(LibKind::Cuda)
         } else if name == "libc10_cuda.so" || name.starts_with("libc10_cuda.so.") {
             Some(LibKind::C10Cuda)
-        } else if name == "xla_cuda_plugin.so" || name == "libtensorflow_framework.so" || name.starts_with("libtensorflow_framework.so.") {
-            Some(LibKind::XlaBfc)
         } else {
-            None
+            // A library the allocator table (`crate::alloc::LIBRARIES`) names, whose allocator
+            // has uprobes here: XLA's BFC.
+            crate::alloc::library_allocator(name).filter(|f| *f == crate::alloc::Framework::XLA).map(|_| LibKind::XlaBfc)
         }
     }
 }
@@ -482,7 +482,6 @@ mod tests {
         assert_eq!(LibKind::of(&m[1].path), Some(LibKind::C10Cuda));
         assert_eq!(LibKind::of("/usr/lib/libcudart.so.13"), None);
         assert_eq!(LibKind::of("/venv/site-packages/jax_plugins/xla_cuda13/xla_cuda_plugin.so"), Some(LibKind::XlaBfc));
-        assert_eq!(LibKind::of("/venv/site-packages/tensorflow/libtensorflow_framework.so.2"), Some(LibKind::XlaBfc));
         assert_eq!(LibKind::of("/usr/lib/libcuda_stub.so"), None);
         assert!(is_loader("/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2") && is_loader("/lib/ld-musl-x86_64.so.1"));
         assert!(!is_loader("/usr/lib/ld.so.conf") && !is_loader("/usr/lib/libld-linux-helper.a"));

@@ -151,7 +151,7 @@ impl Watch {
                 }
                 if !self.procs.contains_key(&key) {
                     let mut t = Tracked::default();
-                    if Framework::from_flags(e.flags) != Framework::Pytorch {
+                    if Framework::from_flags(e.flags) != Framework::PYTORCH {
                         t.off = true;
                         self.note(key, format!("its blocks are {}'s, not PyTorch's caching allocator's: the simulation models PyTorch's only, no prediction", Framework::from_flags(e.flags).allocator()));
                     } else if e.flags & F_BLOCK_SIZE_KNOWN != 0 && e.flags & F_SRC_SNAPSHOT != 0 {

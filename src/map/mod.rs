@@ -39,6 +39,7 @@ pub use pages::PageOccupancy;
 use crate::alloc::bfc::BfcRules;
 use crate::alloc::pytorch::{AllocatorRules, DRIVER_PAGE};
 use crate::alloc::Framework;
+use crate::alloc::{FreeRun, Rules};
 use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_FRAMEWORK_OWNED};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound::Excluded;
@@ -84,9 +85,10 @@ pub struct Segment {
     pub kind: SegmentKind,
     /// Owned by a caching allocator: its free space is cache.
     pub framework: bool,
-    /// Holds XLA's BFC pool (a BFC chunk was placed in it): its free bytes follow BFC's rule
-    /// ([`crate::alloc::bfc::region_free`]), not the mapped-segment one.
-    pub bfc_pool: bool,
+    /// The allocator whose own rule decides this segment's free bytes
+    /// ([`crate::alloc::AllocatorModel::region_free`]: XLA's BFC pool, once a BFC chunk was placed
+    /// in it), instead of the caching and mapped-segment one; `None` keeps that rule.
+    pub free_rule: Option<Framework>,
     /// Live framework blocks inside.
     pub live_blocks: u64,
     /// Bytes of those blocks.
@@ -103,12 +105,16 @@ impl Segment {
     pub fn end(&self) -> u64 {
         self.start + self.size
     }
+    /// The free bytes by the rule of the allocator that owns this segment's rule, if any.
+    fn own_free(&self) -> Option<crate::alloc::RegionFree> {
+        self.free_rule.and_then(|f| f.model().region_free(self.size - self.live_bytes, self.live_blocks))
+    }
     /// Free bytes held hostage by live blocks. In a mapped (VMM) segment free pages can be
     /// unmapped one by one, so nothing there is held hostage: it is releasable (PyTorch's
     /// `inactive_split` is 0 under expandable segments for the same reason).
     pub fn stranded(&self) -> u64 {
-        if self.bfc_pool {
-            return crate::alloc::bfc::region_free(self.size - self.live_bytes, self.live_blocks).stranded;
+        if let Some(r) = self.own_free() {
+            return r.stranded;
         }
         if self.framework && self.live_blocks > 0 && self.kind != SegmentKind::Mapped {
             self.size - self.live_bytes
@@ -120,8 +126,8 @@ impl Segment {
     /// or the free bytes of a mapped segment (unmapped page by page; the partial pages at the
     /// edges of live blocks are counted too, an overestimate of at most 2 MiB per free run).
     pub fn releasable(&self) -> u64 {
-        if self.bfc_pool {
-            return crate::alloc::bfc::region_free(self.size - self.live_bytes, self.live_blocks).releasable;
+        if let Some(r) = self.own_free() {
+            return r.releasable;
         }
         if self.framework && (self.live_blocks == 0 || self.kind == SegmentKind::Mapped) {
             self.size - self.live_bytes
@@ -347,8 +353,7 @@ fn shares_pages(kind: SegmentKind, size: u64) -> bool {
 /// The map of one (process, device).
 #[derive(Clone, Debug, Default)]
 pub struct AddressSpace {
-    rules: AllocatorRules,
-    bfc_rules: BfcRules,
+    rules: Rules,
     /// Segment start → slot in `slots`.
     index: BTreeMap<u64, u32>,
     /// Segments by slot; a slot's number also names its list of blocks and free runs in `tiling`.
@@ -379,22 +384,22 @@ pub struct AddressSpace {
 impl AddressSpace {
     /// An empty map whose blocks follow `rules`.
     pub fn new(rules: AllocatorRules) -> AddressSpace {
-        AddressSpace { rules, ..AddressSpace::default() }
+        AddressSpace { rules: Rules { pytorch: rules, ..Rules::default() }, ..AddressSpace::default() }
     }
 
     /// The allocator rules block events follow.
     pub fn rules(&self) -> &AllocatorRules {
-        &self.rules
+        &self.rules.pytorch
     }
 
     /// Replaces XLA BFC's chunk rules (a `fragmentation_fraction` other than the default).
     pub fn set_bfc_rules(&mut self, rules: BfcRules) {
-        self.bfc_rules = rules;
+        self.rules.bfc = rules;
     }
 
     /// Replaces the allocator rules (for blocks placed from now on).
     pub fn set_rules(&mut self, rules: AllocatorRules) {
-        self.rules = rules;
+        self.rules.pytorch = rules;
     }
 
     /// The current figures, O(1).
@@ -664,8 +669,8 @@ impl AddressSpace {
             }
         }
         for b in self.blocks() {
-            let bfc = self.segment_at(b.addr).is_some_and(|s| s.bfc_pool);
-            let flags = F_BLOCK_SIZE_KNOWN | if bfc { Framework::Xla.flags() } else { 0 };
+            let own = self.segment_at(b.addr).and_then(|s| s.free_rule);
+            let flags = F_BLOCK_SIZE_KNOWN | own.map_or(0, Framework::flags);
             out.push(Event { addr: b.addr, size: b.size, requested: b.requested, flags, ..ev(EventKind::BlockAlloc) });
         }
         for (&pool, p) in &self.pools {
@@ -679,7 +684,7 @@ impl AddressSpace {
     /// `cuMemAlloc` and friends: a new driver segment. Sub-2 MiB ones occupy shared 2 MiB pages.
     pub fn driver_alloc(&mut self, addr: u64, size: u64, kind: SegmentKind, framework: bool, stream: u64) -> Result<(), Anomaly> {
         check_range(addr, size)?;
-        let seg = Segment { start: addr, size, kind, framework, bfc_pool: false, live_blocks: 0, live_bytes: 0, owner: 0, stream };
+        let seg = Segment { start: addr, size, kind, framework, free_rule: None, live_blocks: 0, live_bytes: 0, owner: 0, stream };
         let r = self.insert_segment(seg);
         if shares_pages(kind, size) {
             self.pages.add(addr, size);
@@ -801,7 +806,7 @@ impl AddressSpace {
             size,
             kind: SegmentKind::Mapped,
             framework,
-            bfc_pool: false,
+            free_rule: None,
             live_blocks: 0,
             live_bytes: 0,
             owner,
@@ -848,7 +853,7 @@ impl AddressSpace {
             size: l.size + r.size,
             live_blocks: l.live_blocks + r.live_blocks,
             live_bytes: l.live_bytes + r.live_bytes,
-            bfc_pool: l.bfc_pool || r.bfc_pool,
+            free_rule: l.free_rule.or(r.free_rule),
             ..l
         };
         let keep = if joined.framework { self.tiling.concat(li, ri) } else { li };
@@ -989,7 +994,7 @@ impl AddressSpace {
             size,
             kind: SegmentKind::Pool,
             framework: false,
-            bfc_pool: false,
+            free_rule: None,
             live_blocks: 0,
             live_bytes: 0,
             owner: pool,
@@ -1036,7 +1041,7 @@ impl AddressSpace {
     /// A block placed at the start of a free run (what caching allocators do) finds the run with
     /// one hash lookup and no segment search: the run's entry names its segment.
     pub fn block_alloc(&mut self, addr: u64, requested: u64, known_size: Option<u64>) -> Result<u64, Anomaly> {
-        self.block_alloc_by(addr, requested, known_size, Framework::Pytorch)
+        self.block_alloc_by(addr, requested, known_size, Framework::PYTORCH)
     }
 
     /// [`AddressSpace::block_alloc`] for a block of `framework`'s allocator: without `known_size`
@@ -1063,25 +1068,14 @@ impl AddressSpace {
         let avail = run_start + run_len - addr;
         let size = match known_size {
             Some(s) => s,
-            None => match framework {
-                Framework::Pytorch => {
-                    let rounded = self.rules.round_size(requested);
-                    if rounded <= avail && !self.rules.should_split(avail, rounded, seg.kind == SegmentKind::Mapped) {
-                        avail
-                    } else {
-                        rounded
-                    }
-                }
-                Framework::Xla => self.bfc_rules.chunk_size(avail, requested).unwrap_or_else(|| BfcRules::round_bytes(requested)),
-                Framework::Cupy => crate::alloc::cupy::round_size(requested),
-            },
+            None => framework.model().block_size(&self.rules, FreeRun { avail, mapped: seg.kind == SegmentKind::Mapped }, requested),
         };
         if size > avail || size == 0 {
             return Err(Anomaly::BlockTooLarge { addr, size, run: avail });
         }
-        if framework == Framework::Xla && !seg.bfc_pool {
+        if seg.free_rule.is_none() && framework.model().region_free(0, 0).is_some() {
             self.totals.sub(seg);
-            seg.bfc_pool = true;
+            seg.free_rule = Some(framework);
             self.totals.add(seg);
         }
         self.totals.live_change(seg, true, size);
@@ -1119,7 +1113,7 @@ mod tests {
         m.map(BASE, pool, false).unwrap();
         let bufs: Vec<u64> = (0..420).map(|i| BASE + i * 256 * MIB).collect();
         for &a in &bufs {
-            assert_eq!(m.block_alloc_by(a, 256 * MIB, None, Framework::Xla), Ok(256 * MIB));
+            assert_eq!(m.block_alloc_by(a, 256 * MIB, None, Framework::XLA), Ok(256 * MIB));
         }
         for &a in bufs.iter().step_by(2) {
             m.block_free(a).unwrap();
@@ -1135,7 +1129,7 @@ mod tests {
             releasable: f.releasable,
             largest_free_block: f.largest_free_block,
             framework: true,
-            allocator: Some(Framework::Xla),
+            allocator: Some(Framework::XLA),
             page_stranded: f.page_stranded,
             allowed: None,
             allocator_refused: false,

@@ -7,9 +7,12 @@
 //! `sweep.rs` (the settings people try, and the ranking), `capacity.rs` (the least memory each setting needs; two traces on one card), `driver.rs` (self-check → baseline →
 //! scenarios → ranking, the one driver of the CLI and the verdict), `verdict.rs` (the sweep's answer in the
 //! OOM verdicts of `analyze`, the report and the live pipeline). The rules the simulator applies are
-//! `crate::alloc::pytorch`, the same functions replay and live capture use.
+//! `crate::alloc::pytorch`, the same functions replay and live capture use. Next to it, `bfc.rs`:
+//! the whole of XLA's BFC allocator on the rules of `crate::alloc::bfc`, checked against a naive
+//! model and the address map by tests/bfc_model.rs.
 
 mod allocator;
+pub mod bfc;
 mod capacity;
 mod check;
 mod driver;

@@ -54,7 +54,7 @@ impl FixInput {
             device: first.device,
             allowed: first.allowed,
             cut: first.event,
-            other_allocator: summary.ooms.iter().find_map(|o| o.framework.filter(|f| *f != crate::alloc::Framework::Pytorch)),
+            other_allocator: summary.ooms.iter().find_map(|o| o.framework.filter(|f| *f != crate::alloc::Framework::PYTORCH)),
             missing: first.missing.clone(),
         })
     }

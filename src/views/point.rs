@@ -3,7 +3,6 @@
 //! the largest free piece (the two numbers that make a fragmentation OOM), and the fix as a
 //! command to copy where the fix is a setting (`export ...`), else its first clause.
 
-use crate::alloc::Framework;
 use crate::analysis::summary::OomSummary;
 use crate::analysis::{largest_allocatable, Verdict};
 use crate::units::human_bytes;
@@ -41,14 +40,17 @@ pub fn free_pieces(o: &OomSummary) -> (u64, u64) {
 
 /// The fix as one command to copy, where it is a setting of the allocator.
 pub fn fix_command(o: &OomSummary) -> Option<String> {
-    match (o.verdict, o.framework) {
-        (Verdict::Fragmentation, Some(Framework::Pytorch)) => Some("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True".into()),
-        (Verdict::Fragmentation, Some(Framework::Xla)) => Some("export XLA_PYTHON_CLIENT_PREALLOCATE=false".into()),
-        _ if o.fix.starts_with("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True") => {
-            Some("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True".into())
-        }
+    let kind = match o.verdict {
+        Verdict::Fragmentation => Some(crate::alloc::OomKind::Fragmentation),
+        Verdict::TrueOom => Some(crate::alloc::OomKind::TrueOom),
         _ => None,
+    };
+    if let Some(cmd) = o.framework.zip(kind).and_then(|(f, k)| f.model().fix_command(k)) {
+        return Some(cmd.into());
     }
+    o.fix
+        .starts_with("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+        .then(|| "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True".into())
 }
 
 /// The fix's first clause (up to its first `:` or `;`), for where there is no command.
@@ -79,7 +81,7 @@ mod tests {
             "driver_failures_before": 0, "framework": "pytorch"
         }))
         .expect("an OomSummary");
-        o.framework = Some(Framework::Pytorch);
+        o.framework = Some(crate::alloc::Framework::PYTORCH);
         o
     }
 

@@ -141,7 +141,7 @@ impl NaiveSpace {
                     size: s.size,
                     kind: s.kind,
                     framework: s.framework,
-                    bfc_pool: false,
+                    free_rule: None,
                     live_blocks: blocks.len() as u64,
                     live_bytes: blocks.iter().map(|b| b.size).sum(),
                     owner: s.owner,

@@ -40,6 +40,9 @@ pub struct Fixtures {
     pub usdt_lib: PathBuf,
     pub symbols_lib: PathBuf,
     pub xla_lib: PathBuf,
+    /// TensorFlow's framework library (`tensorflow/libtensorflow_framework.so.2`): the same BFC
+    /// allocator, its symbols exported in `.dynsym` and `.symtab` stripped, as in TensorFlow's wheel.
+    pub tf_lib: PathBuf,
 }
 
 fn compile(cmd: &str, args: &[&str]) {
@@ -59,10 +62,12 @@ pub fn fixtures() -> &'static Fixtures {
         std::fs::create_dir_all(dir.join("usdt")).expect("fixture dir");
         std::fs::create_dir_all(dir.join("symbols")).expect("fixture dir");
         std::fs::create_dir_all(dir.join("jax_plugins/xla_cuda13")).expect("fixture dir");
+        std::fs::create_dir_all(dir.join("tensorflow")).expect("fixture dir");
         let prog = dir.join("cuda_prog");
         let usdt_lib = dir.join("usdt/libc10_cuda.so");
         let symbols_lib = dir.join("symbols/libc10_cuda.so");
         let xla_lib = dir.join("jax_plugins/xla_cuda13/xla_cuda_plugin.so");
+        let tf_lib = dir.join("tensorflow/libtensorflow_framework.so.2");
         let s = |p: &str| src.join(p).display().to_string();
         compile("cc", &["-O1", "-g", "-Wall", "-o", &prog.display().to_string(), &s("cuda_prog.c"), "-ldl", "-lpthread"]);
         compile("cc", &["-O1", "-g", "-shared", "-fPIC", "-o", &usdt_lib.display().to_string(), &s("fake_c10_usdt.c")]);
@@ -103,7 +108,12 @@ pub fn fixtures() -> &'static Fixtures {
             "c++",
             &["-O1", "-g", "-shared", "-fPIC", "-fvisibility=hidden", "-o", &xla_lib.display().to_string(), &s("fake_xla_bfc.cpp")],
         );
-        Fixtures { dir, prog, usdt_lib, symbols_lib, xla_lib }
+        // -s: no .symtab, so the probes can only find BFC through the exported .dynsym.
+        compile(
+            "c++",
+            &["-O1", "-g0", "-shared", "-fPIC", "-fvisibility=default", "-s", "-o", &tf_lib.display().to_string(), &s("fake_xla_bfc.cpp")],
+        );
+        Fixtures { dir, prog, usdt_lib, symbols_lib, xla_lib, tf_lib }
     })
 }
 

@@ -256,6 +256,14 @@ pub const F_OOM_AMEND: u32 = 1 << 14;
 /// without it is a process traced from its start.
 pub const F_PARTIAL: u32 = 1 << 15;
 
+/// Bits 16–19 of a block or adopt event: an allocator named by its place in gpufrag's allocator
+/// table (`REGISTRY` in src/alloc/mod.rs, places 3 to 15), for allocators registered after the ones
+/// with a bit of their own ([`F_ALLOC_XLA_BFC`], [`F_ALLOC_CUPY`]); 0 = none of them. That table is
+/// append-only for this reason.
+pub const F_ALLOC_ID_SHIFT: u32 = 16;
+/// The mask of the allocator field ([`F_ALLOC_ID_SHIFT`]).
+pub const F_ALLOC_ID_MASK: u32 = 0xF << F_ALLOC_ID_SHIFT;
+
 /// The wire record: 80 bytes, little-endian on every platform gpufrag runs on.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
