@@ -47,6 +47,7 @@ const FLAGS: [(&str, u32); 16] = [
     ("ALLOWED_KNOWN", event::F_ALLOWED_KNOWN),
     ("OOM_AMEND", event::F_OOM_AMEND),
     ("PARTIAL", event::F_PARTIAL),
+    ("OWNER_KNOWN", event::F_OWNER_KNOWN),
 ];
 
 fn rust_offsets() -> Vec<usize> {

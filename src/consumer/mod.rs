@@ -16,6 +16,7 @@
 //! ([`remove_stale_dirs`]).
 
 pub mod blocks;
+pub mod callers;
 mod conn;
 /// The Python hook's framing, for the fuzz target of fuzz/.
 pub use conn::python_reader;
@@ -283,6 +284,8 @@ fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
         let _ = gpufrag_wire::clock::shared_model();
     }
     let mut idle = 0u32;
+    // Driver allocations' owners, named here while their processes are alive (see `callers`).
+    let mut callers = callers::Callers::default();
     loop {
         let stopping = shared.stop.load(Ordering::Acquire);
         let (hellos, pending): (Vec<Msg>, Vec<Msg>) = shared
@@ -317,7 +320,8 @@ fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
                 let limit = if flush { usize::MAX } else { BATCH };
                 // The lanes merged by timestamp, so one thread's free never overtakes another
                 // thread's allocation of the same memory.
-                let (n, open) = c.drain(limit, flush, |e| {
+                let (n, open) = c.drain(limit, flush, |mut e| {
+                    callers.resolve(&mut e, now_ns());
                     while py_events.front().is_some_and(|p| p.ts_ns <= e.ts_ns) {
                         if let Some(p) = py_events.pop_front() {
                             let _ = tx.send(Msg::Event(p));
@@ -341,13 +345,17 @@ fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
             }
             for i in closed.into_iter().rev() {
                 let mut c = rings.remove(i);
-                c.finish(|e| tx.send(Msg::Event(e)).is_ok());
+                c.finish(|mut e| {
+                    callers.resolve(&mut e, now_ns());
+                    tx.send(Msg::Event(e)).is_ok()
+                });
                 let dropped = c.dropped_count();
                 if dropped > c.dropped_seen {
                     let e = Event { size: dropped - c.dropped_seen, flags: F_SRC_SHIM, ..Event::new(EventKind::Dropped, c.hello.pid, -1) };
                     let _ = tx.send(Msg::Event(e));
                 }
-                let exit = Event { ts_ns: now_ns(), flags: F_SRC_SHIM, ..Event::new(EventKind::ProcessExit, c.hello.pid, -1) };
+                let mut exit = Event { ts_ns: now_ns(), flags: F_SRC_SHIM, ..Event::new(EventKind::ProcessExit, c.hello.pid, -1) };
+                callers.resolve(&mut exit, 0);
                 let _ = tx.send(Msg::Event(exit));
                 shared.open.fetch_sub(1, Ordering::Relaxed);
             }
