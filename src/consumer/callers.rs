@@ -5,7 +5,8 @@
 //! event ([`caller_address`]); here it is looked up in the process's executable mappings, read
 //! from `/proc/PID/maps` while the process is alive, and the event gets the file's [`Owner`]
 //! (`op`, with `F_OWNER_KNOWN`) before it is applied or recorded, so a replay of the record
-//! names the same owners. The mappings are cached per process and read again on a miss (a
+//! names the same owners. The mappings are read at the process's hello (by the acceptor: a
+//! short-lived process may be gone before its events are drained), cached, and read again on a miss (a
 //! library `dlopen`ed since), at most once per [`REFRESH_NS`] per process, so that calls from
 //! code no file maps (JIT code) cannot make every event read the file. Bounded: at most
 //! [`MAX_MAPPINGS`] mappings per process, [`MAX_PROCESSES`] processes (the cache is emptied past
@@ -71,12 +72,25 @@ impl Callers {
         }
         if m.read_at_ns.is_none_or(|t| now_ns.saturating_sub(t) >= REFRESH_NS) {
             m.read_at_ns = Some(now_ns);
-            if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) {
-                m.ranges = parse_maps(&text);
+            if let Some(r) = read_maps(pid) {
+                m.ranges = r;
             }
         }
         m.find(addr).unwrap_or(Owner::Other)
     }
+
+    /// Takes `pid`'s mappings read at its hello (the consumer's acceptor, while it surely runs).
+    pub fn prime(&mut self, pid: u32, ranges: Vec<(u64, u64, Owner)>, now_ns: u64) {
+        if self.procs.len() >= MAX_PROCESSES && !self.procs.contains_key(&pid) {
+            self.procs.clear();
+        }
+        self.procs.insert(pid, Mappings { ranges, read_at_ns: Some(now_ns) });
+    }
+}
+
+/// `pid`'s code mappings from `/proc/PID/maps`; `None` when it cannot be read (gone).
+pub fn read_maps(pid: u32) -> Option<Vec<(u64, u64, Owner)>> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).ok().map(|t| parse_maps(&t))
 }
 
 /// The executable, file-backed mappings of a `/proc/PID/maps` text, each with its file's owner,

@@ -45,6 +45,8 @@ struct Shared {
     pending: Mutex<VecDeque<Msg>>,
     connections: AtomicU64,
     open: AtomicU64,
+    /// The traced processes' code mappings, read at their hello and on a miss (see `callers`).
+    callers: Mutex<callers::Callers>,
 }
 
 /// A running consumer.
@@ -128,6 +130,7 @@ impl Consumer {
             pending: Mutex::new(VecDeque::new()),
             connections: AtomicU64::new(0),
             open: AtomicU64::new(0),
+            callers: Mutex::new(callers::Callers::default()),
         });
         let mut threads = Vec::new();
         let (prefault_tx, prefault_rx) = crossbeam_channel::unbounded();
@@ -213,6 +216,13 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>, tx: Sender<Msg>, pre
                             read.environ = Ok(env);
                         }
                         let proc = Some(Box::new(read));
+                        // Its code mappings now, while it surely runs: a process that allocates
+                        // and exits before its events are drained still has its owners named.
+                        if let Some(ranges) = callers::read_maps(hello.pid) {
+                            if let Ok(mut c) = shared.callers.lock() {
+                                c.prime(hello.pid, ranges, now_ns());
+                            }
+                        }
                         if let Ok(mut rings) = shared.rings.lock() {
                             rings.push(ring);
                         }
@@ -284,8 +294,12 @@ fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
         let _ = gpufrag_wire::clock::shared_model();
     }
     let mut idle = 0u32;
-    // Driver allocations' owners, named here while their processes are alive (see `callers`).
-    let mut callers = callers::Callers::default();
+    // Driver allocations' owners, named here before they are applied or recorded.
+    let resolve = |e: &mut Event| {
+        if let Ok(mut c) = shared.callers.lock() {
+            c.resolve(e, now_ns());
+        }
+    };
     loop {
         let stopping = shared.stop.load(Ordering::Acquire);
         let (hellos, pending): (Vec<Msg>, Vec<Msg>) = shared
@@ -321,7 +335,7 @@ fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
                 // The lanes merged by timestamp, so one thread's free never overtakes another
                 // thread's allocation of the same memory.
                 let (n, open) = c.drain(limit, flush, |mut e| {
-                    callers.resolve(&mut e, now_ns());
+                    resolve(&mut e);
                     while py_events.front().is_some_and(|p| p.ts_ns <= e.ts_ns) {
                         if let Some(p) = py_events.pop_front() {
                             let _ = tx.send(Msg::Event(p));
@@ -346,7 +360,7 @@ fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
             for i in closed.into_iter().rev() {
                 let mut c = rings.remove(i);
                 c.finish(|mut e| {
-                    callers.resolve(&mut e, now_ns());
+                    resolve(&mut e);
                     tx.send(Msg::Event(e)).is_ok()
                 });
                 let dropped = c.dropped_count();
@@ -355,7 +369,7 @@ fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
                     let _ = tx.send(Msg::Event(e));
                 }
                 let mut exit = Event { ts_ns: now_ns(), flags: F_SRC_SHIM, ..Event::new(EventKind::ProcessExit, c.hello.pid, -1) };
-                callers.resolve(&mut exit, 0);
+                resolve(&mut exit);
                 let _ = tx.send(Msg::Event(exit));
                 shared.open.fetch_sub(1, Ordering::Relaxed);
             }
