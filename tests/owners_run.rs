@@ -55,7 +55,18 @@ fn build(dir: &Path) -> std::path::PathBuf {
     cc(&["-O1", "-shared", "-fPIC", "-o", &d("libnccl.so.2"), &d("nccl.c"), "-L", &sim, "-l:libcuda.so.1"]);
     let prog = dir.join("owners_prog");
     let p = prog.display().to_string();
-    cc(&["-O1", "-o", &p, &d("main.c"), &d("libcublas.so.12"), &d("libnccl.so.2"), &format!("-Wl,-rpath-link,{sim}"), "-L", &sim, "-l:libcudart.so.12"]);
+    cc(&[
+        "-O1",
+        "-o",
+        &p,
+        &d("main.c"),
+        &d("libcublas.so.12"),
+        &d("libnccl.so.2"),
+        &format!("-Wl,-rpath-link,{sim}"),
+        "-L",
+        &sim,
+        "-l:libcudart.so.12",
+    ]);
     prog
 }
 
@@ -83,7 +94,12 @@ fn run_names_the_libraries_that_took_driver_memory_and_replay_agrees() {
     let record = dir.join("trace.gfrec");
     let m = Machine::new(1);
     let mut cmd = Command::new(gpufrag());
-    cmd.args(["run", "--quiet", "--no-report", "--no-feed", "--summary-json"]).arg(&summary).arg("--record").arg(&record).arg("--").arg(&prog);
+    cmd.args(["run", "--quiet", "--no-report", "--no-feed", "--summary-json"])
+        .arg(&summary)
+        .arg("--record")
+        .arg(&record)
+        .arg("--")
+        .arg(&prog);
     m.env(&mut cmd);
     let lib_path = format!("{}:{}", dir.display(), simcuda_dir().display());
     cmd.env("LD_LIBRARY_PATH", lib_path);

@@ -39,8 +39,8 @@ use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 
 use gpufrag_wire::event::EventKind;
 
-use crate::cuda::*;
 use crate::caller;
+use crate::cuda::*;
 use crate::hook::{self, out, Call, Pool};
 use crate::table::{real_fn, Sym};
 
@@ -68,7 +68,11 @@ unsafe extern "C" fn with_caller_cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize:
             // SAFETY: on success the driver wrote the address through the caller's pointer.
             let addr = if rc == 0 { unsafe { out(dptr) } } else { 0 };
             let size = bytesize as u64;
-            hook::alloc(Call { addr, size, requested: size, caller: caller as u64, ..Call::new(EventKind::MemAlloc, rc) }, None, Pool::Given);
+            hook::alloc(
+                Call { addr, size, requested: size, caller: caller as u64, ..Call::new(EventKind::MemAlloc, rc) },
+                None,
+                Pool::Given,
+            );
         });
     }
     rc
@@ -95,7 +99,11 @@ unsafe extern "C" fn with_caller_cuMemAllocPitch_v2(
             let (addr, pitch) = if rc == 0 { unsafe { (out(dptr), out(pPitch)) } } else { (0, 0) };
             let requested = (WidthInBytes as u64).saturating_mul(Height as u64);
             let size = (pitch as u64).saturating_mul(Height as u64);
-            hook::alloc(Call { addr, size, requested, caller: caller as u64, ..Call::new(EventKind::MemAllocPitch, rc) }, None, Pool::Given);
+            hook::alloc(
+                Call { addr, size, requested, caller: caller as u64, ..Call::new(EventKind::MemAllocPitch, rc) },
+                None,
+                Pool::Given,
+            );
         });
     }
     rc
@@ -114,7 +122,11 @@ unsafe extern "C" fn with_caller_cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes
             // SAFETY: on success the driver wrote the address.
             let addr = if rc == 0 { unsafe { out(dptr) } } else { 0 };
             let size = bytesize as u64;
-            hook::alloc(Call { addr, size, requested: size, caller: caller as u64, ..Call::new(EventKind::MemAllocManaged, rc) }, None, Pool::Given);
+            hook::alloc(
+                Call { addr, size, requested: size, caller: caller as u64, ..Call::new(EventKind::MemAllocManaged, rc) },
+                None,
+                Pool::Given,
+            );
         });
     }
     rc
@@ -211,7 +223,11 @@ unsafe extern "C" fn with_caller_cuMemCreate(
                 .filter(|p| p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE)
                 .and_then(|p| i16::try_from(p.location.id).ok());
             let size = size as u64;
-            hook::alloc(Call { handle: h, size, requested: size, caller: caller as u64, ..Call::new(EventKind::PhysCreate, rc) }, device, Pool::Given);
+            hook::alloc(
+                Call { handle: h, size, requested: size, caller: caller as u64, ..Call::new(EventKind::PhysCreate, rc) },
+                device,
+                Pool::Given,
+            );
         });
     }
     rc

@@ -26,8 +26,8 @@ use std::ffi::{c_uint, c_void};
 
 use gpufrag_wire::event::EventKind;
 
-use crate::cuda::*;
 use crate::caller;
+use crate::cuda::*;
 use crate::hook::{self, out, Call, Pool};
 use crate::table::{real_fn, Sym};
 
@@ -64,7 +64,11 @@ unsafe extern "C" fn with_caller_cudaMalloc(devPtr: *mut *mut c_void, size: usiz
             // SAFETY: on success the runtime wrote the address.
             let addr = if rc == 0 { unsafe { out_ptr(devPtr) } } else { 0 };
             let size = size as u64;
-            hook::alloc(Call { addr, size, requested: size, caller: caller as u64, ..Call::new(EventKind::MemAlloc, rc) }, None, Pool::Given);
+            hook::alloc(
+                Call { addr, size, requested: size, caller: caller as u64, ..Call::new(EventKind::MemAlloc, rc) },
+                None,
+                Pool::Given,
+            );
         });
     }
     rc
@@ -73,7 +77,13 @@ unsafe extern "C" fn with_caller_cudaMalloc(devPtr: *mut *mut c_void, size: usiz
 caller::thunk!(cudaMallocPitch => with_caller_cudaMallocPitch, x86_64: "r8", aarch64: "x4");
 
 /// `cudaMallocPitch`, given the return address of its caller (see `caller`).
-unsafe extern "C" fn with_caller_cudaMallocPitch(devPtr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize, caller: usize) -> cudaError_t {
+unsafe extern "C" fn with_caller_cudaMallocPitch(
+    devPtr: *mut *mut c_void,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    caller: usize,
+) -> cudaError_t {
     let real = real!(CudaMallocPitch, CudaMallocPitchFn);
     let guard = hook::enter();
     // SAFETY: the caller's arguments, unchanged.
@@ -86,7 +96,8 @@ unsafe extern "C" fn with_caller_cudaMallocPitch(devPtr: *mut *mut c_void, pitch
                 addr,
                 size: (p as u64).saturating_mul(height as u64),
                 requested: (width as u64).saturating_mul(height as u64),
-                caller: caller as u64, ..Call::new(EventKind::MemAllocPitch, rc)
+                caller: caller as u64,
+                ..Call::new(EventKind::MemAllocPitch, rc)
             };
             hook::alloc(c, None, Pool::Given);
         });
@@ -112,7 +123,8 @@ unsafe extern "C" fn with_caller_cudaMalloc3D(pitchedDevPtr: *mut cudaPitchedPtr
                 addr,
                 size: pitch.saturating_mul(rows),
                 requested: (extent.width as u64).saturating_mul(rows),
-                caller: caller as u64, ..Call::new(EventKind::MemAllocPitch, rc)
+                caller: caller as u64,
+                ..Call::new(EventKind::MemAllocPitch, rc)
             };
             hook::alloc(c, None, Pool::Given);
         });
@@ -133,7 +145,11 @@ unsafe extern "C" fn with_caller_cudaMallocManaged(devPtr: *mut *mut c_void, siz
             // SAFETY: on success the runtime wrote the address.
             let addr = if rc == 0 { unsafe { out_ptr(devPtr) } } else { 0 };
             let size = size as u64;
-            hook::alloc(Call { addr, size, requested: size, caller: caller as u64, ..Call::new(EventKind::MemAllocManaged, rc) }, None, Pool::Given);
+            hook::alloc(
+                Call { addr, size, requested: size, caller: caller as u64, ..Call::new(EventKind::MemAllocManaged, rc) },
+                None,
+                Pool::Given,
+            );
         });
     }
     rc

@@ -146,7 +146,7 @@ garbage line\n\
     #[test]
     fn this_process_calls_are_resolved_and_unknown_addresses_are_other() {
         let mut c = Callers::default();
-        let here = this_process_calls_are_resolved_and_unknown_addresses_are_other as usize as u64;
+        let here = this_process_calls_are_resolved_and_unknown_addresses_are_other as *const () as usize as u64;
         let mut e = Event { handle: here, ..Event::new(EventKind::MemAlloc, std::process::id(), 0) };
         c.resolve(&mut e, 1);
         assert_eq!(e.owner(), Some(Owner::Other), "the test binary is no known library");
