@@ -15,7 +15,7 @@ pub mod ebpf;
 pub mod export;
 pub mod foresight;
 pub mod guard;
-pub use gpufrag_wire::{event, hello, ring};
+pub use gpufrag_wire::{event, hello, owner, ring};
 pub mod ingest;
 pub mod input;
 pub mod limits;

@@ -30,7 +30,7 @@ const FIELDS: [&str; 15] = [
 ];
 
 /// Every flag bit: its C name (after `GPUFRAG_F_`) and the Rust constant.
-const FLAGS: [(&str, u32); 16] = [
+const FLAGS: [(&str, u32); 17] = [
     ("DEVICE_FREE_KNOWN", event::F_DEVICE_FREE_KNOWN),
     ("SRC_SHIM", event::F_SRC_SHIM),
     ("SRC_EBPF", event::F_SRC_EBPF),
@@ -47,6 +47,7 @@ const FLAGS: [(&str, u32); 16] = [
     ("ALLOWED_KNOWN", event::F_ALLOWED_KNOWN),
     ("OOM_AMEND", event::F_OOM_AMEND),
     ("PARTIAL", event::F_PARTIAL),
+    ("OWNER_KNOWN", event::F_OWNER_KNOWN),
 ];
 
 fn rust_offsets() -> Vec<usize> {

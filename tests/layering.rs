@@ -6,7 +6,7 @@
 //! The layers (README.md, "Where things are", says the same):
 //!
 //! ```text
-//! foundation  event hello ring (the wire crate), units, alloc (every allocator model)
+//! foundation  event hello owner ring (the wire crate), units, alloc (every allocator model)
 //! state       map, ingest, attribution          may import: foundation
 //! sources     snapshot record source consumer ebpf input
 //!                                               may import: foundation, state
@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 /// Each layer, its top-level modules, and the layers it may import from (besides itself).
 const LAYERS: &[(&str, &[&str], &[&str])] = &[
-    ("foundation", &["event", "hello", "ring", "units", "alloc", "private", "terminal"], &[]),
+    ("foundation", &["event", "hello", "owner", "ring", "units", "alloc", "private", "terminal"], &[]),
     ("state", &["map", "ingest", "attribution", "limits"], &["foundation"]),
     ("sources", &["snapshot", "record", "source", "consumer", "ebpf", "input"], &["foundation", "state"]),
     ("analysis", &["analysis"], &["foundation", "state", "sources"]),

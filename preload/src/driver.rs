@@ -39,6 +39,7 @@ use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 
 use gpufrag_wire::event::EventKind;
 
+use crate::caller;
 use crate::cuda::*;
 use crate::hook::{self, out, Call, Pool};
 use crate::table::{real_fn, Sym};
@@ -54,8 +55,10 @@ macro_rules! real {
     };
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+caller::thunk!(cuMemAlloc_v2 => with_caller_cuMemAlloc_v2, x86_64: "rdx", aarch64: "x2");
+
+/// `cuMemAlloc_v2`, given the return address of its caller (see `caller`).
+unsafe extern "C" fn with_caller_cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize, caller: usize) -> CUresult {
     let real = real!(CuMemAllocV2, CuMemAllocFn);
     let guard = hook::enter();
     // SAFETY: the caller's arguments, unchanged, to the function the caller meant to call.
@@ -65,19 +68,26 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
             // SAFETY: on success the driver wrote the address through the caller's pointer.
             let addr = if rc == 0 { unsafe { out(dptr) } } else { 0 };
             let size = bytesize as u64;
-            hook::alloc(Call { addr, size, requested: size, ..Call::new(EventKind::MemAlloc, rc) }, None, Pool::Given);
+            hook::alloc(
+                Call { addr, size, requested: size, caller: caller as u64, ..Call::new(EventKind::MemAlloc, rc) },
+                None,
+                Pool::Given,
+            );
         });
     }
     rc
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocPitch_v2(
+caller::thunk!(cuMemAllocPitch_v2 => with_caller_cuMemAllocPitch_v2, x86_64: "r9", aarch64: "x5");
+
+/// `cuMemAllocPitch_v2`, given the return address of its caller (see `caller`).
+unsafe extern "C" fn with_caller_cuMemAllocPitch_v2(
     dptr: *mut CUdeviceptr,
     pPitch: *mut usize,
     WidthInBytes: usize,
     Height: usize,
     ElementSizeBytes: c_uint,
+    caller: usize,
 ) -> CUresult {
     let real = real!(CuMemAllocPitchV2, CuMemAllocPitchFn);
     let guard = hook::enter();
@@ -89,14 +99,20 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
             let (addr, pitch) = if rc == 0 { unsafe { (out(dptr), out(pPitch)) } } else { (0, 0) };
             let requested = (WidthInBytes as u64).saturating_mul(Height as u64);
             let size = (pitch as u64).saturating_mul(Height as u64);
-            hook::alloc(Call { addr, size, requested, ..Call::new(EventKind::MemAllocPitch, rc) }, None, Pool::Given);
+            hook::alloc(
+                Call { addr, size, requested, caller: caller as u64, ..Call::new(EventKind::MemAllocPitch, rc) },
+                None,
+                Pool::Given,
+            );
         });
     }
     rc
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult {
+caller::thunk!(cuMemAllocManaged => with_caller_cuMemAllocManaged, x86_64: "rcx", aarch64: "x3");
+
+/// `cuMemAllocManaged`, given the return address of its caller (see `caller`).
+unsafe extern "C" fn with_caller_cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint, caller: usize) -> CUresult {
     let real = real!(CuMemAllocManaged, CuMemAllocManagedFn);
     let guard = hook::enter();
     // SAFETY: the caller's arguments, unchanged.
@@ -106,7 +122,11 @@ pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usi
             // SAFETY: on success the driver wrote the address.
             let addr = if rc == 0 { unsafe { out(dptr) } } else { 0 };
             let size = bytesize as u64;
-            hook::alloc(Call { addr, size, requested: size, ..Call::new(EventKind::MemAllocManaged, rc) }, None, Pool::Given);
+            hook::alloc(
+                Call { addr, size, requested: size, caller: caller as u64, ..Call::new(EventKind::MemAllocManaged, rc) },
+                None,
+                Pool::Given,
+            );
         });
     }
     rc
@@ -180,12 +200,15 @@ pub unsafe extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUre
     hook::release_around(hook::enter(), true, c, || unsafe { real(ptr, size) })
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMemCreate(
+caller::thunk!(cuMemCreate => with_caller_cuMemCreate, x86_64: "r8", aarch64: "x4");
+
+/// `cuMemCreate`, given the return address of its caller (see `caller`).
+unsafe extern "C" fn with_caller_cuMemCreate(
     handle: *mut CUmemGenericAllocationHandle,
     size: usize,
     prop: *const CUmemAllocationPropHead,
     flags: c_ulonglong,
+    caller: usize,
 ) -> CUresult {
     let real = real!(CuMemCreate, CuMemCreateFn);
     let guard = hook::enter();
@@ -200,7 +223,11 @@ pub unsafe extern "C" fn cuMemCreate(
                 .filter(|p| p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE)
                 .and_then(|p| i16::try_from(p.location.id).ok());
             let size = size as u64;
-            hook::alloc(Call { handle: h, size, requested: size, ..Call::new(EventKind::PhysCreate, rc) }, device, Pool::Given);
+            hook::alloc(
+                Call { handle: h, size, requested: size, caller: caller as u64, ..Call::new(EventKind::PhysCreate, rc) },
+                device,
+                Pool::Given,
+            );
         });
     }
     rc

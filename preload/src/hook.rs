@@ -496,13 +496,16 @@ pub struct Call {
     pub requested: u64,
     pub handle: u64,
     pub stream: u64,
+    /// The return address of the outermost tracked call (see `caller`), 0 when not taken: a
+    /// successful driver allocation carries it for the consumer to name its owner.
+    pub caller: u64,
 }
 
 impl Call {
     /// A call of `kind` that returned `rc`, other fields 0.
     #[inline]
     pub fn new(kind: EventKind, rc: i32) -> Call {
-        Call { kind, rc, addr: 0, size: 0, requested: 0, handle: 0, stream: 0 }
+        Call { kind, rc, addr: 0, size: 0, requested: 0, handle: 0, stream: 0, caller: 0 }
     }
 
     fn fill(&self, ev: &mut Event) {
@@ -536,6 +539,12 @@ pub fn alloc(mut c: Call, device: Option<i16>, pool: Pool) {
     if c.rc == 0 {
         let mut ev = event(ts, c.kind, device, 0);
         c.fill(&mut ev);
+        // The caller rides in the field its kind leaves unused (`event::caller_address`).
+        match c.kind {
+            EventKind::MemAlloc | EventKind::MemAllocPitch | EventKind::MemAllocManaged => ev.handle = c.caller,
+            EventKind::PhysCreate => ev.stream = c.caller,
+            _ => {}
+        }
         push(&ev);
         if c.kind == EventKind::PoolAlloc {
             note_pool(c.handle, device);

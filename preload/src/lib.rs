@@ -27,6 +27,7 @@
 compile_error!("gpufrag-preload supports 64-bit Linux only");
 
 mod annotate;
+mod caller;
 mod clock;
 mod cuda;
 mod dl;

@@ -26,6 +26,7 @@ use std::ffi::{c_uint, c_void};
 
 use gpufrag_wire::event::EventKind;
 
+use crate::caller;
 use crate::cuda::*;
 use crate::hook::{self, out, Call, Pool};
 use crate::table::{real_fn, Sym};
@@ -50,8 +51,10 @@ unsafe fn out_ptr(p: *mut *mut c_void) -> u64 {
     unsafe { out(p.cast_const()) as u64 }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cudaMalloc(devPtr: *mut *mut c_void, size: usize) -> cudaError_t {
+caller::thunk!(cudaMalloc => with_caller_cudaMalloc, x86_64: "rdx", aarch64: "x2");
+
+/// `cudaMalloc`, given the return address of its caller (see `caller`).
+unsafe extern "C" fn with_caller_cudaMalloc(devPtr: *mut *mut c_void, size: usize, caller: usize) -> cudaError_t {
     let real = real!(CudaMalloc, CudaMallocFn);
     let guard = hook::enter();
     // SAFETY: the caller's arguments, unchanged, to the function the caller meant to call.
@@ -61,14 +64,26 @@ pub unsafe extern "C" fn cudaMalloc(devPtr: *mut *mut c_void, size: usize) -> cu
             // SAFETY: on success the runtime wrote the address.
             let addr = if rc == 0 { unsafe { out_ptr(devPtr) } } else { 0 };
             let size = size as u64;
-            hook::alloc(Call { addr, size, requested: size, ..Call::new(EventKind::MemAlloc, rc) }, None, Pool::Given);
+            hook::alloc(
+                Call { addr, size, requested: size, caller: caller as u64, ..Call::new(EventKind::MemAlloc, rc) },
+                None,
+                Pool::Given,
+            );
         });
     }
     rc
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cudaMallocPitch(devPtr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) -> cudaError_t {
+caller::thunk!(cudaMallocPitch => with_caller_cudaMallocPitch, x86_64: "r8", aarch64: "x4");
+
+/// `cudaMallocPitch`, given the return address of its caller (see `caller`).
+unsafe extern "C" fn with_caller_cudaMallocPitch(
+    devPtr: *mut *mut c_void,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    caller: usize,
+) -> cudaError_t {
     let real = real!(CudaMallocPitch, CudaMallocPitchFn);
     let guard = hook::enter();
     // SAFETY: the caller's arguments, unchanged.
@@ -81,6 +96,7 @@ pub unsafe extern "C" fn cudaMallocPitch(devPtr: *mut *mut c_void, pitch: *mut u
                 addr,
                 size: (p as u64).saturating_mul(height as u64),
                 requested: (width as u64).saturating_mul(height as u64),
+                caller: caller as u64,
                 ..Call::new(EventKind::MemAllocPitch, rc)
             };
             hook::alloc(c, None, Pool::Given);
@@ -89,8 +105,10 @@ pub unsafe extern "C" fn cudaMallocPitch(devPtr: *mut *mut c_void, pitch: *mut u
     rc
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cudaMalloc3D(pitchedDevPtr: *mut cudaPitchedPtr, extent: cudaExtent) -> cudaError_t {
+caller::thunk!(cudaMalloc3D => with_caller_cudaMalloc3D, x86_64: "rsi", aarch64: "x2");
+
+/// `cudaMalloc3D`, given the return address of its caller (see `caller`).
+unsafe extern "C" fn with_caller_cudaMalloc3D(pitchedDevPtr: *mut cudaPitchedPtr, extent: cudaExtent, caller: usize) -> cudaError_t {
     let real = real!(CudaMalloc3D, CudaMalloc3DFn);
     let guard = hook::enter();
     // SAFETY: the caller's arguments, unchanged (the extent is passed by value, as in C).
@@ -105,6 +123,7 @@ pub unsafe extern "C" fn cudaMalloc3D(pitchedDevPtr: *mut cudaPitchedPtr, extent
                 addr,
                 size: pitch.saturating_mul(rows),
                 requested: (extent.width as u64).saturating_mul(rows),
+                caller: caller as u64,
                 ..Call::new(EventKind::MemAllocPitch, rc)
             };
             hook::alloc(c, None, Pool::Given);
@@ -113,8 +132,10 @@ pub unsafe extern "C" fn cudaMalloc3D(pitchedDevPtr: *mut cudaPitchedPtr, extent
     rc
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cudaMallocManaged(devPtr: *mut *mut c_void, size: usize, flags: c_uint) -> cudaError_t {
+caller::thunk!(cudaMallocManaged => with_caller_cudaMallocManaged, x86_64: "rcx", aarch64: "x3");
+
+/// `cudaMallocManaged`, given the return address of its caller (see `caller`).
+unsafe extern "C" fn with_caller_cudaMallocManaged(devPtr: *mut *mut c_void, size: usize, flags: c_uint, caller: usize) -> cudaError_t {
     let real = real!(CudaMallocManaged, CudaMallocManagedFn);
     let guard = hook::enter();
     // SAFETY: the caller's arguments, unchanged.
@@ -124,7 +145,11 @@ pub unsafe extern "C" fn cudaMallocManaged(devPtr: *mut *mut c_void, size: usize
             // SAFETY: on success the runtime wrote the address.
             let addr = if rc == 0 { unsafe { out_ptr(devPtr) } } else { 0 };
             let size = size as u64;
-            hook::alloc(Call { addr, size, requested: size, ..Call::new(EventKind::MemAllocManaged, rc) }, None, Pool::Given);
+            hook::alloc(
+                Call { addr, size, requested: size, caller: caller as u64, ..Call::new(EventKind::MemAllocManaged, rc) },
+                None,
+                Pool::Given,
+            );
         });
     }
     rc

@@ -185,6 +185,25 @@ pub struct ProcessSummary {
     /// it runs.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub exited: bool,
+    /// Its live driver bytes by the library that took them (`cublas`, `cudnn`, `nccl`,
+    /// `cuda_runtime`, `framework`, `other`): the caller of each allocation, resolved live (the
+    /// shim's capture). Absent when no allocation's owner was said.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub owners: std::collections::BTreeMap<String, u64>,
+}
+
+/// A process's live driver bytes by owner, for the summary; with allocations whose owner no
+/// source said, those too (`unattributed`), so the figures sum to its driver bytes. Empty when
+/// no owner was said.
+fn owner_bytes(o: &crate::ingest::owners::OwnerBytes) -> std::collections::BTreeMap<String, u64> {
+    if !o.any_known() {
+        return Default::default();
+    }
+    let mut m: std::collections::BTreeMap<String, u64> = o.by_owner().into_iter().map(|(w, b)| (w.name().to_string(), b)).collect();
+    if o.unattributed() > 0 {
+        m.insert("unattributed".to_string(), o.unattributed());
+    }
+    m
 }
 
 /// One segment in a table.
@@ -436,6 +455,7 @@ impl Summary {
                     k8s_namespace_name: None,
                     k8s_container_name: None,
                     exited: state.exited.contains_key(&s.pid),
+                    owners: owner_bytes(&s.owners),
                 });
             }
         }

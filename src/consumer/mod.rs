@@ -16,6 +16,7 @@
 //! ([`remove_stale_dirs`]).
 
 pub mod blocks;
+pub mod callers;
 mod conn;
 /// The Python hook's framing, for the fuzz target of fuzz/.
 pub use conn::python_reader;
@@ -44,6 +45,8 @@ struct Shared {
     pending: Mutex<VecDeque<Msg>>,
     connections: AtomicU64,
     open: AtomicU64,
+    /// The traced processes' code mappings, read at their hello and on a miss (see `callers`).
+    callers: Mutex<callers::Callers>,
 }
 
 /// A running consumer.
@@ -127,6 +130,7 @@ impl Consumer {
             pending: Mutex::new(VecDeque::new()),
             connections: AtomicU64::new(0),
             open: AtomicU64::new(0),
+            callers: Mutex::new(callers::Callers::default()),
         });
         let mut threads = Vec::new();
         let (prefault_tx, prefault_rx) = crossbeam_channel::unbounded();
@@ -212,6 +216,13 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>, tx: Sender<Msg>, pre
                             read.environ = Ok(env);
                         }
                         let proc = Some(Box::new(read));
+                        // Its code mappings now, while it surely runs: a process that allocates
+                        // and exits before its events are drained still has its owners named.
+                        if let Some(ranges) = callers::read_maps(hello.pid) {
+                            if let Ok(mut c) = shared.callers.lock() {
+                                c.prime(hello.pid, ranges, now_ns());
+                            }
+                        }
                         if let Ok(mut rings) = shared.rings.lock() {
                             rings.push(ring);
                         }
@@ -283,6 +294,12 @@ fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
         let _ = gpufrag_wire::clock::shared_model();
     }
     let mut idle = 0u32;
+    // Driver allocations' owners, named here before they are applied or recorded.
+    let resolve = |e: &mut Event| {
+        if let Ok(mut c) = shared.callers.lock() {
+            c.resolve(e, now_ns());
+        }
+    };
     loop {
         let stopping = shared.stop.load(Ordering::Acquire);
         let (hellos, pending): (Vec<Msg>, Vec<Msg>) = shared
@@ -317,7 +334,8 @@ fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
                 let limit = if flush { usize::MAX } else { BATCH };
                 // The lanes merged by timestamp, so one thread's free never overtakes another
                 // thread's allocation of the same memory.
-                let (n, open) = c.drain(limit, flush, |e| {
+                let (n, open) = c.drain(limit, flush, |mut e| {
+                    resolve(&mut e);
                     while py_events.front().is_some_and(|p| p.ts_ns <= e.ts_ns) {
                         if let Some(p) = py_events.pop_front() {
                             let _ = tx.send(Msg::Event(p));
@@ -341,13 +359,17 @@ fn drain_loop(shared: Arc<Shared>, tx: Sender<Msg>) {
             }
             for i in closed.into_iter().rev() {
                 let mut c = rings.remove(i);
-                c.finish(|e| tx.send(Msg::Event(e)).is_ok());
+                c.finish(|mut e| {
+                    resolve(&mut e);
+                    tx.send(Msg::Event(e)).is_ok()
+                });
                 let dropped = c.dropped_count();
                 if dropped > c.dropped_seen {
                     let e = Event { size: dropped - c.dropped_seen, flags: F_SRC_SHIM, ..Event::new(EventKind::Dropped, c.hello.pid, -1) };
                     let _ = tx.send(Msg::Event(e));
                 }
-                let exit = Event { ts_ns: now_ns(), flags: F_SRC_SHIM, ..Event::new(EventKind::ProcessExit, c.hello.pid, -1) };
+                let mut exit = Event { ts_ns: now_ns(), flags: F_SRC_SHIM, ..Event::new(EventKind::ProcessExit, c.hello.pid, -1) };
+                resolve(&mut exit);
                 let _ = tx.send(Msg::Event(exit));
                 shared.open.fetch_sub(1, Ordering::Relaxed);
             }

@@ -198,6 +198,25 @@ pub static METRICS: &[Metric] = &[
                 .collect()
         },
     },
+    Metric {
+        name: "gpufrag.process.memory.by_owner",
+        unit: "By",
+        kind: Kind::Gauge,
+        float: false,
+        help: "The process's live driver bytes by the library whose code allocated them, gpufrag.owner: cublas, cudnn, nccl, cuda_runtime, framework, other (run's shim only; the non-framework memory is every owner but framework)",
+        points: |v| {
+            let mut out = Vec::new();
+            for p in &v.processes {
+                let Some(b) = p.owners else { continue };
+                for (o, bytes) in crate::owner::Owner::ALL.iter().zip(b) {
+                    let mut attrs = process_attrs(p);
+                    attrs.push(("gpufrag.owner", AttrValue::Static(o.name())));
+                    out.push(Point { attrs, value: U64(bytes) });
+                }
+            }
+            out
+        },
+    },
     Metric { name: "gpufrag.foresight.warnings", unit: "{warning}", kind: Kind::Counter, float: false, help: "Foresight: forecasts whose simulated next steps do not fit in what the process may hold (a predicted OOM: checkpoint now)", points: |v| per_process(v, |p, _| U64(p.warnings)) },
     Metric { name: "gpufrag.alloc_retries", unit: "{retry}", kind: Kind::Counter, float: false, help: "Failed allocations that recovered: the same thread's next allocation of that size succeeded after memory was released (PyTorch's num_alloc_retries); never counted in gpufrag.ooms", points: |v| per_process(v, |p, _| U64(p.retries)) },
     Metric {

@@ -57,6 +57,9 @@ pub struct ProcessPoint {
     /// The caching allocator whose blocks it uses, when one was seen (the `gpufrag.framework`
     /// attribute: one of [`crate::alloc::Framework::ALL`]'s names, or `none`).
     pub framework: Option<crate::alloc::Framework>,
+    /// Its live driver bytes by owner, in [`crate::owner::Owner::ALL`]'s order, when any
+    /// allocation's owner was said (`crate::ingest::owners`).
+    pub owners: Option<[u64; crate::owner::Owner::ALL.len()]>,
     /// Whether the process exited.
     pub exited: bool,
     /// Its container and pod, when known (`container.id`, `k8s.*`).
@@ -423,6 +426,13 @@ impl Builder {
                 predicted_peak: state.forecast_of(pid, device).map(|f| f.predicted_peak),
                 warnings: state.forecast_warnings_of(pid, device),
                 framework: s.framework,
+                owners: s.owners.any_known().then(|| {
+                    let mut b = [0u64; crate::owner::Owner::ALL.len()];
+                    for (o, bytes) in s.owners.by_owner() {
+                        b[o as usize - 1] = bytes;
+                    }
+                    b
+                }),
                 exited,
                 identity,
             };

@@ -28,6 +28,7 @@ pub mod forecasts;
 pub mod histogram;
 pub mod holders;
 pub mod oom_rule;
+pub mod owners;
 pub mod partial;
 mod seed;
 pub mod settings;
@@ -98,6 +99,8 @@ pub struct ProcessDevice {
     pub frees: u64,
     /// The caching allocator whose blocks (or adoption) were seen first; `None`: segments only.
     pub framework: Option<Framework>,
+    /// Its live driver bytes by the library that took them (issue 25, item 3).
+    pub owners: owners::OwnerBytes,
 }
 
 impl ProcessDevice {
@@ -111,6 +114,7 @@ impl ProcessDevice {
             allocs: 0,
             frees: 0,
             framework: None,
+            owners: owners::OwnerBytes::default(),
         }
     }
 }
@@ -767,6 +771,9 @@ impl State {
                     _ => Err(Anomaly::NotAMapEvent(ev.kind)),
                 };
                 m.debug_check();
+                if r.is_ok() {
+                    s.owners.apply(kind, ev);
+                }
                 let segment = r.is_ok()
                     && matches!(
                         kind,

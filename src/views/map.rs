@@ -565,6 +565,7 @@ mod tests {
             allocs: 0,
             frees: 0,
             framework: None,
+            owners: Default::default(),
         }
     }
 

@@ -161,6 +161,7 @@ mod tests {
             allocs: 1,
             frees: 0,
             framework: None,
+            owners: Default::default(),
         };
         let s = process_strip(&space);
         assert_eq!(s.segments[0].cells.len(), STRIP_CELLS);

@@ -255,6 +255,21 @@ pub const F_OOM_AMEND: u32 = 1 << 14;
 /// missing. Its OOMs are `inconclusive`, never `true_oom` or `fragmentation`. A `ProcessExec`
 /// without it is a process traced from its start.
 pub const F_PARTIAL: u32 = 1 << 15;
+/// A driver allocation (`MemAlloc*`, `PhysCreate`) whose `op` is the [`Owner`](crate::owner::Owner)
+/// that took it: the library whose code made the outermost tracked call, resolved by the
+/// consumer from the caller's return address (the shim's raw address rides in `handle` of a
+/// `MemAlloc*`, `stream` of a `PhysCreate`, see [`caller_address`]).
+pub const F_OWNER_KNOWN: u32 = 1 << 16;
+
+/// The caller's return address the shim put in a driver allocation's event (0: none); the field
+/// depends on the kind, one the kind leaves unused.
+pub fn caller_address(e: &Event) -> u64 {
+    match e.kind() {
+        Some(EventKind::MemAlloc | EventKind::MemAllocPitch | EventKind::MemAllocManaged) => e.handle,
+        Some(EventKind::PhysCreate) => e.stream,
+        _ => 0,
+    }
+}
 
 /// Bits 16–19 of a block or adopt event: an allocator named by its place in gpufrag's allocator
 /// table (`REGISTRY` in src/alloc/mod.rs, places 3 to 15), for allocators registered after the ones
@@ -294,7 +309,8 @@ pub struct Event {
     pub rc: i32,
     /// `F_*` bits.
     pub flags: u32,
-    /// For [`EventKind::AllocFailed`]: the kind of the call that failed.
+    /// For [`EventKind::AllocFailed`]: the kind of the call that failed; for a driver allocation
+    /// with [`F_OWNER_KNOWN`], its [`Owner`](crate::owner::Owner).
     pub op: u16,
     /// Bytes of text that belong to this event (a setting's string, a library's path, a
     /// framework's message), 0 for most events. The text is never inside the event: a record
@@ -345,6 +361,11 @@ impl Event {
         let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
         let name = String::from_utf8_lossy(&b[..end]).into_owned();
         (!name.is_empty()).then_some(name)
+    }
+
+    /// The owner of a driver allocation, when the consumer resolved it.
+    pub fn owner(&self) -> Option<crate::owner::Owner> {
+        (self.flags & F_OWNER_KNOWN != 0).then(|| crate::owner::Owner::from_u16(self.op)).flatten()
     }
 
     /// The record as its 80 wire bytes.

@@ -15,4 +15,5 @@ pub mod clock;
 pub mod event;
 pub mod hello;
 pub mod lanes;
+pub mod owner;
 pub mod ring;
