@@ -259,7 +259,7 @@ pub const F_PARTIAL: u32 = 1 << 15;
 /// that took it: the library whose code made the outermost tracked call, resolved by the
 /// consumer from the caller's return address (the shim's raw address rides in `handle` of a
 /// `MemAlloc*`, `stream` of a `PhysCreate`, see [`caller_address`]).
-pub const F_OWNER_KNOWN: u32 = 1 << 16;
+pub const F_OWNER_KNOWN: u32 = 1 << 20;
 
 /// The caller's return address the shim put in a driver allocation's event (0: none); the field
 /// depends on the kind, one the kind leaves unused.
