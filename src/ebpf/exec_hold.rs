@@ -20,6 +20,16 @@
 //! pending permission event when the fanotify descriptor closes (`fanotify_release`), which
 //! `tests/ebpf_node_agent.rs` checks with SIGKILL.
 //!
+//! An OCI runtime's exec (runc, crun) is let go at once, and its arguments are read as soon as
+//! the exec has replaced them (the thread looks every millisecond while one is pending; at the
+//! exec itself `/proc/PID/cmdline` is still the caller's): a `create` or `run` names its bundle
+//! (`--bundle`, else its working directory), whose `config.json` gives the container's rootfs
+//! and annotations ([`crate::attribution::oci`]). The annotations go to the session
+//! ([`Request::Container`]) before the container's first exec (from its rootfs, a new
+//! filesystem) is held and scanned, so its processes are named from them. A config that is
+//! missing, over 4 MiB, malformed, or a runtime gone before its arguments could be read, is a
+//! counted note; the container is never held for it.
+//!
 //! The thread never blocks on the session: it sends requests over a channel and wakes the
 //! session's ring poll through an eventfd in the ring's epoll set; replies come back the same way.
 
@@ -101,6 +111,15 @@ pub enum Request {
     /// A file looked at that needs no probe (the session stops asking the exec tracepoint
     /// about it).
     Looked(FileId),
+    /// An OCI runtime is starting container `id`: its config's annotations name its pod.
+    Container {
+        /// The runtime's container id (the one its cgroup path carries).
+        id: String,
+        /// Its names, when the annotations name a pod.
+        names: Option<crate::attribution::pods::PodNames>,
+        /// The config file read.
+        file: PathBuf,
+    },
     /// The timeout released these processes before the file's probes were in: not exact.
     Released {
         /// The file.
@@ -161,6 +180,17 @@ pub struct HoldStats {
     pub marked: u64,
     /// Marks refused.
     pub mark_failures: Vec<String>,
+    /// Container starts whose runtime config was read (`create`/`run` of runc or crun).
+    pub configs: u64,
+    /// Of those, configs naming a pod in their annotations.
+    pub named: u64,
+    /// Container starts whose config could not be read (missing, huge, malformed, the runtime
+    /// gone), and why (the first few).
+    pub config_failures: u64,
+    /// The first few of those.
+    pub config_errors: Vec<String>,
+    /// Time from a runtime's exec to its config read, ns.
+    pub config_read: Timing,
 }
 
 impl HoldStats {
@@ -190,6 +220,20 @@ impl HoldStats {
         }
         if self.unexamined > 0 {
             out.push(format!("exec hold: {} exec(s) let go unexamined (no file descriptor in the event)", self.unexamined));
+        }
+        if self.configs + self.config_failures > 0 {
+            out.push(format!(
+                "exec hold: {} container start(s) by an OCI runtime: config.json read for {} (mean {:.1} µs from the runtime's exec, max {:.1} µs), {} naming a pod in its annotations; {} not read",
+                self.configs + self.config_failures,
+                self.configs,
+                self.config_read.mean_us(),
+                self.config_read.max_ns as f64 / 1e3,
+                self.named,
+                self.config_failures
+            ));
+        }
+        for e in &self.config_errors {
+            out.push(format!("exec hold: a container's config was not read: {e}: its processes are named from their environment"));
         }
         for f in &self.mark_failures {
             out.push(format!("exec hold: {f}: execs there are not held (their first process may be seen late)"));
@@ -295,7 +339,24 @@ struct Thread {
     pending: HashMap<u64, Pending>,
     by_key: HashMap<Key, u64>,
     next_req: u64,
+    /// The OCI runtime binaries seen (their later execs are cache hits).
+    runtime_keys: HashSet<Key>,
+    /// Runtimes let go whose arguments are not read yet.
+    runtimes: Vec<Runtime>,
 }
+
+/// An OCI runtime exec let go, waiting for its new arguments.
+struct Runtime {
+    pid: u32,
+    /// `/proc/PID/cmdline` at the exec (the caller's).
+    before: Vec<u8>,
+    t0: Instant,
+}
+
+/// How long a runtime's new arguments are waited for (an exec completes in microseconds).
+const RUNTIME_ARGS_WAIT: Duration = Duration::from_millis(500);
+/// Runtimes watched at once at most (each exits or is read within [`RUNTIME_ARGS_WAIT`]).
+const RUNTIMES_MAX: usize = 256;
 
 struct Pending {
     key: Key,
@@ -346,6 +407,8 @@ impl ExecHold {
             pending: HashMap::new(),
             by_key: HashMap::new(),
             next_req: 1,
+            runtime_keys: HashSet::new(),
+            runtimes: Vec::new(),
         };
         t.mark_new_filesystems();
         t.scanned_devs = t.marked_devs.clone();
@@ -442,7 +505,7 @@ impl Thread {
                 fds.push(libc::pollfd { fd: m.as_raw_fd(), events: libc::POLLPRI, revents: 0 });
             }
             let wait = self.pending.values().map(|p| p.deadline.saturating_duration_since(Instant::now())).min();
-            let ms = wait.map_or(200, |w| w.as_millis().clamp(1, 200) as i32);
+            let ms = if self.runtimes.is_empty() { wait.map_or(200, |w| w.as_millis().clamp(1, 200) as i32) } else { 1 };
             // SAFETY: poll(2) over descriptors we hold.
             unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
             if fds.get(2).is_some_and(|f| f.revents & (libc::POLLPRI | libc::POLLERR) != 0) {
@@ -450,6 +513,7 @@ impl Thread {
             }
             drain_eventfd(self.answer_wake.as_raw_fd());
             self.read_events(&mut buf);
+            self.read_runtimes();
             self.take_answers();
             self.expire();
         }
@@ -502,6 +566,9 @@ impl Thread {
             ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
             size: meta.size(),
         };
+        if self.runtime_keys.contains(&key) {
+            self.watch_runtime(pid, t0);
+        }
         if pid == std::process::id() || self.cache.contains(&key) {
             self.respond(&fd);
             self.stats().repeated.add(t0.elapsed());
@@ -518,9 +585,16 @@ impl Thread {
         if OCI_RUNTIMES.contains(&name.as_str()) {
             // A container's rootfs is mounted before its runtime runs: mark it now.
             self.mark_new_filesystems();
+            if self.runtime_keys.len() < 64 && self.runtime_keys.insert(key) {
+                self.watch_runtime(pid, t0);
+            }
         }
         // The first exec from a filesystem mounted since the start: its mount point is scanned.
         let dev = format!("{}:{}", libc::major(meta.dev()), libc::minor(meta.dev()));
+        if !self.scanned_devs.contains(&dev) {
+            // A new filesystem's first exec: a runtime still unread may be the one starting it.
+            self.read_runtimes();
+        }
         let rootfs = if self.scanned_devs.contains(&dev) {
             None
         } else {
@@ -551,6 +625,62 @@ impl Thread {
         if !stalled {
             let _ = self.requests.send(Request::Probe { req, id: key.id, path: probe_path, pid, rootfs, annotated });
             poke(self.wake);
+        }
+    }
+
+    fn watch_runtime(&mut self, pid: u32, t0: Instant) {
+        if self.runtimes.len() >= RUNTIMES_MAX {
+            self.stats().config_failures += 1;
+            return;
+        }
+        let before = crate::attribution::oci::read_cmdline(std::path::Path::new("/proc"), pid).unwrap_or_default();
+        self.runtimes.push(Runtime { pid, before, t0 });
+    }
+
+    /// Reads the arguments of the runtimes whose exec has completed; a `create` or `run` has
+    /// its config read and its annotations sent to the session.
+    fn read_runtimes(&mut self) {
+        let proc_root = std::path::Path::new("/proc");
+        let mut i = 0;
+        while i < self.runtimes.len() {
+            let r = &self.runtimes[i];
+            let now = crate::attribution::oci::read_cmdline(proc_root, r.pid);
+            let waited = r.t0.elapsed();
+            let args = match now {
+                Ok(b) if b != r.before && !b.is_empty() => crate::attribution::oci::split_cmdline(&b),
+                Ok(_) if waited < RUNTIME_ARGS_WAIT => {
+                    i += 1;
+                    continue;
+                }
+                _ => {
+                    // Gone, or never changed: `runc init`, `state` and `kill` end this fast,
+                    // and a start that did is noted by its missing names, not here.
+                    self.runtimes.swap_remove(i);
+                    continue;
+                }
+            };
+            let r = self.runtimes.swap_remove(i);
+            let Some(call) = crate::attribution::oci::parse_args(&args) else { continue };
+            match crate::attribution::oci::read_for_runtime(proc_root, r.pid, &call) {
+                Ok(config) => {
+                    let names = crate::attribution::pods::PodNames::from_annotations(&config.annotations);
+                    {
+                        let mut st = self.stats();
+                        st.configs += 1;
+                        st.named += u64::from(names.is_some());
+                        st.config_read.add(r.t0.elapsed());
+                    }
+                    let _ = self.requests.send(Request::Container { id: call.container_id, names, file: config.file });
+                    poke(self.wake);
+                }
+                Err(e) => {
+                    let mut st = self.stats();
+                    st.config_failures += 1;
+                    if st.config_errors.len() < 8 {
+                        st.config_errors.push(format!("{} {} of container {} (pid {}): {e}", args[0], call.subcommand, call.container_id, r.pid));
+                    }
+                }
+            }
         }
     }
 
