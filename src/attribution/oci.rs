@@ -128,7 +128,8 @@ pub struct OciConfig {
 pub fn read_for_runtime(proc_root: &Path, pid: u32, call: &RuntimeCall) -> Result<OciConfig, String> {
     let dir = proc_root.join(pid.to_string());
     // A path as the runtime means it: absolute ones under its root, others under its cwd.
-    let resolve = |p: &Path| if p.is_absolute() { dir.join("root").join(p.strip_prefix("/").unwrap_or(p)) } else { dir.join("cwd").join(p) };
+    let resolve =
+        |p: &Path| if p.is_absolute() { dir.join("root").join(p.strip_prefix("/").unwrap_or(p)) } else { dir.join("cwd").join(p) };
     let bundle = call.bundle.as_deref().map_or_else(|| dir.join("cwd"), resolve);
     let file = call.config.as_deref().map_or_else(|| bundle.join("config.json"), resolve);
     read_config(&file, &bundle, &|p: &Path| if p.is_absolute() { resolve(p) } else { bundle.join(p) })
@@ -238,8 +239,11 @@ mod tests {
     #[test]
     fn a_config_gives_its_rootfs_and_annotations() {
         let b = tmp("good");
-        std::fs::write(b.join("config.json"), br#"{"ociVersion":"1.2.0","root":{"path":"rootfs","readonly":true},"annotations":{"io.kubernetes.pod.name":"trainer-0"}}"#)
-            .expect("write");
+        std::fs::write(
+            b.join("config.json"),
+            br#"{"ociVersion":"1.2.0","root":{"path":"rootfs","readonly":true},"annotations":{"io.kubernetes.pod.name":"trainer-0"}}"#,
+        )
+        .expect("write");
         let c = read_config(&b.join("config.json"), &b, &here(&b)).expect("read");
         assert_eq!(c.rootfs, b.join("rootfs"));
         assert_eq!(c.annotations.get("io.kubernetes.pod.name").map(String::as_str), Some("trainer-0"));

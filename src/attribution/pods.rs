@@ -114,11 +114,14 @@ mod tests {
             (n.pod_name.as_deref(), n.namespace.as_deref(), n.container_name.as_deref(), n.pod_uid.as_deref(), n.source),
             (Some("trainer-0"), Some("ml"), Some("main"), Some("u-1"), SOURCE_OCI)
         );
-        let cri: BTreeMap<String, String> =
-            [("io.kubernetes.cri.sandbox-name", "p"), ("io.kubernetes.cri.sandbox-namespace", "ns"), ("io.kubernetes.cri.container-name", "c")]
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
+        let cri: BTreeMap<String, String> = [
+            ("io.kubernetes.cri.sandbox-name", "p"),
+            ("io.kubernetes.cri.sandbox-namespace", "ns"),
+            ("io.kubernetes.cri.container-name", "c"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
         let n = PodNames::from_annotations(&cri).expect("named");
         assert_eq!((n.pod_name.as_deref(), n.namespace.as_deref(), n.container_name.as_deref()), (Some("p"), Some("ns"), Some("c")));
         assert_eq!(PodNames::from_annotations(&BTreeMap::from([("org.opencontainers.image.title".into(), "x".into())])), None);

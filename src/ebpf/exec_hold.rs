@@ -189,6 +189,11 @@ pub struct HoldStats {
     pub config_failures: u64,
     /// The first few of those.
     pub config_errors: Vec<String>,
+    /// Runtime execs whose new arguments were never read (the runtime gone first, or its
+    /// arguments unchanged), and the first few.
+    pub runtimes_unread: u64,
+    /// The first few of those.
+    pub runtime_errors: Vec<String>,
     /// Time from a runtime's exec to its config read, ns.
     pub config_read: Timing,
 }
@@ -230,6 +235,13 @@ impl HoldStats {
                 self.config_read.max_ns as f64 / 1e3,
                 self.named,
                 self.config_failures
+            ));
+        }
+        if self.runtimes_unread > 0 {
+            out.push(format!(
+                "exec hold: {} OCI runtime exec(s) whose arguments were not read (a start among them is named from its environment): {}",
+                self.runtimes_unread,
+                self.runtime_errors.join("; ")
             ));
         }
         for e in &self.config_errors {
@@ -291,15 +303,19 @@ pub fn drain_eventfd(fd: RawFd) {
     unsafe { libc::read(fd, b.as_mut_ptr().cast(), 8) };
 }
 
-/// One mount from `/proc/self/mountinfo`: device, filesystem type, mount point.
-fn mounts() -> Vec<(String, String, PathBuf)> {
+/// One mount from `/proc/self/mountinfo`: its superblock's key, device, filesystem type, mount
+/// point. The key is the device with the filesystem's type, source and super options: an
+/// overlay mounted after another was unmounted often gets its device number (and mount id)
+/// again, but never its `upperdir`, so a new container's rootfs is a new key.
+fn mounts() -> Vec<(String, String, String, PathBuf)> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let mut out = Vec::new();
     for line in text.lines() {
         let f: Vec<&str> = line.split(' ').collect();
         let Some(sep) = f.iter().position(|x| *x == "-") else { continue };
         let (Some(dev), Some(point), Some(fstype)) = (f.get(2), f.get(4), f.get(sep + 1)) else { continue };
-        out.push((dev.to_string(), fstype.to_string(), PathBuf::from(unescape(point))));
+        let sb = format!("{dev} {}", f[sep + 1..].join(" "));
+        out.push((sb, dev.to_string(), fstype.to_string(), PathBuf::from(unescape(point))));
     }
     out
 }
@@ -333,7 +349,13 @@ struct Thread {
     stall: Option<String>,
     cache: HashSet<Key>,
     cache_order: Vec<Key>,
+    /// Superblocks (keys of [`mounts`]) marked or refused, those still mounted.
     marked_devs: HashSet<String>,
+    /// Device → superblock key, as of the last reading of the mount table.
+    current_sb: HashMap<String, String>,
+    /// Devices of execs that the mount table does not list (a mount of another namespace),
+    /// until it changes: the table is not read again at each of their execs.
+    unlisted: HashSet<String>,
     /// Filesystems whose library roots were scanned (those of the start: by the session's scan).
     scanned_devs: HashSet<String>,
     pending: HashMap<u64, Pending>,
@@ -403,6 +425,8 @@ impl ExecHold {
             cache: HashSet::new(),
             cache_order: Vec::new(),
             marked_devs: HashSet::new(),
+            current_sb: HashMap::new(),
+            unlisted: HashSet::new(),
             scanned_devs: HashSet::new(),
             pending: HashMap::new(),
             by_key: HashMap::new(),
@@ -449,8 +473,27 @@ impl Thread {
 
     /// Marks every filesystem not marked yet.
     fn mark_new_filesystems(&mut self) {
-        for (dev, fstype, point) in mounts() {
-            if self.marked_devs.contains(&dev) || SKIPPED_FS.contains(&fstype.as_str()) || fstype.starts_with("fuse") {
+        let all = mounts();
+        self.unlisted.clear();
+        let now: HashMap<String, String> = all.iter().map(|(sb, dev, _, _)| (dev.clone(), sb.clone())).collect();
+        // A device number now another superblock's (an overlay unmounted, another mounted):
+        // the files cached under it were the old one's (an overlay's files keep their lower
+        // layer's inode numbers, so a new container of the same image would hit them).
+        let stale: HashSet<&String> = self.current_sb.iter().filter(|(d, k)| now.get(*d) != Some(*k)).map(|(d, _)| d).collect();
+        if !stale.is_empty() {
+            let dev_of = |k: &Key| format!("{}:{}", libc::major(k.id.dev), libc::minor(k.id.dev));
+            self.cache.retain(|k| !stale.contains(&dev_of(k)));
+            let cache = &self.cache;
+            self.cache_order.retain(|k| cache.contains(k));
+            self.runtime_keys.retain(|k| !stale.contains(&dev_of(k)));
+        }
+        self.current_sb = now;
+        // Unmounted filesystems are forgotten (bounded; a key is never mounted again).
+        let present: HashSet<&String> = all.iter().map(|m| &m.0).collect();
+        self.marked_devs.retain(|k| present.contains(k));
+        self.scanned_devs.retain(|k| present.contains(k));
+        for (sb, _, fstype, point) in all.iter().cloned() {
+            if self.marked_devs.contains(&sb) || SKIPPED_FS.contains(&fstype.as_str()) || fstype.starts_with("fuse") {
                 continue;
             }
             let Ok(c) = std::ffi::CString::new(point.as_os_str().as_encoded_bytes()) else { continue };
@@ -465,7 +508,7 @@ impl Thread {
                 )
             };
             // A device refused once is not tried again at each change of the mount table.
-            self.marked_devs.insert(dev.clone());
+            self.marked_devs.insert(sb.clone());
             let mut st = self.stats();
             if rc == 0 {
                 st.marked += 1;
@@ -591,19 +634,26 @@ impl Thread {
         }
         // The first exec from a filesystem mounted since the start: its mount point is scanned.
         let dev = format!("{}:{}", libc::major(meta.dev()), libc::minor(meta.dev()));
-        if !self.scanned_devs.contains(&dev) {
-            // A new filesystem's first exec: a runtime still unread may be the one starting it.
+        let new_fs = |t: &Thread| match t.current_sb.get(&dev) {
+            Some(sb) => !t.scanned_devs.contains(sb),
+            None => !t.unlisted.contains(&dev),
+        };
+        if new_fs(self) {
+            // Maybe a new filesystem's first exec: the mount table read again (its device may
+            // be an unmounted one's), and a runtime still unread may be the one starting it.
+            self.mark_new_filesystems();
             self.read_runtimes();
         }
-        let rootfs = if self.scanned_devs.contains(&dev) {
-            None
-        } else {
-            if self.scanned_devs.len() >= CACHE_MAX {
-                // Bounded: a filesystem forgotten is only scanned again at its next first exec.
-                self.scanned_devs = self.marked_devs.clone();
+        let rootfs = match self.current_sb.get(&dev).cloned() {
+            Some(sb) if !self.scanned_devs.contains(&sb) => {
+                self.scanned_devs.insert(sb.clone());
+                mounts().into_iter().find(|m| m.0 == sb).map(|m| m.3)
             }
-            self.scanned_devs.insert(dev.clone());
-            mounts().into_iter().find(|(d, _, _)| *d == dev).map(|(_, _, point)| point)
+            Some(_) => None,
+            None => {
+                self.unlisted.insert(dev.clone());
+                None
+            }
         };
         let annotated = !super::symbols::annotate_probes_in(file).is_empty();
         if !annotated && rootfs.is_none() {
@@ -634,6 +684,10 @@ impl Thread {
             return;
         }
         let before = crate::attribution::oci::read_cmdline(std::path::Path::new("/proc"), pid).unwrap_or_default();
+        // A runtime's own `init` re-executing itself starts no container.
+        if crate::attribution::oci::split_cmdline(&before).get(1).is_some_and(|a| a == "init") {
+            return;
+        }
         self.runtimes.push(Runtime { pid, before, t0 });
     }
 
@@ -652,10 +706,29 @@ impl Thread {
                     i += 1;
                     continue;
                 }
-                _ => {
-                    // Gone, or never changed: `runc init`, `state` and `kill` end this fast,
-                    // and a start that did is noted by its missing names, not here.
-                    self.runtimes.swap_remove(i);
+                other => {
+                    // Gone, or never changed (a `state` or `kill` may end this fast): counted.
+                    let r = self.runtimes.swap_remove(i);
+                    let why = match other {
+                        Ok(b) if b.is_empty() => {
+                            format!("it exited after {} ms (a zombie) before its arguments were read", waited.as_millis())
+                        }
+                        Ok(b) => format!(
+                            "its arguments stayed {:?} for {} ms",
+                            String::from_utf8_lossy(&b[..b.len().min(80)]),
+                            waited.as_millis()
+                        ),
+                        Err(e) => format!(
+                            "gone after {} µs ({e}), its arguments {:?} until then",
+                            waited.as_micros(),
+                            String::from_utf8_lossy(&r.before[..r.before.len().min(80)])
+                        ),
+                    };
+                    let mut st = self.stats();
+                    st.runtimes_unread += 1;
+                    if st.runtime_errors.len() < 4 {
+                        st.runtime_errors.push(format!("pid {}: {why}", r.pid));
+                    }
                     continue;
                 }
             };
@@ -677,7 +750,8 @@ impl Thread {
                     let mut st = self.stats();
                     st.config_failures += 1;
                     if st.config_errors.len() < 8 {
-                        st.config_errors.push(format!("{} {} of container {} (pid {}): {e}", args[0], call.subcommand, call.container_id, r.pid));
+                        st.config_errors
+                            .push(format!("{} {} of container {} (pid {}): {e}", args[0], call.subcommand, call.container_id, r.pid));
                     }
                 }
             }
