@@ -492,7 +492,7 @@ impl Thread {
         let present: HashSet<&String> = all.iter().map(|m| &m.0).collect();
         self.marked_devs.retain(|k| present.contains(k));
         self.scanned_devs.retain(|k| present.contains(k));
-        for (sb, _, fstype, point) in all.iter().cloned() {
+        for (sb, _, fstype, point) in all {
             if self.marked_devs.contains(&sb) || SKIPPED_FS.contains(&fstype.as_str()) || fstype.starts_with("fuse") {
                 continue;
             }
