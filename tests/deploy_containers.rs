@@ -138,7 +138,7 @@ fn wait_log(name: &str, needle: &str, within: Duration) -> bool {
         if logs(name).contains(needle) {
             return true;
         }
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(50));
     }
     false
 }
@@ -326,25 +326,15 @@ const FRAG_STRANDED: u64 = 2_097_152_000;
 const FRAG_LARGEST_FREE_BLOCK: u64 = 209_715_200;
 const FRAG_REQUESTED: u64 = 2_684_354_560;
 
-/// Must show (issue 26): the agent with only the driver named (no workload executable), then
-/// `frag-oom` started in a new podman/runc container (simcuda's driver and runtime and the
-/// workload bind-mounted from the host, as the NVIDIA toolkit mounts a driver): the workload's
-/// first exec in the container is held until its annotation probes are in, so the verdict is
-/// `fragmentation` with run's figures, under the container's id, traced from its first call.
-#[test]
-fn frag_oom_in_a_new_container_is_judged_from_its_first_call_by_an_agent_given_only_the_driver() {
-    if let Some((what, how)) = missing() {
-        tool_support::missing(&what, &how);
-        return;
-    }
-    let name = format!("gpufrag-firstcall-{}", std::process::id());
-    let _cleanup = Cleanup { containers: vec![name.clone()], image: String::new() };
-    let canon = |n: &str| std::fs::canonicalize(simcuda_dir().join(n)).expect("simcuda built").display().to_string();
-    let summary = unique("container-firstcall.json");
+/// The agent as an operator starts it: a clean environment, only the driver named, its summary
+/// written to `summary` when it stops.
+fn start_driver_only_agent(summary: &Path, extra: &[&str]) -> (std::process::Child, support::Lines) {
+    let lib = std::fs::canonicalize(simcuda_dir().join("libcuda.so.1")).expect("simcuda built").display().to_string();
     let mut agent = Command::new(gpufrag())
         .args(["agent", "--keep-exited", "--summary-json"])
-        .arg(&summary)
-        .args(["--lib", &canon("libcuda.so.1")])
+        .arg(summary)
+        .args(["--lib", &lib])
+        .args(extra)
         .env_clear()
         .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
         .stdout(Stdio::null())
@@ -353,10 +343,16 @@ fn frag_oom_in_a_new_container_is_judged_from_its_first_call_by_an_agent_given_o
         .expect("agent");
     let mut err = support::Lines::new(agent.stderr.take().expect("stderr"));
     assert!(err.wait_for("agent: tracing", Duration::from_secs(120)), "{}", err.rest());
-    let state = unique("container-state");
-    std::fs::create_dir_all(&state).expect("state");
+    (agent, err)
+}
+
+/// `podman run -d --name NAME` of simcuda-workload (simcuda's driver and runtime and the
+/// workload bind-mounted from the host, as the NVIDIA toolkit mounts a driver), `extra` before
+/// the image.
+fn workload_container(name: &str, state: &Path, extra: &[&str], args: &[&str]) -> Vec<String> {
+    let canon = |n: &str| std::fs::canonicalize(simcuda_dir().join(n)).expect("simcuda built").display().to_string();
     let workload = std::fs::canonicalize(gpufrag().parent().expect("dir").join("simcuda-workload")).expect("simcuda-workload built");
-    let mut a: Vec<String> = ["run", "-d", "--name", &name, "-e", "LD_LIBRARY_PATH=/usr/local/lib/simcuda", "-e", "SIMCUDA_DEVICES=1"]
+    let mut a: Vec<String> = ["run", "-d", "--name", name, "-e", "LD_LIBRARY_PATH=/usr/local/lib/simcuda", "-e", "SIMCUDA_DEVICES=1"]
         .iter()
         .map(|s| s.to_string())
         .collect();
@@ -366,7 +362,34 @@ fn frag_oom_in_a_new_container_is_judged_from_its_first_call_by_an_agent_given_o
     a.extend(["-v".into(), format!("{}:/run/simcuda", state.display()), "-e".into(), "SIMCUDA_STATE_DIR=/run/simcuda".into()]);
     a.extend(["-v".into(), format!("{}:/usr/local/bin/simcuda-workload:ro", workload.display())]);
     a.extend(LIMITS.iter().map(|s| s.to_string()));
-    a.extend([BASE_IMAGE.to_string(), "/usr/local/bin/simcuda-workload".into(), "frag-oom".into()]);
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a.extend([BASE_IMAGE.to_string(), "/usr/local/bin/simcuda-workload".into()]);
+    a.extend(args.iter().map(|s| s.to_string()));
+    a
+}
+
+/// Stops the agent (SIGINT) and reads its summary.
+fn stop_agent(mut agent: std::process::Child, mut err: support::Lines, summary: &Path) -> (Value, String) {
+    std::thread::sleep(Duration::from_millis(700));
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
+    let st = support::wait_timeout(&mut agent, Duration::from_secs(60));
+    let alog = err.rest();
+    assert!(st.success(), "agent: {st}\n{alog}");
+    (serde_json::from_str(&std::fs::read_to_string(summary).expect("summary")).expect("json"), alog)
+}
+
+/// Runs frag-oom in a new container (`extra` podman options) under a driver-only agent and
+/// checks the verdict, exact from the first call; the container's one process's summary and
+/// the agent's summary.
+fn frag_oom_in_container(tag: &str, extra: &[&str]) -> (Value, Value) {
+    let name = format!("gpufrag-{tag}-{}", std::process::id());
+    let _cleanup = Cleanup { containers: vec![name.clone()], image: String::new() };
+    let summary = unique(&format!("container-{tag}.json"));
+    let (agent, err) = start_driver_only_agent(&summary, &[]);
+    let state = unique("container-state");
+    std::fs::create_dir_all(&state).expect("state");
+    let a = workload_container(&name, &state, extra, &["frag-oom"]);
     let argv: Vec<&str> = a.iter().map(String::as_str).collect();
     let t = Instant::now();
     let id = podman_ok(&argv);
@@ -374,13 +397,7 @@ fn frag_oom_in_a_new_container_is_judged_from_its_first_call_by_an_agent_given_o
     let took = t.elapsed();
     let log = logs(&name);
     assert_eq!(code, "0", "frag-oom in the container: {log}");
-    std::thread::sleep(Duration::from_millis(700));
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
-    let st = support::wait_timeout(&mut agent, Duration::from_secs(60));
-    let alog = err.rest();
-    assert!(st.success(), "agent: {st}\n{alog}");
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).expect("json");
+    let (s, alog) = stop_agent(agent, err, &summary);
     let procs: Vec<&Value> =
         s["processes"].as_array().expect("processes").iter().filter(|p| p["container_id"].as_str() == Some(id.as_str())).collect();
     assert_eq!(procs.len(), 1, "one process of container {id}: {:#}\n{alog}", s["processes"]);
@@ -399,4 +416,158 @@ fn frag_oom_in_a_new_container_is_judged_from_its_first_call_by_an_agent_given_o
     let hold = s["notes"].as_array().expect("notes").iter().filter_map(Value::as_str).find(|n| n.starts_with("exec hold")).unwrap_or("");
     assert!(!hold.contains("held until probed 0 "), "the container's exec was not held: {hold}");
     eprintln!("container start to exit {took:?}; {hold}");
+    (procs[0].clone(), s)
+}
+
+/// Must show (issue 26): the agent with only the driver named (no workload executable), then
+/// `frag-oom` started in a new podman/runc container: the workload's first exec in the
+/// container is held until its annotation probes are in, so the verdict is `fragmentation` with
+/// run's figures, under the container's id, traced from its first call.
+#[test]
+fn frag_oom_in_a_new_container_is_judged_from_its_first_call_by_an_agent_given_only_the_driver() {
+    if let Some((what, how)) = missing() {
+        tool_support::missing(&what, &how);
+        return;
+    }
+    frag_oom_in_container("firstcall", &[]);
+}
+
+fn notes(s: &Value) -> Vec<String> {
+    s["notes"].as_array().expect("notes").iter().filter_map(Value::as_str).map(String::from).collect()
+}
+
+/// Must show (issue 26, item 4): a container started with the OCI annotations of a pod (what the
+/// kubelet's runtime writes into the bundle's config.json) is named from them, over what its own
+/// environment claims, and the summary says so; the verdict is still exact from the first call.
+#[test]
+fn a_container_with_a_pods_oci_annotations_is_named_from_them_not_from_its_environment() {
+    if let Some((what, how)) = missing() {
+        tool_support::missing(&what, &how);
+        return;
+    }
+    let (p, s) = frag_oom_in_container(
+        "annotated",
+        &[
+            "--annotation",
+            "io.kubernetes.pod.name=trainer-7",
+            "--annotation",
+            "io.kubernetes.pod.namespace=ml-team",
+            "--annotation",
+            "io.kubernetes.container.name=main",
+            // What a misconfigured pod says of itself: the node's word wins.
+            "-e",
+            "K8S_POD_NAME=wrong-name",
+            "-e",
+            "POD_NAMESPACE=wrong-namespace",
+        ],
+    );
+    assert_eq!(
+        (p["k8s_pod_name"].as_str(), p["k8s_namespace_name"].as_str(), p["k8s_container_name"].as_str(), p["identity_source"].as_str()),
+        (Some("trainer-7"), Some("ml-team"), Some("main"), Some("oci-annotations")),
+        "{p:#}\n{:#?}",
+        notes(&s)
+    );
+    let n = notes(&s);
+    assert!(n.iter().any(|l| l.contains("config.json read for 1 ") && l.contains("1 naming a pod")), "{n:#?}");
+}
+
+/// Must show (issue 26): the agent killed while it holds a new container's first exec (a hold
+/// the agent is told never to answer, with a 2-minute timeout): the container's process runs
+/// anyway, at once, since the kernel answers FAN_ALLOW for every pending permission event when
+/// the fanotify descriptor closes.
+#[test]
+fn a_container_held_when_the_agent_is_killed_starts_anyway() {
+    if let Some((what, how)) = missing() {
+        tool_support::missing(&what, &how);
+        return;
+    }
+    let name = format!("gpufrag-killedhold-{}", std::process::id());
+    let _cleanup = Cleanup { containers: vec![name.clone()], image: String::new() };
+    let summary = unique("container-killed.json");
+    let (mut agent, _err) = start_driver_only_agent(&summary, &["--exec-hold-ms", "120000", "--exec-hold-stall", "simcuda-workload"]);
+    let state = unique("container-state");
+    std::fs::create_dir_all(&state).expect("state");
+    let a = workload_container(&name, &state, &[], &["basic", "1MiB"]);
+    // In a thread: whether `podman run -d` returns while the container's process is held at
+    // its exec of the workload is podman's business.
+    std::thread::spawn(move || {
+        let argv: Vec<&str> = a.iter().map(String::as_str).collect();
+        let _ = podman(&argv);
+    });
+    std::thread::sleep(Duration::from_secs(4));
+    let before = logs(&name);
+    let status = podman(&["inspect", "--format", "{{.State.Status}}", &name]);
+    let status = String::from_utf8_lossy(&status.stdout).trim().to_string();
+    assert!(
+        !before.contains("RESULT"),
+        "the container's process was not held (it printed before the agent was killed, status {status}): {before}"
+    );
+    let killed = Instant::now();
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGKILL) }, 0);
+    let _ = agent.wait();
+    let dead = killed.elapsed();
+    // The workload's own output, polled: podman's `wait` adds its own latency.
+    let printed = wait_log(&name, "RESULT", Duration::from_secs(30));
+    let went_on = killed.elapsed();
+    let code = podman_ok(&["wait", &name]);
+    let log = logs(&name);
+    assert!(printed, "the held container printed nothing within 30 s of the agent's death: {log}");
+    assert_eq!(code, "0", "the held container after the agent was killed: {log}");
+    eprintln!(
+        "held container (status {status} while held): the agent was reaped {dead:?} after SIGKILL, the workload's output appeared {went_on:?} after it, podman wait returned {:?} after it",
+        killed.elapsed()
+    );
+}
+
+/// The hold's delay per container start (issue 26, item 1): N=10 `podman run --rm` of a
+/// container with a fresh rootfs, without the agent and under a driver-only agent (each start's
+/// first exec from its new rootfs is held while the rootfs is scanned and its config read).
+/// Figures in docs/benchmarks.md; run alone for figures without other tests' agents.
+#[test]
+fn the_hold_delay_per_container_start_is_measured() {
+    if let Some((what, how)) = missing() {
+        tool_support::missing(&what, &how);
+        return;
+    }
+    const N: usize = 10;
+    let starts = |tag: &str, n: usize| -> Vec<Duration> {
+        (0..n)
+            .map(|i| {
+                let name = format!("gpufrag-bench-{tag}-{i}-{}", std::process::id());
+                let _c = Cleanup { containers: vec![name.clone()], image: String::new() };
+                let t = Instant::now();
+                let mut a = vec!["run", "--rm", "--name", &name, "--annotation", "io.kubernetes.pod.name=bench"];
+                a.extend(LIMITS);
+                a.extend([BASE_IMAGE, "/bin/true"]);
+                podman_ok(&a);
+                t.elapsed()
+            })
+            .collect()
+    };
+    let stats = |v: &[Duration]| {
+        let mut ms: Vec<f64> = v.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+        ms.sort_by(f64::total_cmp);
+        (ms.iter().sum::<f64>() / ms.len() as f64, ms[ms.len() / 2], ms[ms.len() - 1])
+    };
+    // One start first, so that neither side pays podman's first-run costs.
+    let _ = starts("warm", 1);
+    let bare = stats(&starts("bare", N));
+    let summary = unique("container-bench.json");
+    let (agent, err) = start_driver_only_agent(&summary, &[]);
+    let held = stats(&starts("held", N));
+    let (s, alog) = stop_agent(agent, err, &summary);
+    let n = notes(&s);
+    let rootfs = n.iter().find(|l| l.contains("held while its library roots were scanned")).cloned().unwrap_or_default();
+    let configs = n.iter().find(|l| l.contains("container start(s) by an OCI runtime")).cloned().unwrap_or_default();
+    let unread = n.iter().find(|l| l.contains("whose arguments were not read")).cloned().unwrap_or_default();
+    // Every start is held (the delay measured is the hold's); a runtime exec whose arguments
+    // were missed (issue 26: 0-2 of 10 on this VM, see docs/benchmarks.md) is counted and
+    // printed, never a failed config.
+    assert!(configs.contains("; 0 not read"), "no config failed to read: {configs}\n{n:#?}\n{alog}");
+    assert!(rootfs.contains(&format!("scanned {N} ")), "every start's rootfs held and scanned: {rootfs}\n{n:#?}");
+    eprintln!(
+        "podman run --rm /bin/true, N={N}: without the agent mean {:.1} ms (median {:.1}, max {:.1}); under the agent mean {:.1} ms (median {:.1}, max {:.1}); {rootfs}; {configs}; {unread}",
+        bare.0, bare.1, bare.2, held.0, held.1, held.2
+    );
 }

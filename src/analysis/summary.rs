@@ -181,6 +181,10 @@ pub struct ProcessSummary {
     /// `k8s.container.name`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub k8s_container_name: Option<String>,
+    /// Which source named its pod and container: `oci-annotations` (the runtime's config of the
+    /// container, read as it started), `environment` (the container's own variables).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity_source: Option<String>,
     /// The process ended (a `ProcessExit` was seen); its figures are its last. Left out while
     /// it runs.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -413,6 +417,7 @@ impl Summary {
                 p.k8s_pod_name = id.pod_name.clone();
                 p.k8s_namespace_name = id.namespace.clone();
                 p.k8s_container_name = id.container_name.clone();
+                p.identity_source = id.identity_source.map(String::from);
             }
         }
         for o in &mut self.ooms {
@@ -454,6 +459,7 @@ impl Summary {
                     k8s_pod_name: None,
                     k8s_namespace_name: None,
                     k8s_container_name: None,
+                    identity_source: None,
                     exited: state.exited.contains_key(&s.pid),
                     owners: owner_bytes(&s.owners),
                 });

@@ -16,6 +16,8 @@
 
 pub mod cgroup;
 pub mod gpu;
+pub mod oci;
+pub mod pods;
 
 use gpu::{NodeGpus, VisibleEnv};
 use std::collections::{BTreeMap, HashMap};
@@ -49,6 +51,9 @@ pub struct Identity {
     pub namespace: Option<String>,
     /// `k8s.container.name`.
     pub container_name: Option<String>,
+    /// Which source named its pod and container ([`pods::SOURCE_OCI`]: the runtime's OCI
+    /// annotations; [`pods::SOURCE_ENV`]: the container's own environment), `None` when none did.
+    pub identity_source: Option<&'static str>,
 }
 
 impl Identity {
@@ -131,6 +136,9 @@ pub struct ProcRead {
     /// The pod namespace file of the process's root (the service account's), `None` when it
     /// has none, or why the root could not be reached.
     pub namespace: Result<Option<String>, String>,
+    /// What the node said of the process's container ([`pods::NodePods`]), filled by the source
+    /// that knows it (the eBPF session, from the exec hold's reading of the runtime's config).
+    pub node: Option<Arc<pods::PodNames>>,
 }
 
 impl ProcRead {
@@ -161,7 +169,7 @@ impl ProcRead {
         };
         // A process that has exited (a zombie) reads as an empty environment: not its own.
         let environ = take("environ").and_then(|b| if b.is_empty() { Err("empty (the process has exited)".to_string()) } else { Ok(b) });
-        ProcRead { exe, cgroup: take("cgroup").map(|b| String::from_utf8_lossy(&b).into_owned()), environ, namespace }
+        ProcRead { exe, cgroup: take("cgroup").map(|b| String::from_utf8_lossy(&b).into_owned()), environ, namespace, node: None }
     }
 }
 
@@ -293,8 +301,19 @@ impl Attribution {
                 // The kubelet sets HOSTNAME to the pod's name (unless the pod sets spec.hostname).
                 id.pod_name = get(&["HOSTNAME"]);
             }
+            if id.pod_name.is_some() || id.namespace.is_some() || id.container_name.is_some() {
+                id.identity_source = Some(pods::SOURCE_ENV);
+            }
             visible =
                 Some(VisibleEnv { nvidia: env.get("NVIDIA_VISIBLE_DEVICES").cloned(), cuda: env.get("CUDA_VISIBLE_DEVICES").cloned() });
+        }
+        if let Some(n) = &read.node {
+            // The node's word over the container's own: a container cannot misname itself.
+            id.pod_name = n.pod_name.clone();
+            id.namespace = n.namespace.clone();
+            id.container_name = n.container_name.clone();
+            id.pod_uid = n.pod_uid.clone().or(id.pod_uid);
+            id.identity_source = Some(n.source);
         }
         if id.pod_uid.is_some() && id.namespace.is_none() {
             // Every pod with a service account has its namespace in a file of its own root.

@@ -20,6 +20,16 @@
 //! pending permission event when the fanotify descriptor closes (`fanotify_release`), which
 //! `tests/ebpf_node_agent.rs` checks with SIGKILL.
 //!
+//! An OCI runtime's exec (runc, crun) is let go at once, and its arguments are read as soon as
+//! the exec has replaced them (the thread looks every millisecond while one is pending; at the
+//! exec itself `/proc/PID/cmdline` is still the caller's): a `create` or `run` names its bundle
+//! (`--bundle`, else its working directory), whose `config.json` gives the container's rootfs
+//! and annotations ([`crate::attribution::oci`]). The annotations go to the session
+//! ([`Request::Container`]) before the container's first exec (from its rootfs, a new
+//! filesystem) is held and scanned, so its processes are named from them. A config that is
+//! missing, over 4 MiB, malformed, or a runtime gone before its arguments could be read, is a
+//! counted note; the container is never held for it.
+//!
 //! The thread never blocks on the session: it sends requests over a channel and wakes the
 //! session's ring poll through an eventfd in the ring's epoll set; replies come back the same way.
 
@@ -101,6 +111,15 @@ pub enum Request {
     /// A file looked at that needs no probe (the session stops asking the exec tracepoint
     /// about it).
     Looked(FileId),
+    /// An OCI runtime is starting container `id`: its config's annotations name its pod.
+    Container {
+        /// The runtime's container id (the one its cgroup path carries).
+        id: String,
+        /// Its names, when the annotations name a pod.
+        names: Option<crate::attribution::pods::PodNames>,
+        /// The config file read.
+        file: PathBuf,
+    },
     /// The timeout released these processes before the file's probes were in: not exact.
     Released {
         /// The file.
@@ -161,6 +180,22 @@ pub struct HoldStats {
     pub marked: u64,
     /// Marks refused.
     pub mark_failures: Vec<String>,
+    /// Container starts whose runtime config was read (`create`/`run` of runc or crun).
+    pub configs: u64,
+    /// Of those, configs naming a pod in their annotations.
+    pub named: u64,
+    /// Container starts whose config could not be read (missing, huge, malformed, the runtime
+    /// gone), and why (the first few).
+    pub config_failures: u64,
+    /// The first few of those.
+    pub config_errors: Vec<String>,
+    /// Runtime execs whose new arguments were never read (the runtime gone first, or its
+    /// arguments unchanged), and the first few.
+    pub runtimes_unread: u64,
+    /// The first few of those.
+    pub runtime_errors: Vec<String>,
+    /// Time from a runtime's exec to its config read, ns.
+    pub config_read: Timing,
 }
 
 impl HoldStats {
@@ -190,6 +225,27 @@ impl HoldStats {
         }
         if self.unexamined > 0 {
             out.push(format!("exec hold: {} exec(s) let go unexamined (no file descriptor in the event)", self.unexamined));
+        }
+        if self.configs + self.config_failures > 0 {
+            out.push(format!(
+                "exec hold: {} container start(s) by an OCI runtime: config.json read for {} (mean {:.1} µs from the runtime's exec, max {:.1} µs), {} naming a pod in its annotations; {} not read",
+                self.configs + self.config_failures,
+                self.configs,
+                self.config_read.mean_us(),
+                self.config_read.max_ns as f64 / 1e3,
+                self.named,
+                self.config_failures
+            ));
+        }
+        if self.runtimes_unread > 0 {
+            out.push(format!(
+                "exec hold: {} OCI runtime exec(s) whose arguments were not read (a start among them is named from its environment): {}",
+                self.runtimes_unread,
+                self.runtime_errors.join("; ")
+            ));
+        }
+        for e in &self.config_errors {
+            out.push(format!("exec hold: a container's config was not read: {e}: its processes are named from their environment"));
         }
         for f in &self.mark_failures {
             out.push(format!("exec hold: {f}: execs there are not held (their first process may be seen late)"));
@@ -247,15 +303,19 @@ pub fn drain_eventfd(fd: RawFd) {
     unsafe { libc::read(fd, b.as_mut_ptr().cast(), 8) };
 }
 
-/// One mount from `/proc/self/mountinfo`: device, filesystem type, mount point.
-fn mounts() -> Vec<(String, String, PathBuf)> {
+/// One mount from `/proc/self/mountinfo`: its superblock's key, device, filesystem type, mount
+/// point. The key is the device with the filesystem's type, source and super options: an
+/// overlay mounted after another was unmounted often gets its device number (and mount id)
+/// again, but never its `upperdir`, so a new container's rootfs is a new key.
+fn mounts() -> Vec<(String, String, String, PathBuf)> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let mut out = Vec::new();
     for line in text.lines() {
         let f: Vec<&str> = line.split(' ').collect();
         let Some(sep) = f.iter().position(|x| *x == "-") else { continue };
         let (Some(dev), Some(point), Some(fstype)) = (f.get(2), f.get(4), f.get(sep + 1)) else { continue };
-        out.push((dev.to_string(), fstype.to_string(), PathBuf::from(unescape(point))));
+        let sb = format!("{dev} {}", f[sep + 1..].join(" "));
+        out.push((sb, dev.to_string(), fstype.to_string(), PathBuf::from(unescape(point))));
     }
     out
 }
@@ -289,13 +349,36 @@ struct Thread {
     stall: Option<String>,
     cache: HashSet<Key>,
     cache_order: Vec<Key>,
+    /// Superblocks (keys of [`mounts`]) marked or refused, those still mounted.
     marked_devs: HashSet<String>,
+    /// Device → superblock key, as of the last reading of the mount table.
+    current_sb: HashMap<String, String>,
+    /// Devices of execs that the mount table does not list (a mount of another namespace),
+    /// until it changes: the table is not read again at each of their execs.
+    unlisted: HashSet<String>,
     /// Filesystems whose library roots were scanned (those of the start: by the session's scan).
     scanned_devs: HashSet<String>,
     pending: HashMap<u64, Pending>,
     by_key: HashMap<Key, u64>,
     next_req: u64,
+    /// The OCI runtime binaries seen (their later execs are cache hits).
+    runtime_keys: HashSet<Key>,
+    /// Runtimes let go whose arguments are not read yet.
+    runtimes: Vec<Runtime>,
 }
+
+/// An OCI runtime exec let go, waiting for its new arguments.
+struct Runtime {
+    pid: u32,
+    /// `/proc/PID/cmdline` at the exec (the caller's).
+    before: Vec<u8>,
+    t0: Instant,
+}
+
+/// How long a runtime's new arguments are waited for (an exec completes in microseconds).
+const RUNTIME_ARGS_WAIT: Duration = Duration::from_millis(500);
+/// Runtimes watched at once at most (each exits or is read within [`RUNTIME_ARGS_WAIT`]).
+const RUNTIMES_MAX: usize = 256;
 
 struct Pending {
     key: Key,
@@ -342,10 +425,14 @@ impl ExecHold {
             cache: HashSet::new(),
             cache_order: Vec::new(),
             marked_devs: HashSet::new(),
+            current_sb: HashMap::new(),
+            unlisted: HashSet::new(),
             scanned_devs: HashSet::new(),
             pending: HashMap::new(),
             by_key: HashMap::new(),
             next_req: 1,
+            runtime_keys: HashSet::new(),
+            runtimes: Vec::new(),
         };
         t.mark_new_filesystems();
         t.scanned_devs = t.marked_devs.clone();
@@ -386,8 +473,27 @@ impl Thread {
 
     /// Marks every filesystem not marked yet.
     fn mark_new_filesystems(&mut self) {
-        for (dev, fstype, point) in mounts() {
-            if self.marked_devs.contains(&dev) || SKIPPED_FS.contains(&fstype.as_str()) || fstype.starts_with("fuse") {
+        let all = mounts();
+        self.unlisted.clear();
+        let now: HashMap<String, String> = all.iter().map(|(sb, dev, _, _)| (dev.clone(), sb.clone())).collect();
+        // A device number now another superblock's (an overlay unmounted, another mounted):
+        // the files cached under it were the old one's (an overlay's files keep their lower
+        // layer's inode numbers, so a new container of the same image would hit them).
+        let stale: HashSet<&String> = self.current_sb.iter().filter(|(d, k)| now.get(*d) != Some(*k)).map(|(d, _)| d).collect();
+        if !stale.is_empty() {
+            let dev_of = |k: &Key| format!("{}:{}", libc::major(k.id.dev), libc::minor(k.id.dev));
+            self.cache.retain(|k| !stale.contains(&dev_of(k)));
+            let cache = &self.cache;
+            self.cache_order.retain(|k| cache.contains(k));
+            self.runtime_keys.retain(|k| !stale.contains(&dev_of(k)));
+        }
+        self.current_sb = now;
+        // Unmounted filesystems are forgotten (bounded; a key is never mounted again).
+        let present: HashSet<&String> = all.iter().map(|m| &m.0).collect();
+        self.marked_devs.retain(|k| present.contains(k));
+        self.scanned_devs.retain(|k| present.contains(k));
+        for (sb, _, fstype, point) in all {
+            if self.marked_devs.contains(&sb) || SKIPPED_FS.contains(&fstype.as_str()) || fstype.starts_with("fuse") {
                 continue;
             }
             let Ok(c) = std::ffi::CString::new(point.as_os_str().as_encoded_bytes()) else { continue };
@@ -402,7 +508,7 @@ impl Thread {
                 )
             };
             // A device refused once is not tried again at each change of the mount table.
-            self.marked_devs.insert(dev.clone());
+            self.marked_devs.insert(sb.clone());
             let mut st = self.stats();
             if rc == 0 {
                 st.marked += 1;
@@ -442,7 +548,7 @@ impl Thread {
                 fds.push(libc::pollfd { fd: m.as_raw_fd(), events: libc::POLLPRI, revents: 0 });
             }
             let wait = self.pending.values().map(|p| p.deadline.saturating_duration_since(Instant::now())).min();
-            let ms = wait.map_or(200, |w| w.as_millis().clamp(1, 200) as i32);
+            let ms = if self.runtimes.is_empty() { wait.map_or(200, |w| w.as_millis().clamp(1, 200) as i32) } else { 1 };
             // SAFETY: poll(2) over descriptors we hold.
             unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
             if fds.get(2).is_some_and(|f| f.revents & (libc::POLLPRI | libc::POLLERR) != 0) {
@@ -450,6 +556,7 @@ impl Thread {
             }
             drain_eventfd(self.answer_wake.as_raw_fd());
             self.read_events(&mut buf);
+            self.read_runtimes();
             self.take_answers();
             self.expire();
         }
@@ -502,6 +609,9 @@ impl Thread {
             ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
             size: meta.size(),
         };
+        if self.runtime_keys.contains(&key) {
+            self.watch_runtime(pid, t0);
+        }
         if pid == std::process::id() || self.cache.contains(&key) {
             self.respond(&fd);
             self.stats().repeated.add(t0.elapsed());
@@ -518,18 +628,32 @@ impl Thread {
         if OCI_RUNTIMES.contains(&name.as_str()) {
             // A container's rootfs is mounted before its runtime runs: mark it now.
             self.mark_new_filesystems();
+            if self.runtime_keys.len() < 64 && self.runtime_keys.insert(key) {
+                self.watch_runtime(pid, t0);
+            }
         }
         // The first exec from a filesystem mounted since the start: its mount point is scanned.
         let dev = format!("{}:{}", libc::major(meta.dev()), libc::minor(meta.dev()));
-        let rootfs = if self.scanned_devs.contains(&dev) {
-            None
-        } else {
-            if self.scanned_devs.len() >= CACHE_MAX {
-                // Bounded: a filesystem forgotten is only scanned again at its next first exec.
-                self.scanned_devs = self.marked_devs.clone();
+        let new_fs = |t: &Thread| match t.current_sb.get(&dev) {
+            Some(sb) => !t.scanned_devs.contains(sb),
+            None => !t.unlisted.contains(&dev),
+        };
+        if new_fs(self) {
+            // Maybe a new filesystem's first exec: the mount table read again (its device may
+            // be an unmounted one's), and a runtime still unread may be the one starting it.
+            self.mark_new_filesystems();
+            self.read_runtimes();
+        }
+        let rootfs = match self.current_sb.get(&dev).cloned() {
+            Some(sb) if !self.scanned_devs.contains(&sb) => {
+                self.scanned_devs.insert(sb.clone());
+                mounts().into_iter().find(|m| m.0 == sb).map(|m| m.3)
             }
-            self.scanned_devs.insert(dev.clone());
-            mounts().into_iter().find(|(d, _, _)| *d == dev).map(|(_, _, point)| point)
+            Some(_) => None,
+            None => {
+                self.unlisted.insert(dev.clone());
+                None
+            }
         };
         let annotated = !super::symbols::annotate_probes_in(file).is_empty();
         if !annotated && rootfs.is_none() {
@@ -551,6 +675,86 @@ impl Thread {
         if !stalled {
             let _ = self.requests.send(Request::Probe { req, id: key.id, path: probe_path, pid, rootfs, annotated });
             poke(self.wake);
+        }
+    }
+
+    fn watch_runtime(&mut self, pid: u32, t0: Instant) {
+        if self.runtimes.len() >= RUNTIMES_MAX {
+            self.stats().config_failures += 1;
+            return;
+        }
+        let before = crate::attribution::oci::read_cmdline(std::path::Path::new("/proc"), pid).unwrap_or_default();
+        // A runtime's own `init` re-executing itself starts no container.
+        if crate::attribution::oci::split_cmdline(&before).get(1).is_some_and(|a| a == "init") {
+            return;
+        }
+        self.runtimes.push(Runtime { pid, before, t0 });
+    }
+
+    /// Reads the arguments of the runtimes whose exec has completed; a `create` or `run` has
+    /// its config read and its annotations sent to the session.
+    fn read_runtimes(&mut self) {
+        let proc_root = std::path::Path::new("/proc");
+        let mut i = 0;
+        while i < self.runtimes.len() {
+            let r = &self.runtimes[i];
+            let now = crate::attribution::oci::read_cmdline(proc_root, r.pid);
+            let waited = r.t0.elapsed();
+            let args = match now {
+                Ok(b) if b != r.before && !b.is_empty() => crate::attribution::oci::split_cmdline(&b),
+                Ok(_) if waited < RUNTIME_ARGS_WAIT => {
+                    i += 1;
+                    continue;
+                }
+                other => {
+                    // Gone, or never changed (a `state` or `kill` may end this fast): counted.
+                    let r = self.runtimes.swap_remove(i);
+                    let why = match other {
+                        Ok(b) if b.is_empty() => {
+                            format!("it exited after {} ms (a zombie) before its arguments were read", waited.as_millis())
+                        }
+                        Ok(b) => format!(
+                            "its arguments stayed {:?} for {} ms",
+                            String::from_utf8_lossy(&b[..b.len().min(80)]),
+                            waited.as_millis()
+                        ),
+                        Err(e) => format!(
+                            "gone after {} µs ({e}), its arguments {:?} until then",
+                            waited.as_micros(),
+                            String::from_utf8_lossy(&r.before[..r.before.len().min(80)])
+                        ),
+                    };
+                    let mut st = self.stats();
+                    st.runtimes_unread += 1;
+                    if st.runtime_errors.len() < 4 {
+                        st.runtime_errors.push(format!("pid {}: {why}", r.pid));
+                    }
+                    continue;
+                }
+            };
+            let r = self.runtimes.swap_remove(i);
+            let Some(call) = crate::attribution::oci::parse_args(&args) else { continue };
+            match crate::attribution::oci::read_for_runtime(proc_root, r.pid, &call) {
+                Ok(config) => {
+                    let names = crate::attribution::pods::PodNames::from_annotations(&config.annotations);
+                    {
+                        let mut st = self.stats();
+                        st.configs += 1;
+                        st.named += u64::from(names.is_some());
+                        st.config_read.add(r.t0.elapsed());
+                    }
+                    let _ = self.requests.send(Request::Container { id: call.container_id, names, file: config.file });
+                    poke(self.wake);
+                }
+                Err(e) => {
+                    let mut st = self.stats();
+                    st.config_failures += 1;
+                    if st.config_errors.len() < 8 {
+                        st.config_errors
+                            .push(format!("{} {} of container {} (pid {}): {e}", args[0], call.subcommand, call.container_id, r.pid));
+                    }
+                }
+            }
         }
     }
 

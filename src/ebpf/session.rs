@@ -140,6 +140,9 @@ pub struct Session {
     /// Who a held process is (its cgroup and pod namespace), read while its exec was held: a
     /// short-lived one may be gone by the time its first events are read (bounded).
     held_reads: BTreeMap<u32, crate::attribution::ProcRead>,
+    /// What the runtimes' configs said of the containers they started (the exec hold's
+    /// [`super::exec_hold::Request::Container`]).
+    node_pods: crate::attribution::pods::NodePods,
     /// Processes whose `/proc` entries could not be read (a coverage gap), counted once each.
     pub unreadable_procs: u64,
     unreadable: HashSet<u32>,
@@ -220,6 +223,7 @@ impl Session {
             mapped_pending: Vec::new(),
             checked_exes: HashSet::new(),
             held_reads: BTreeMap::new(),
+            node_pods: crate::attribution::pods::NodePods::default(),
             unreadable_procs: 0,
             unreadable: HashSet::new(),
             unchecked_exec: HashSet::new(),
@@ -408,7 +412,9 @@ impl Session {
                     if self.held_reads.len() >= 4096 {
                         self.held_reads.clear();
                     }
-                    self.held_reads.insert(pid, crate::attribution::ProcRead::read(std::path::Path::new("/proc"), pid));
+                    let mut read = crate::attribution::ProcRead::read(std::path::Path::new("/proc"), pid);
+                    read.node = read.cgroup.as_deref().ok().and_then(|c| self.node_pods.of_cgroup(c));
+                    self.held_reads.insert(pid, read);
                     self.checked_exes.insert(id);
                     if let Some(root) = rootfs {
                         self.scan_rootfs(&root, pid, &path);
@@ -425,6 +431,11 @@ impl Session {
                     }
                     if let Some(h) = &self.hold {
                         h.answer(req, result);
+                    }
+                }
+                super::exec_hold::Request::Container { id, names, .. } => {
+                    if let Some(n) = names {
+                        self.node_pods.insert(id, n);
                     }
                 }
                 super::exec_hold::Request::Looked(id) => {
@@ -913,6 +924,7 @@ impl Session {
                     read.cgroup = held.cgroup;
                     read.namespace = held.namespace;
                 }
+                read.node = read.cgroup.as_deref().ok().and_then(|c| self.node_pods.of_cgroup(c));
                 self.placement.prefetch(e.pid, read.clone());
                 self.placement.identify(e.pid);
                 out.push(Msg::Proc { pid: e.pid, read: Box::new(read) });
