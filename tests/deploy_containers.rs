@@ -1,6 +1,6 @@
 //! The agent deployed for real (issue 12, Must show (d)): in a real container runtime (Debian's
 //! podman with runc, a Debian image made by `debootstrap --variant=minbase bookworm`, see
-//! scripts/container-base-image.sh), the agent container runs as deploy/kubernetes/daemonset.yaml
+//! scripts/container-base-image.sh), the agent container runs as deploy/kubernetes/base/daemonset.yaml
 //! specifies it: the host's PID namespace, every capability dropped but BPF, PERFMON, SYS_ADMIN
 //! (uprobe perf events need it again on current kernels) and SYS_PTRACE, the runtime's default
 //! seccomp profile, a read-only root with a tmpfs /tmp, /sys/kernel/btf read-only, no privilege
