@@ -433,3 +433,38 @@ fn every_kustomize_overlay_builds_and_validates() {
     }
     cleanup(&tmp);
 }
+
+/// Issue 27: the DaemonSet probes the health endpoint the agent serves: liveness on
+/// [`HEALTHZ`], readiness on [`READYZ`], both on the port of the container that the agent's own
+/// `--prometheus` argument binds, on an address the kubelet reaches (not loopback).
+#[test]
+fn the_daemonsets_probes_are_what_the_agent_serves() {
+    use gpufrag::export::prometheus::{resolve_addr, HEALTHZ, READYZ};
+    let Some(py) = require("python3 with PyYAML", python_yaml(), "apt-get install python3-yaml") else { return };
+    let docs = yaml_docs(&py, &root().join("deploy/kubernetes/base/daemonset.yaml"));
+    let c = &docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap()["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<&str> = c["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    let at = args.iter().position(|a| *a == "--prometheus").unwrap_or_else(|| panic!("the agent serves no endpoint: {args:?}"));
+    let served = resolve_addr(args[at + 1]).unwrap();
+    assert!(!served.ip().is_loopback(), "{served}: the kubelet probes the pod's address");
+    for (probe, path) in [("livenessProbe", HEALTHZ), ("readinessProbe", READYZ)] {
+        let get = &c[probe]["httpGet"];
+        assert_eq!(get["path"], path, "{probe}: {}", c[probe]);
+        // The port, by name or by number, is the one the agent binds.
+        let port = match &get["port"] {
+            Value::String(name) => c["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == *name)
+                .unwrap_or_else(|| panic!("{probe}: no port named {name}"))["containerPort"]
+                .clone(),
+            n => n.clone(),
+        };
+        assert_eq!(port.as_u64(), Some(u64::from(served.port())), "{probe} probes port {port}, the agent serves {served}");
+        let period = c[probe]["periodSeconds"].as_u64().unwrap();
+        let threshold = c[probe]["failureThreshold"].as_u64().unwrap();
+        // A pipeline stalled past the agent's bound is seen within the probe's failures.
+        assert!(period * threshold >= gpufrag::export::health::STALL_AFTER.as_secs(), "{probe}: {period} s x {threshold}");
+    }
+}
