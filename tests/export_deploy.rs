@@ -468,3 +468,47 @@ fn the_daemonsets_probes_are_what_the_agent_serves() {
         assert!(period * threshold >= gpufrag::export::health::STALL_AFTER.as_secs(), "{probe}: {period} s x {threshold}");
     }
 }
+
+/// Issue 27: deploy/Dockerfile (not built in CI: its bases cannot be pulled there) has its bases
+/// pinned (a digest, or a full X.Y.Z / X.Y version tag), builds with `--locked`, strips debug
+/// info from what it ships, and builds the dependencies in a layer of their own: every
+/// workspace member's manifest and Cargo.lock are copied, and a cargo build run, before the
+/// sources are.
+#[test]
+fn the_dockerfile_pins_its_bases_builds_locked_and_stripped_with_a_dependency_layer() {
+    let text = std::fs::read_to_string(root().join("deploy/Dockerfile")).unwrap();
+    // Instructions, with continuation lines joined.
+    let joined = text.lines().filter(|l| !l.trim_start().starts_with('#')).collect::<Vec<_>>().join("\n").replace("\\\n", " ");
+    let steps: Vec<&str> = joined.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let froms: Vec<&str> = steps.iter().filter_map(|s| s.strip_prefix("FROM ")).map(|s| s.split_whitespace().next().unwrap()).collect();
+    assert_eq!(froms.len(), 2, "{froms:?}");
+    for image in &froms {
+        let pinned = image.contains("@sha256:") || {
+            let tag = image.rsplit_once(':').map_or("", |(_, t)| t);
+            let version = tag.split('-').next().unwrap_or("");
+            version.split('.').count() >= 2 && version.split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        };
+        assert!(pinned, "base {image} floats: pin a digest or a full version tag");
+    }
+    let builds: Vec<usize> = steps.iter().enumerate().filter(|(_, s)| s.contains("cargo build")).map(|(i, _)| i).collect();
+    assert!(builds.len() >= 2, "a dependency build and the real one: {steps:#?}");
+    for &i in &builds {
+        assert!(steps[i].contains("--locked"), "{}", steps[i]);
+    }
+    let sources = steps.iter().position(|s| *s == "COPY . .").expect("COPY . .");
+    assert!(builds[0] < sources && *builds.last().unwrap() > sources, "dependencies built before the sources are copied: {steps:#?}");
+    let copied_before: String = steps[..builds[0]].iter().filter(|s| s.starts_with("COPY ")).cloned().collect::<Vec<_>>().join("\n");
+    assert!(copied_before.contains("Cargo.lock"), "{copied_before}");
+    let ws = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let members = ws.lines().find(|l| l.starts_with("members")).unwrap();
+    for m in members.split('"').skip(1).step_by(2) {
+        let manifest = if m == "." { "Cargo.toml".to_string() } else { format!("{m}/Cargo.toml") };
+        assert!(copied_before.contains(&manifest), "the dependency layer lacks {manifest}: {copied_before}");
+    }
+    assert!(
+        joined.contains("CARGO_PROFILE_RELEASE_STRIP=debuginfo")
+            || joined.contains("CARGO_PROFILE_RELEASE_STRIP=symbols")
+            || joined.contains("strip "),
+        "the shipped binaries are not stripped"
+    );
+}
