@@ -180,11 +180,23 @@ fn dashboard_queries_are_valid_promql() {
         }
     }
     assert!(exprs.len() >= 10);
+    for a in d["annotations"]["list"].as_array().unwrap() {
+        if let Some(e) = a["expr"].as_str() {
+            exprs.push(e.to_string());
+        }
+    }
     // As recording rules, with Grafana's variables filled in, promtool parses every expression.
     let dir = temp_dir("dashboard-promql");
     let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
     for (i, e) in exprs.iter().enumerate() {
-        let e = e.replace("$__rate_interval", "5m").replace("$__range", "1h").replace("$instance", ".*").replace("$gpu", ".*");
+        let e = e
+            .replace("$__rate_interval", "5m")
+            .replace("$__range", "1h")
+            .replace("$instance", ".*")
+            .replace("$gpu", ".*")
+            .replace("$node", ".*")
+            .replace("$namespace", ".*")
+            .replace("$pod", ".*");
         rules.push_str(&format!("      - record: dashboard:expr{i}\n        expr: {}\n", serde_json::to_string(&e).unwrap()));
     }
     std::fs::write(dir.join("dashboard.rules.yaml"), rules).unwrap();
@@ -511,4 +523,51 @@ fn the_dockerfile_pins_its_bases_builds_locked_and_stripped_with_a_dependency_la
             || joined.contains("strip "),
         "the shipped binaries are not stripped"
     );
+}
+
+/// Issue 27: the dashboard has node, namespace and pod variables and every query honours them
+/// (node on every selector, namespace and pod on the per-process metrics', which carry the
+/// workload's pod); an OOM annotation from the OOM counter; every metric a query names is one
+/// the exporter's catalogue has (the variable-free names check is
+/// every_metric_name_used_is_exported_and_documented).
+#[test]
+fn the_dashboard_filters_by_node_namespace_and_pod_and_marks_ooms() {
+    let d: Value = serde_json::from_str(&std::fs::read_to_string(root().join("deploy/grafana/gpufrag-dashboard.json")).unwrap()).unwrap();
+    let vars: Vec<&str> = d["templating"]["list"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
+    for v in ["node", "namespace", "pod"] {
+        assert!(vars.contains(&v), "no ${v} variable: {vars:?}");
+    }
+    let known = exported_names();
+    let ooms = prometheus_name("gpufrag.ooms", "{oom}", Kind::Counter, false);
+    let mut queries: Vec<String> = Vec::new();
+    for p in d["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            queries.push(t["expr"].as_str().unwrap().to_string());
+        }
+    }
+    let annotations: Vec<&Value> = d["annotations"]["list"].as_array().unwrap().iter().filter(|a| a["expr"].is_string()).collect();
+    assert!(
+        annotations.iter().any(|a| a["expr"].as_str().unwrap().contains(&ooms) && a["enable"] == true),
+        "no OOM annotation from {ooms}"
+    );
+    queries.extend(annotations.iter().map(|a| a["expr"].as_str().unwrap().to_string()));
+    for q in &queries {
+        // Each selector: metric{labels}.
+        for (i, _) in q.match_indices('{') {
+            let head = &q[..i];
+            let metric = &head[head.rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).map_or(0, |j| j + 1)..];
+            if metric.is_empty() {
+                continue; // a `by (...)` group or a legend template
+            }
+            assert!(known.contains(metric), "{metric} (in {q}) is not exported");
+            let sel = &q[i..i + q[i..].find('}').unwrap()];
+            assert!(sel.contains("k8s_node_name=~\"$node\""), "{metric} ignores $node: {q}");
+            if metric.starts_with("gpufrag_process_") || metric == ooms {
+                assert!(
+                    sel.contains("k8s_namespace_name=~\"$namespace\"") && sel.contains("k8s_pod_name=~\"$pod\""),
+                    "{metric} ignores $namespace/$pod: {q}"
+                );
+            }
+        }
+    }
 }
