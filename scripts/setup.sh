@@ -59,6 +59,17 @@ if ! [ -x "$kv_venv/bin/kubernetes-validate" ]; then
   $SUDO python3 -m venv "$kv_venv"
   $SUDO "$kv_venv/bin/pip" install -q kubernetes-validate
 fi
+# kustomize, to build every kustomization under deploy/ (tests/export_deploy.rs): the kustomize
+# library as the PyPI package pykustomize ships it (no kustomize binary is packaged for Debian 12
+# or reachable as a release download), behind scripts/kustomize.py as bin/kustomize. pykustomize
+# declares Python >= 3.14 but runs on Debian 12's 3.11 (a cffi binding of a Go shared library).
+kz_venv=$ci/kustomize
+if ! "$kz_venv/bin/python" -c 'import pykustomize' 2>/dev/null; then
+  $SUDO python3 -m venv "$kz_venv"
+  $SUDO "$kz_venv/bin/pip" install -q --ignore-requires-python pykustomize==0.1.4
+fi
+sed "1s|.*|#!$kz_venv/bin/python|" scripts/kustomize.py | $SUDO tee "$kz_venv/bin/kustomize" >/dev/null
+$SUDO chmod 755 "$kz_venv/bin/kustomize"
 # The container test's base image (debootstrap once, cached under /var/cache/gpufrag-ci).
 $SUDO bash scripts/container-base-image.sh >/dev/null
-echo "setup: done (ROTEL_AGENT=$(rotel_path), KUBERNETES_VALIDATE=$kv_venv/bin/kubernetes-validate)"
+echo "setup: done (ROTEL_AGENT=$(rotel_path), KUBERNETES_VALIDATE=$kv_venv/bin/kubernetes-validate, KUSTOMIZE=$kz_venv/bin/kustomize)"

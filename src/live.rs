@@ -634,6 +634,13 @@ impl Live {
         );
     }
 
+    /// The capture is in place: tells every observer (readiness, for the health endpoint).
+    pub fn capture_started(&mut self) {
+        for o in self.observers.iter_mut() {
+            o.capture_started();
+        }
+    }
+
     /// Gives every observer the current state.
     pub fn tick(&mut self) {
         self.report_new_ooms();

@@ -15,4 +15,8 @@ pub trait Observer: Send {
     /// history need every event: the memviz export's trace, the report's timeline and its map at
     /// the moment of each OOM. Must be cheap: it runs on the capture's hot path.
     fn event(&mut self, _state: &State, _ev: &Event) {}
+    /// Called once when the capture is in place (the eBPF session attached, or `run`'s program
+    /// started under the shim): the Prometheus endpoint's `/readyz` waits for it (default:
+    /// nothing).
+    fn capture_started(&mut self) {}
 }

@@ -1,6 +1,6 @@
 //! The agent deployed for real (issue 12, Must show (d)): in a real container runtime (Debian's
 //! podman with runc, a Debian image made by `debootstrap --variant=minbase bookworm`, see
-//! scripts/container-base-image.sh), the agent container runs as deploy/kubernetes/daemonset.yaml
+//! scripts/container-base-image.sh), the agent container runs as deploy/kubernetes/base/daemonset.yaml
 //! specifies it: the host's PID namespace, every capability dropped but BPF, PERFMON, SYS_ADMIN
 //! (uprobe perf events need it again on current kernels) and SYS_PTRACE, the runtime's default
 //! seccomp profile, a read-only root with a tmpfs /tmp, /sys/kernel/btf read-only, no privilege
@@ -28,6 +28,95 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use support::{fixtures, gpufrag, simcuda_dir, unique};
+
+/// What deploy/kubernetes/base/daemonset.yaml says of the agent's container, as podman flags
+/// (issue 28: the test read them by hand before, so a change to the DaemonSet did not reach it).
+/// A setting the translation does not know fails the test, naming it: teach it here.
+struct DaemonSetRun {
+    /// --pid, --privileged, --cap-drop/--cap-add, --read-only, no-new-privileges, the host-path
+    /// and memory volumes, the NVIDIA_* variables.
+    flags: Vec<String>,
+    /// The container's args (`agent --prometheus 0.0.0.0:9464`).
+    args: Vec<String>,
+    /// The containerPort the agent serves on (the one named `metrics`).
+    metrics_port: u64,
+}
+
+impl DaemonSetRun {
+    fn read() -> DaemonSetRun {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes/base/daemonset.yaml");
+        let out = Command::new("python3")
+            .args(["-c", "import sys, json, yaml; print(json.dumps([d for d in yaml.safe_load_all(open(sys.argv[1])) if d]))"])
+            .arg(&file)
+            .output()
+            .expect("python3 with PyYAML (scripts/setup.sh installs python3-yaml)");
+        assert!(out.status.success(), "{}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
+        let docs: Value = serde_json::from_slice(&out.stdout).expect("json");
+        let ds = docs.as_array().expect("documents").iter().find(|d| d["kind"] == "DaemonSet").expect("a DaemonSet");
+        let pod = &ds["spec"]["template"]["spec"];
+        let c = &pod["containers"][0];
+        let mut flags = Vec::new();
+        if pod["hostPID"] == true {
+            flags.push("--pid=host".to_string());
+        }
+        let sc = c["securityContext"].as_object().expect("securityContext");
+        for (key, v) in sc {
+            match key.as_str() {
+                "privileged" if v == true => flags.push("--privileged".into()),
+                "privileged" | "runAsNonRoot" => {}
+                "runAsUser" => flags.push(format!("--user={}", v.as_u64().expect("runAsUser"))),
+                "allowPrivilegeEscalation" if v == false => flags.extend(["--security-opt".into(), "no-new-privileges".into()]),
+                "allowPrivilegeEscalation" => {}
+                "readOnlyRootFilesystem" if v == true => flags.push("--read-only".into()),
+                "readOnlyRootFilesystem" => {}
+                "capabilities" => {
+                    let list = |k: &str| -> Vec<String> {
+                        v[k].as_array().map(|a| a.iter().map(|x| x.as_str().expect("capability").to_string()).collect()).unwrap_or_default()
+                    };
+                    let drop = list("drop");
+                    assert!(drop.is_empty() || drop == ["ALL"], "capabilities.drop {drop:?}: teach DaemonSetRun");
+                    if !drop.is_empty() {
+                        flags.push("--cap-drop=all".into());
+                    }
+                    let add = list("add");
+                    if !add.is_empty() {
+                        flags.push(format!("--cap-add={}", add.join(",")));
+                    }
+                }
+                // podman's default profile is the runtime's default.
+                "seccompProfile" => assert_eq!(v["type"], "RuntimeDefault", "seccompProfile {v}: teach DaemonSetRun"),
+                other => panic!("securityContext.{other} = {v} in {}: teach DaemonSetRun", file.display()),
+            }
+        }
+        let volumes = pod["volumes"].as_array().expect("volumes");
+        for m in c["volumeMounts"].as_array().expect("volumeMounts") {
+            let v = volumes.iter().find(|v| v["name"] == m["name"]).unwrap_or_else(|| panic!("no volume {}", m["name"]));
+            let at = m["mountPath"].as_str().expect("mountPath");
+            if let Some(host) = v["hostPath"]["path"].as_str() {
+                let ro = if m["readOnly"] == true { ":ro" } else { "" };
+                flags.extend(["-v".into(), format!("{host}:{at}{ro}")]);
+            } else if v["emptyDir"]["medium"] == "Memory" {
+                flags.extend(["--tmpfs".into(), at.to_string()]);
+            } else {
+                panic!("volume {v}: teach DaemonSetRun");
+            }
+        }
+        // The GPU runtime's variables (the OTLP ones name the cluster's collector: not here).
+        for e in c["env"].as_array().expect("env") {
+            let name = e["name"].as_str().expect("name");
+            if let (true, Some(value)) = (name.starts_with("NVIDIA_"), e["value"].as_str()) {
+                flags.extend(["-e".into(), format!("{name}={value}")]);
+            }
+        }
+        let args = c["args"].as_array().expect("args").iter().map(|a| a.as_str().expect("arg").to_string()).collect();
+        let metrics_port = c["ports"]
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["name"] == "metrics"))
+            .and_then(|p| p["containerPort"].as_u64())
+            .expect("a container port named metrics");
+        DaemonSetRun { flags, args, metrics_port }
+    }
+}
 
 const BASE_IMAGE: &str = "localhost/gpufrag-base:bookworm";
 const MIB: u64 = 1 << 20;
@@ -216,34 +305,15 @@ fn the_agent_container_attributes_two_workload_containers_and_killing_it_harms_n
     std::fs::create_dir_all(&gate).expect("gate");
     let port = free_port();
 
-    // The agent, as the DaemonSet runs it.
-    let mut args: Vec<String> = [
-        "run",
-        "-d",
-        "--name",
-        &agent,
-        "--pid=host",
-        "--cap-drop=all",
-        "--cap-add=BPF,PERFMON,SYS_ADMIN,SYS_PTRACE",
-        "--read-only",
-        "--tmpfs",
-        "/tmp",
-        "--security-opt",
-        "no-new-privileges",
-        "-v",
-        "/sys/kernel/btf:/sys/kernel/btf:ro",
-        "-e",
-        "NVIDIA_VISIBLE_DEVICES=all",
-        "-e",
-        "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    // The agent, as the DaemonSet runs it: its flags read from the DaemonSet itself.
+    let ds = DaemonSetRun::read();
+    let mut args: Vec<String> = ["run", "-d", "--name", &agent].iter().map(|s| s.to_string()).collect();
+    args.extend(ds.flags.iter().cloned());
     args.extend(LIMITS.iter().map(|s| s.to_string()));
-    args.extend(["-p".to_string(), format!("127.0.0.1:{port}:9464")]);
+    args.extend(["-p".to_string(), format!("127.0.0.1:{port}:{}", ds.metrics_port)]);
     args.extend(driver_mounts(&state));
-    args.extend([image.clone(), "agent".into(), "--prometheus".into(), "0.0.0.0:9464".into()]);
+    args.push(image.clone());
+    args.extend(ds.args.iter().cloned());
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     podman_ok(&argv);
     assert!(wait_log(&agent, "agent: tracing", Duration::from_secs(60)), "the agent container did not start tracing:\n{}", logs(&agent));

@@ -157,3 +157,65 @@ fn regression_an_oom_pytorch_raises_without_a_driver_call_is_an_allowed_limit_ve
     // The agent's record tells the same story: the OOM, its verdict and allowed bytes.
     story::assert_replays(&s, &record);
 }
+
+/// One GET on a connection of its own: the status code and the body.
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("request");
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).expect("answer");
+    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head in {buf:?}"));
+    let code = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("status line {head:?}"));
+    (code, body.to_string())
+}
+
+/// Issue 27 (the DaemonSet's probes): the agent's endpoint answers `/healthz` from the moment it
+/// is up, and `/readyz` 503 while the eBPF session is not attached (held here at a gate for over
+/// a second) and 200 once it is and the live loop turns; the paths are the ones
+/// deploy/kubernetes/base/daemonset.yaml probes (tests/export_deploy.rs reads them).
+#[test]
+fn health_endpoints_answer_before_and_after_attach() {
+    require_ebpf!();
+    use gpufrag::export::prometheus::{HEALTHZ, READYZ};
+    let m = Machine::new(1);
+    let gate = unique("attach-gate");
+    let summary = unique("agent.json");
+    let mut cmd = Command::new(gpufrag());
+    cmd.args(["agent", "--prometheus", "127.0.0.1:0", "--summary-json"]).arg(&summary).arg("--attach-gate").arg(&gate);
+    cmd.stderr(Stdio::piped()).stdout(Stdio::null());
+    m.env(&mut cmd);
+    let mut child = cmd.spawn().expect("agent");
+    let mut err = Lines::new(child.stderr.take().expect("stderr"));
+    assert!(err.wait_for("Prometheus metrics at http://", Duration::from_secs(60)), "{}", err.rest());
+    let line = err.seen.last().unwrap().clone();
+    let addr = line.split("http://").nth(1).and_then(|r| r.strip_suffix("/metrics")).unwrap_or_else(|| panic!("{line}")).to_string();
+
+    // Before the session attaches: alive, not ready, for as long as the gate holds.
+    let held = std::time::Instant::now();
+    while held.elapsed() < Duration::from_millis(1200) {
+        assert_eq!(http_get(&addr, HEALTHZ), (200, "ok\n".to_string()));
+        let (code, body) = http_get(&addr, READYZ);
+        assert_eq!(code, 503, "ready before the eBPF session attached: {body}");
+        assert!(body.contains("not in place"), "{body}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::fs::write(&gate, b"").unwrap();
+    assert!(err.wait_for("agent: tracing", Duration::from_secs(120)), "{}", err.rest());
+    // Attached: ready within a tick or two (500 ms each).
+    let attached = std::time::Instant::now();
+    let (code, body) = loop {
+        let (code, body) = http_get(&addr, READYZ);
+        if code == 200 || attached.elapsed() > Duration::from_secs(10) {
+            break (code, body);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(code, 200, "not ready {:?} after attaching: {body}\n{}", attached.elapsed(), err.rest());
+    assert!(body.starts_with("ready: attached"), "{body}");
+    assert_eq!(http_get(&addr, HEALTHZ).0, 200);
+    assert_eq!(http_get(&addr, "/metrics").0, 200);
+    let s = stop_agent(Agent { child, err, summary });
+    assert!(s["processes"].is_array(), "{s}");
+}

@@ -253,7 +253,7 @@ fn an_oversized_request_head_is_refused_and_the_endpoint_keeps_serving() {
 fn the_endpoint_stops_and_frees_its_port_when_dropped() {
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let store = Arc::new(gpufrag::export::store::Store::default());
-    let ep = Endpoint::start(addr, gpufrag::export::store::Reader::new(store), vec![]).unwrap();
+    let ep = Endpoint::start(addr, gpufrag::export::store::Reader::new(store), vec![], Default::default()).unwrap();
     let addr = ep.addr();
     let mut idle = TcpStream::connect(addr).unwrap();
     let t = Instant::now();
@@ -280,4 +280,32 @@ fn read_response(s: &mut TcpStream) -> (String, String) {
     let mut body = vec![0u8; len];
     s.read_exact(&mut body).unwrap();
     (head, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Issue 27: the agent's probes share the endpoint's listener, so a full table of silent
+/// connections (more than [`MAX_CONNECTIONS`] held open, none sending a byte) delays `/healthz`
+/// and `/readyz` as little as it delays a scrape: each probe on a fresh connection is answered
+/// within 1 s (the kubelet's timeout here is 2 s), `/readyz` with 503 since nothing attached.
+#[test]
+fn health_probes_are_answered_while_silent_connections_fill_the_table() {
+    use gpufrag::export::prometheus::{HEALTHZ, READYZ};
+    let served = Served::start();
+    let addr = served.addr();
+    let held: Vec<TcpStream> = (0..MAX_CONNECTIONS + 44).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut worst = Duration::ZERO;
+    for (path, want) in [(HEALTHZ, "HTTP/1.1 200"), (READYZ, "HTTP/1.1 503"), (HEALTHZ, "HTTP/1.1 200"), (READYZ, "HTTP/1.1 503")] {
+        let t = Instant::now();
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).unwrap();
+        let took = t.elapsed();
+        worst = worst.max(took);
+        let text = String::from_utf8_lossy(&buf);
+        assert!(text.starts_with(want), "{path} with {} silent connections held: {text}", held.len());
+        assert!(took < Duration::from_secs(1), "{path} took {:.1} ms with {} silent connections held", ms(took), held.len());
+    }
+    eprintln!("probes beside {} silent connections: worst {:.1} ms", held.len(), ms(worst));
 }

@@ -42,6 +42,10 @@ pub struct Args {
     /// timeout, or the agent's end, releases it).
     #[arg(long, hide = true, value_name = "TEXT")]
     pub exec_hold_stall: Option<String>,
+    /// Testing: start the outputs (the Prometheus endpoint with its probes), then wait until this
+    /// file exists before attaching the eBPF session.
+    #[arg(long, hide = true, value_name = "PATH")]
+    pub attach_gate: Option<std::path::PathBuf>,
     /// Probes.
     #[command(flatten)]
     pub probe: crate::cli::attach::ProbeArgs,
@@ -62,12 +66,20 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         timeout: Duration::from_millis(args.exec_hold_ms),
         stall: args.exec_hold_stall.clone(),
     });
-    let session = Session::start(opts, "gpufrag agent").map_err(probe_error)?;
+    // The outputs first: the Prometheus endpoint's /healthz answers while the session attaches
+    // (which can take a while on a node with many processes and libraries to probe), and its
+    // /readyz says not ready until the capture is in place (`trace` says when).
     let mut live = args.out.live(&args.export, &args.views)?;
     live.without_fix_trace();
     if let (Some(path), Some(max)) = (&args.out.record, args.record_max_bytes) {
         live.cap_record(path, max)?;
     }
+    if let Some(gate) = &args.attach_gate {
+        while !gate.exists() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let session = Session::start(opts, "gpufrag agent").map_err(probe_error)?;
     if !args.out.quiet {
         eprintln!("[gpufrag] agent: tracing every GPU process ({} probes)", session.link_count());
     }

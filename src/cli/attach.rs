@@ -126,6 +126,7 @@ pub fn trace(mut session: Session, mut live: Live, opts: LoopOptions<'_>) -> any
     for m in session.begin() {
         live.handle(m);
     }
+    live.capture_started();
     let tty = std::io::stderr().is_terminal() && !opts.quiet;
     let started = Instant::now();
     let mut last_status = Instant::now();

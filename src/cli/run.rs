@@ -260,6 +260,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         }
     };
     CHILD.store(child.id() as i32, Ordering::Relaxed);
+    live.capture_started();
     let tty = std::io::stderr().is_terminal() && !args.out.quiet;
     let rx = consumer.receiver().clone();
     let mut last_status = Instant::now();

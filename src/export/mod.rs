@@ -16,6 +16,7 @@
 
 pub mod catalog;
 pub mod gpu;
+pub mod health;
 pub mod otlp;
 pub mod prometheus;
 pub mod resource;
@@ -172,6 +173,7 @@ pub struct Exporter {
     otlp: Option<Pipeline>,
     otlp_ok: Option<Arc<std::sync::atomic::AtomicU64>>,
     prometheus: Option<prometheus::Endpoint>,
+    health: Arc<health::Health>,
     log: Log,
 }
 
@@ -181,8 +183,9 @@ impl Exporter {
     pub fn start(otlp: Option<&Config>, prometheus: Option<SocketAddr>, nvml_lib: Option<&str>, log: Log) -> anyhow::Result<Exporter> {
         let store = Arc::new(Store::default());
         let res = resource::resource();
+        let health = Arc::new(health::Health::default());
         let prometheus = match prometheus {
-            Some(addr) => Some(prometheus::Endpoint::start(addr, Reader::new(store.clone()), resource::attributes(&res))?),
+            Some(addr) => Some(prometheus::Endpoint::start(addr, Reader::new(store.clone()), resource::attributes(&res), health.clone())?),
             None => None,
         };
         let otlp = match otlp {
@@ -190,7 +193,7 @@ impl Exporter {
             None => None,
         };
         let otlp_ok = otlp.as_ref().map(|p| p.ok.clone());
-        Ok(Exporter { builder: Builder::new(gpu::GpuIds::new(nvml_lib)), store, otlp, otlp_ok, prometheus, log })
+        Ok(Exporter { builder: Builder::new(gpu::GpuIds::new(nvml_lib)), store, otlp, otlp_ok, prometheus, health, log })
     }
 
     /// Where the Prometheus endpoint listens.
@@ -207,6 +210,11 @@ impl Exporter {
 impl Observer for Exporter {
     fn tick(&mut self, state: &State) {
         self.store.put(self.builder.build(state));
+        self.health.beat();
+    }
+
+    fn capture_started(&mut self) {
+        self.health.capture_started();
     }
 
     fn event(&mut self, _state: &State, ev: &Event) {

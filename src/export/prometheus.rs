@@ -14,11 +14,15 @@
 //! 10 to 17 s). No limit
 //! per client address: the endpoint binds 127.0.0.1 by default, where the scraper and any other
 //! local user share one. A scrape renders a view (microseconds for a node's worth of processes).
-//! It binds 127.0.0.1 unless given another address. Why not
+//! It binds 127.0.0.1 unless given another address. The same listener serves the agent's probes,
+//! `/healthz` (the process answers: no lock, no store) and `/readyz` (the capture in place and
+//! the live loop turning, [`Health`]), so a crowd that cannot starve a scrape cannot starve a
+//! probe either. Why not
 //! `opentelemetry-prometheus`: it is discontinued (its last release, 0.31, says so), and it would
 //! pull the `prometheus` crate and a second registry for what is a page of text here.
 
 use super::catalog::{prometheus_label, prometheus_name, AttrValue, Kind, Point, Value, ALLOC_SIZE, ALLOC_SIZE_HELP, METRICS};
+use super::health::Health;
 use super::store::{Reader, View, BUCKETS};
 use crate::ingest::histogram::BUCKET_BOUNDS;
 use anyhow::Context;
@@ -37,6 +41,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
+
+/// The liveness probe's path: 200 whenever the endpoint answers.
+pub const HEALTHZ: &str = "/healthz";
+/// The readiness probe's path: 200 once the capture is in place and while the live loop turns,
+/// 503 (with the reason) otherwise.
+pub const READYZ: &str = "/readyz";
 
 /// The default address of `--prometheus`.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
@@ -166,6 +176,7 @@ struct Page {
     reader: Reader,
     resource: Vec<(String, String)>,
     connections: Arc<Connections>,
+    health: Arc<Health>,
 }
 
 /// The connections held, each with the time it last showed life (opened, or began a request), and
@@ -301,8 +312,8 @@ impl Endpoint {
     /// [`MAX_CONNECTIONS`] held at once (past that the quietest is closed for each new one once
     /// it has been quiet for [`QUIET_BEFORE_CLOSING`]), each
     /// under [`HEADER_READ_TIMEOUT`] and [`CONNECTION_LIFETIME`], so no number of stalled or idle
-    /// clients delays a scrape.
-    pub fn start(addr: SocketAddr, reader: Reader, resource: Vec<(String, String)>) -> anyhow::Result<Endpoint> {
+    /// clients delays a scrape. `/healthz` and `/readyz` answer from `health`.
+    pub fn start(addr: SocketAddr, reader: Reader, resource: Vec<(String, String)>, health: Arc<Health>) -> anyhow::Result<Endpoint> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .max_blocking_threads(1)
@@ -321,7 +332,7 @@ impl Endpoint {
         };
         let addr = listener.local_addr()?;
         let connections = Arc::new(Connections::default());
-        runtime.spawn(accept(listener, Arc::new(Page { reader, resource, connections })));
+        runtime.spawn(accept(listener, Arc::new(Page { reader, resource, connections, health })));
         Ok(Endpoint { addr, runtime: Some(runtime) })
     }
 
@@ -397,7 +408,15 @@ fn respond(page: &Page, method: &Method, path: &str) -> Response<Full<Bytes>> {
             page.reader.collected(true);
             (StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", body)
         }
-        (&Method::GET | &Method::HEAD, "/") => (StatusCode::OK, "text/plain; charset=utf-8", "gpufrag: metrics at /metrics\n".to_string()),
+        // Liveness: this thread answered; nothing else is looked at.
+        (&Method::GET | &Method::HEAD, HEALTHZ) => (StatusCode::OK, "text/plain; charset=utf-8", "ok\n".to_string()),
+        (&Method::GET | &Method::HEAD, READYZ) => {
+            let (ready, why) = page.health.answer();
+            (if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, "text/plain; charset=utf-8", why)
+        }
+        (&Method::GET | &Method::HEAD, "/") => {
+            (StatusCode::OK, "text/plain; charset=utf-8", "gpufrag: metrics at /metrics, probes at /healthz and /readyz\n".to_string())
+        }
         (&Method::GET | &Method::HEAD, _) => {
             (StatusCode::NOT_FOUND, "text/plain; charset=utf-8", "not found: metrics are at /metrics\n".to_string())
         }
@@ -423,6 +442,44 @@ mod tests {
         assert_eq!(resolve_addr(":9464").unwrap().to_string(), "127.0.0.1:9464");
         assert_eq!(resolve_addr("0.0.0.0:9").unwrap().to_string(), "0.0.0.0:9");
         assert!(resolve_addr("nonsense").is_err());
+    }
+
+    /// One request on a connection of its own: the status line and the body.
+    fn get(addr: SocketAddr, path: &str) -> (String, String) {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).unwrap();
+        let (head, body) = buf.split_once("\r\n\r\n").unwrap();
+        (head.lines().next().unwrap().to_string(), body.to_string())
+    }
+
+    #[test]
+    fn probes_answer_liveness_always_and_readiness_from_the_health() {
+        let store = Arc::new(super::super::store::Store::default());
+        let health = Arc::new(Health::with_stall_after(Duration::from_millis(300)));
+        let ep = Endpoint::start("127.0.0.1:0".parse().unwrap(), Reader::new(store), vec![], health.clone()).unwrap();
+        let a = ep.addr();
+        assert_eq!(get(a, HEALTHZ), ("HTTP/1.1 200 OK".into(), "ok\n".into()));
+        let (st, body) = get(a, READYZ);
+        assert_eq!(st, "HTTP/1.1 503 Service Unavailable", "{body}");
+        assert!(body.contains("not in place"), "{body}");
+        health.capture_started();
+        let (st, body) = get(a, READYZ);
+        assert_eq!(st, "HTTP/1.1 503 Service Unavailable", "attached, never ticked: {body}");
+        health.beat();
+        let (st, body) = get(a, READYZ);
+        assert_eq!(st, "HTTP/1.1 200 OK", "{body}");
+        // The loop stops ticking: not ready once the bound has passed; alive all along.
+        std::thread::sleep(Duration::from_millis(450));
+        let (st, body) = get(a, READYZ);
+        assert_eq!(st, "HTTP/1.1 503 Service Unavailable", "{body}");
+        assert!(body.contains("stalled"), "{body}");
+        assert_eq!(get(a, HEALTHZ).0, "HTTP/1.1 200 OK");
+        health.beat();
+        assert_eq!(get(a, READYZ).0, "HTTP/1.1 200 OK");
     }
 
     #[test]
