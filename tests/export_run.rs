@@ -52,11 +52,6 @@ impl Built {
         c
     }
 
-    /// The stand-in GPU 0's UUID, as its NVML reports it.
-    fn uuid(&self, state_dir: &Path) -> String {
-        self.nvml(state_dir).uuid
-    }
-
     /// The stand-in GPU 0 as its NVML reports it to a monitor (the workload's `nvml` test).
     fn nvml(&self, state_dir: &Path) -> Gpu {
         let out = Command::new(&self.workload)
