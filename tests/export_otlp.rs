@@ -20,6 +20,7 @@ fn args(endpoint: String, protocol: Protocol, interval: Duration) -> ExportArgs 
         otlp_interval: Some(interval),
         prometheus: None,
         nvml_lib: Some("none".into()),
+        ..Default::default()
     }
 }
 

@@ -52,8 +52,8 @@ impl Built {
         c
     }
 
-    /// The stand-in GPU 0's UUID, as its NVML reports it.
-    fn uuid(&self, state_dir: &Path) -> String {
+    /// The stand-in GPU 0 as its NVML reports it to a monitor (the workload's `nvml` test).
+    fn nvml(&self, state_dir: &Path) -> Gpu {
         let out = Command::new(&self.workload)
             .arg("nvml")
             .env("SIMCUDA_MEM", "16GiB")
@@ -63,8 +63,19 @@ impl Built {
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         let kv = result_line(&text, "test=nvml").unwrap_or_else(|| panic!("no NVML result: {text}"));
-        kv["uuid"].clone()
+        // The name may hold spaces: it ends its line.
+        let after = |prefix: &str| {
+            text.lines().find_map(|l| l.strip_prefix(prefix).map(str::to_string)).unwrap_or_else(|| panic!("no {prefix}: {text}"))
+        };
+        Gpu { uuid: kv["uuid"].clone(), model: after("INFO device=0 name="), driver_version: after("INFO driver_version=") }
     }
+}
+
+/// A GPU as NVML names it.
+struct Gpu {
+    uuid: String,
+    model: String,
+    driver_version: String,
 }
 
 /// The `key=value` pairs of the first line holding `marker`.
@@ -95,7 +106,8 @@ fn otlp_run_delivers_the_summary_figures(protocol: &str) {
     let Some(rotel_bin) = require("rotel-agent", rotel_agent(), "pip install rotel") else { return };
     let Some(b) = built() else { return };
     let dir = temp_dir(&format!("run-otlp-{}", protocol.replace('/', "-")));
-    let uuid = b.uuid(&dir.join("sim-nvml"));
+    let gpu = b.nvml(&dir.join("sim-nvml"));
+    let uuid = gpu.uuid.clone();
     let (grpc, http) = (free_port(), free_port());
     let rotel = Rotel::start(&rotel_bin, &dir, grpc, http);
     let port = if protocol == "grpc" { grpc } else { http };
@@ -174,6 +186,15 @@ fn otlp_run_delivers_the_summary_figures(protocol: &str) {
         assert_eq!(last(metric, &[("hw.id", &uuid)]), u(&dev[field]), "{metric}");
     }
     assert_eq!(last("gpufrag.allocations", &attrs), u(&proc_summary["allocs"]));
+    // The GPU series carry what NVML says of the GPU (the semantic conventions' hw.* attributes).
+    let hw = [
+        ("hw.id", uuid.as_str()),
+        ("hw.type", "gpu"),
+        ("hw.model", gpu.model.as_str()),
+        ("hw.vendor", "NVIDIA"),
+        ("hw.driver_version", gpu.driver_version.as_str()),
+    ];
+    assert_eq!(last("hw.gpu.memory.limit", &hw), u(&dev["device_total"]), "hw.gpu.memory.limit {hw:?}");
     // The OOM the workload ran into was counted under its verdict.
     let verdict = s["ooms"].as_array().unwrap().last().expect("frag-oom ends in an OOM")["verdict"].as_str().unwrap().to_string();
     let mut oom_attrs = attrs.to_vec();
@@ -210,7 +231,8 @@ fn run_with_prometheus_is_scraped_while_the_workload_runs() {
     let Some(prom_bin) = require("prometheus", prometheus(), "apt-get install prometheus") else { return };
     let Some(b) = built() else { return };
     let dir = temp_dir("run-prometheus");
-    let uuid = b.uuid(&dir.join("sim-nvml"));
+    let gpu = b.nvml(&dir.join("sim-nvml"));
+    let uuid = gpu.uuid.clone();
     let target = free_port();
     let cfg = dir.join("prometheus.yml");
     std::fs::write(&cfg, format!("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: gpufrag\n    static_configs:\n      - targets: ['127.0.0.1:{target}']\n")).unwrap();
@@ -264,12 +286,19 @@ fn run_with_prometheus_is_scraped_while_the_workload_runs() {
     assert_eq!(query(&format!("gpufrag_process_memory_allocated_bytes{{{sel}}}")).as_deref(), Some(size.as_str()));
     assert_eq!(query(&format!("gpufrag_memory_reserved_bytes{{hw_id=\"{uuid}\"}}")).as_deref(), Some(size.as_str()));
     assert_eq!(query(&format!("gpufrag_allocations_total{{{sel}}}")).as_deref(), Some("1"));
+    let hw = format!(
+        "hw_id=\"{uuid}\",hw_type=\"gpu\",hw_model=\"{}\",hw_vendor=\"NVIDIA\",hw_driver_version=\"{}\"",
+        gpu.model, gpu.driver_version
+    );
+    let total = query(&format!("hw_gpu_memory_limit_bytes{{{hw}}}"));
     drop(run.stdin.take());
     let status = wait_exit(&mut run, Duration::from_secs(20));
     assert_eq!(status.code(), Some(0));
     let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
     let p = s["processes"].as_array().unwrap().iter().find(|p| p["pid"].as_u64().map(|x| x.to_string()) == Some(pid.clone())).unwrap();
     assert_eq!(u(&p["allocs"]), "1");
+    // The GPU series carry what NVML says of the GPU, with the total the summary measured.
+    assert_eq!(total, Some(u(&s["devices"][0]["device_total"])), "hw_gpu_memory_limit_bytes{{{hw}}}");
     eprintln!("Prometheus had the figures {scraped_after:?} after the workload was ready");
     drop(prom);
     cleanup(&dir);

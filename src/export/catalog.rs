@@ -65,10 +65,21 @@ pub struct Point {
     pub value: Value,
 }
 
+/// Whose figures a metric carries, which decides its OTLP resource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// The node's: per device, or global. Reported under the node's resource.
+    Node,
+    /// One process's (per process × device). Reported under that process's resource.
+    Process,
+}
+
 /// One exported metric.
 pub struct Metric {
     /// The OpenTelemetry name.
     pub name: &'static str,
+    /// Whose figures: the node's or a process's.
+    pub scope: Scope,
     /// UCUM unit (`By`, `1`, or an annotation such as `{allocation}`).
     pub unit: &'static str,
     /// The instrument.
@@ -91,9 +102,21 @@ fn device_attrs(d: &DeviceView) -> Vec<(&'static str, AttrValue)> {
     vec![("hw.id", AttrValue::Str(d.hw_id.clone()))]
 }
 
-/// Attributes of a `hw.gpu.*` point (the semantic conventions require `hw.type`).
+/// Attributes of a `hw.gpu.*` point: the semantic conventions require `hw.type` and recommend
+/// `hw.model`, `hw.vendor` and `hw.driver_version` (one value per GPU: no more series), given
+/// where NVML named them.
 fn hw_attrs(d: &DeviceView) -> Vec<(&'static str, AttrValue)> {
-    vec![("hw.id", AttrValue::Str(d.hw_id.clone())), ("hw.type", AttrValue::Static("gpu"))]
+    let mut a = vec![("hw.id", AttrValue::Str(d.hw_id.clone())), ("hw.type", AttrValue::Static("gpu"))];
+    if let Some(m) = &d.hardware.model {
+        a.push(("hw.model", AttrValue::Str(m.clone())));
+    }
+    if let Some(v) = d.hardware.vendor {
+        a.push(("hw.vendor", AttrValue::Static(v)));
+    }
+    if let Some(v) = &d.hardware.driver_version {
+        a.push(("hw.driver_version", AttrValue::Str(v.clone())));
+    }
+    a
 }
 
 /// Attributes of a process × device point.
@@ -140,35 +163,36 @@ use Value::{F64, U64};
 /// Every observed metric, in export order.
 pub static METRICS: &[Metric] = &[
     // Per device: summed over the processes of the view (max for the largest free block).
-    Metric { name: "gpufrag.memory.reserved", unit: "By", kind: Kind::Gauge, float: false, help: "Bytes the traced processes hold from the driver on the device (segments, mapped VMM memory, pool caches)", points: |v| per_device(v, |d| Some(U64(d.reserved))) },
-    Metric { name: "gpufrag.memory.allocated", unit: "By", kind: Kind::Gauge, float: false, help: "Bytes in live framework blocks, plus segments no framework owns", points: |v| per_device(v, |d| Some(U64(d.allocated))) },
-    Metric { name: "gpufrag.memory.stranded", unit: "By", kind: Kind::Gauge, float: false, help: "Free bytes inside framework segments that still hold a live block (PyTorch's inactive_split)", points: |v| per_device(v, |d| Some(U64(d.stranded))) },
-    Metric { name: "gpufrag.memory.releasable", unit: "By", kind: Kind::Gauge, float: false, help: "Bytes in cached segments with no live block: what empty_cache() would return", points: |v| per_device(v, |d| Some(U64(d.releasable))) },
-    Metric { name: "gpufrag.memory.page_stranded", unit: "By", kind: Kind::Gauge, float: false, help: "Free bytes in 2 MiB driver pages that hold a live sub-2 MiB driver allocation: usable by small requests only, never by one of 2 MiB or more", points: |v| per_device(v, |d| Some(U64(d.page_stranded))) },
-    Metric { name: "gpufrag.memory.largest_free_block", unit: "By", kind: Kind::Gauge, float: false, help: "The largest free run inside one segment of any traced process", points: |v| per_device(v, |d| Some(U64(d.largest_free_block))) },
-    Metric { name: "gpufrag.memory.largest_allocatable", unit: "By", kind: Kind::Gauge, float: false, help: "What one request can get now: max(largest free block, device free - 4 MiB + releasable)", points: |v| per_device(v, |d| Some(U64(largest_allocatable(d.largest_free_block, d.free.unwrap_or(0), d.releasable)))) },
-    Metric { name: "gpufrag.memory.device_free", unit: "By", kind: Kind::Gauge, float: false, help: "Free bytes on the device as last measured (what nvidia-smi shows as free)", points: |v| per_device(v, |d| d.free.map(U64)) },
-    Metric { name: "gpufrag.memory.unattributed", unit: "By", kind: Kind::Gauge, float: false, help: "Device memory in use that no traced process accounts for (0 under `run`, which traces every process it starts)", points: |v| per_device(v, |d| Some(U64(d.unattributed))) },
-    Metric { name: "gpufrag.memory.fragmentation", unit: "1", kind: Kind::Gauge, float: true, help: "Share of free memory (device free + stranded + releasable) that no single request can use", points: |v| per_device(v, |d| Some(F64(fragmentation(d.largest_free_block, d.free.unwrap_or(0), d.stranded, d.releasable)))) },
-    Metric { name: "gpufrag.memory.stranded_ratio", unit: "1", kind: Kind::Gauge, float: true, help: "Stranded bytes over reserved bytes", points: |v| per_device(v, |d| Some(F64(ratio(d.stranded, d.reserved)))) },
+    Metric { name: "gpufrag.memory.reserved", scope: Scope::Node, unit: "By", kind: Kind::Gauge, float: false, help: "Bytes the traced processes hold from the driver on the device (segments, mapped VMM memory, pool caches)", points: |v| per_device(v, |d| Some(U64(d.reserved))) },
+    Metric { name: "gpufrag.memory.allocated", scope: Scope::Node, unit: "By", kind: Kind::Gauge, float: false, help: "Bytes in live framework blocks, plus segments no framework owns", points: |v| per_device(v, |d| Some(U64(d.allocated))) },
+    Metric { name: "gpufrag.memory.stranded", scope: Scope::Node, unit: "By", kind: Kind::Gauge, float: false, help: "Free bytes inside framework segments that still hold a live block (PyTorch's inactive_split)", points: |v| per_device(v, |d| Some(U64(d.stranded))) },
+    Metric { name: "gpufrag.memory.releasable", scope: Scope::Node, unit: "By", kind: Kind::Gauge, float: false, help: "Bytes in cached segments with no live block: what empty_cache() would return", points: |v| per_device(v, |d| Some(U64(d.releasable))) },
+    Metric { name: "gpufrag.memory.page_stranded", scope: Scope::Node, unit: "By", kind: Kind::Gauge, float: false, help: "Free bytes in 2 MiB driver pages that hold a live sub-2 MiB driver allocation: usable by small requests only, never by one of 2 MiB or more", points: |v| per_device(v, |d| Some(U64(d.page_stranded))) },
+    Metric { name: "gpufrag.memory.largest_free_block", scope: Scope::Node, unit: "By", kind: Kind::Gauge, float: false, help: "The largest free run inside one segment of any traced process", points: |v| per_device(v, |d| Some(U64(d.largest_free_block))) },
+    Metric { name: "gpufrag.memory.largest_allocatable", scope: Scope::Node, unit: "By", kind: Kind::Gauge, float: false, help: "What one request can get now: max(largest free block, device free - 4 MiB + releasable)", points: |v| per_device(v, |d| Some(U64(largest_allocatable(d.largest_free_block, d.free.unwrap_or(0), d.releasable)))) },
+    Metric { name: "gpufrag.memory.device_free", scope: Scope::Node, unit: "By", kind: Kind::Gauge, float: false, help: "Free bytes on the device as last measured (what nvidia-smi shows as free)", points: |v| per_device(v, |d| d.free.map(U64)) },
+    Metric { name: "gpufrag.memory.unattributed", scope: Scope::Node, unit: "By", kind: Kind::Gauge, float: false, help: "Device memory in use that no traced process accounts for (0 under `run`, which traces every process it starts)", points: |v| per_device(v, |d| Some(U64(d.unattributed))) },
+    Metric { name: "gpufrag.memory.fragmentation", scope: Scope::Node, unit: "1", kind: Kind::Gauge, float: true, help: "Share of free memory (device free + stranded + releasable) that no single request can use", points: |v| per_device(v, |d| Some(F64(fragmentation(d.largest_free_block, d.free.unwrap_or(0), d.stranded, d.releasable)))) },
+    Metric { name: "gpufrag.memory.stranded_ratio", scope: Scope::Node, unit: "1", kind: Kind::Gauge, float: true, help: "Stranded bytes over reserved bytes", points: |v| per_device(v, |d| Some(F64(ratio(d.stranded, d.reserved)))) },
     // OpenTelemetry semantic conventions for GPUs (hardware/gpu).
-    Metric { name: "hw.gpu.memory.limit", unit: "By", kind: Kind::UpDownCounter, float: false, help: "Size of the GPU memory", points: |v| per_hw(v, |d| d.total.map(U64)) },
-    Metric { name: "hw.gpu.memory.usage", unit: "By", kind: Kind::UpDownCounter, float: false, help: "GPU memory used (total minus free)", points: |v| per_hw(v, |d| Some(U64(d.total?.saturating_sub(d.free?)))) },
-    Metric { name: "hw.gpu.memory.utilization", unit: "1", kind: Kind::Gauge, float: true, help: "Fraction of GPU memory used", points: |v| per_hw(v, |d| Some(F64(ratio(d.total?.saturating_sub(d.free?), d.total?)))) },
+    Metric { name: "hw.gpu.memory.limit", scope: Scope::Node, unit: "By", kind: Kind::UpDownCounter, float: false, help: "Size of the GPU memory", points: |v| per_hw(v, |d| d.total.map(U64)) },
+    Metric { name: "hw.gpu.memory.usage", scope: Scope::Node, unit: "By", kind: Kind::UpDownCounter, float: false, help: "GPU memory used (total minus free)", points: |v| per_hw(v, |d| Some(U64(d.total?.saturating_sub(d.free?)))) },
+    Metric { name: "hw.gpu.memory.utilization", scope: Scope::Node, unit: "1", kind: Kind::Gauge, float: true, help: "Fraction of GPU memory used", points: |v| per_hw(v, |d| Some(F64(ratio(d.total?.saturating_sub(d.free?), d.total?)))) },
     // Per process and device.
-    Metric { name: "gpufrag.process.memory.reserved", unit: "By", kind: Kind::Gauge, float: false, help: "Bytes the process holds from the driver on the device", points: |v| per_process(v, |p, _| U64(p.figures.reserved)) },
-    Metric { name: "gpufrag.process.memory.allocated", unit: "By", kind: Kind::Gauge, float: false, help: "Bytes in the process's live framework blocks, plus segments no framework owns", points: |v| per_process(v, |p, _| U64(p.figures.allocated)) },
-    Metric { name: "gpufrag.process.memory.stranded", unit: "By", kind: Kind::Gauge, float: false, help: "Free bytes inside the process's framework segments that still hold a live block", points: |v| per_process(v, |p, _| U64(p.figures.stranded)) },
-    Metric { name: "gpufrag.process.memory.releasable", unit: "By", kind: Kind::Gauge, float: false, help: "Bytes in the process's cached segments with no live block", points: |v| per_process(v, |p, _| U64(p.figures.releasable)) },
-    Metric { name: "gpufrag.process.memory.page_stranded", unit: "By", kind: Kind::Gauge, float: false, help: "Free bytes in 2 MiB driver pages that hold a live sub-2 MiB driver allocation of the process", points: |v| per_process(v, |p, _| U64(p.figures.page_stranded)) },
-    Metric { name: "gpufrag.process.memory.largest_free_block", unit: "By", kind: Kind::Gauge, float: false, help: "The largest free run inside one of the process's segments", points: |v| per_process(v, |p, _| U64(p.figures.largest_free_block)) },
-    Metric { name: "gpufrag.process.memory.largest_allocatable", unit: "By", kind: Kind::Gauge, float: false, help: "What one request of the process can get now", points: |v| per_process(v, |p, v| U64(largest_allocatable(p.figures.largest_free_block, free_of(v, p.device), p.figures.releasable))) },
-    Metric { name: "gpufrag.process.memory.fragmentation", unit: "1", kind: Kind::Gauge, float: true, help: "Share of the memory free to the process that no single request can use", points: |v| per_process(v, |p, v| F64(fragmentation(p.figures.largest_free_block, free_of(v, p.device), p.figures.stranded, p.figures.releasable))) },
-    Metric { name: "gpufrag.process.memory.stranded_ratio", unit: "1", kind: Kind::Gauge, float: true, help: "The process's stranded bytes over its reserved bytes", points: |v| per_process(v, |p, _| F64(ratio(p.figures.stranded, p.figures.reserved))) },
-    Metric { name: "gpufrag.allocations", unit: "{allocation}", kind: Kind::Counter, float: false, help: "Successful allocations (framework blocks and driver segments)", points: |v| per_process(v, |p, _| U64(p.allocs)) },
-    Metric { name: "gpufrag.frees", unit: "{free}", kind: Kind::Counter, float: false, help: "Frees (framework blocks and driver segments)", points: |v| per_process(v, |p, _| U64(p.frees)) },
+    Metric { name: "gpufrag.process.memory.reserved", scope: Scope::Process, unit: "By", kind: Kind::Gauge, float: false, help: "Bytes the process holds from the driver on the device", points: |v| per_process(v, |p, _| U64(p.figures.reserved)) },
+    Metric { name: "gpufrag.process.memory.allocated", scope: Scope::Process, unit: "By", kind: Kind::Gauge, float: false, help: "Bytes in the process's live framework blocks, plus segments no framework owns", points: |v| per_process(v, |p, _| U64(p.figures.allocated)) },
+    Metric { name: "gpufrag.process.memory.stranded", scope: Scope::Process, unit: "By", kind: Kind::Gauge, float: false, help: "Free bytes inside the process's framework segments that still hold a live block", points: |v| per_process(v, |p, _| U64(p.figures.stranded)) },
+    Metric { name: "gpufrag.process.memory.releasable", scope: Scope::Process, unit: "By", kind: Kind::Gauge, float: false, help: "Bytes in the process's cached segments with no live block", points: |v| per_process(v, |p, _| U64(p.figures.releasable)) },
+    Metric { name: "gpufrag.process.memory.page_stranded", scope: Scope::Process, unit: "By", kind: Kind::Gauge, float: false, help: "Free bytes in 2 MiB driver pages that hold a live sub-2 MiB driver allocation of the process", points: |v| per_process(v, |p, _| U64(p.figures.page_stranded)) },
+    Metric { name: "gpufrag.process.memory.largest_free_block", scope: Scope::Process, unit: "By", kind: Kind::Gauge, float: false, help: "The largest free run inside one of the process's segments", points: |v| per_process(v, |p, _| U64(p.figures.largest_free_block)) },
+    Metric { name: "gpufrag.process.memory.largest_allocatable", scope: Scope::Process, unit: "By", kind: Kind::Gauge, float: false, help: "What one request of the process can get now", points: |v| per_process(v, |p, v| U64(largest_allocatable(p.figures.largest_free_block, free_of(v, p.device), p.figures.releasable))) },
+    Metric { name: "gpufrag.process.memory.fragmentation", scope: Scope::Process, unit: "1", kind: Kind::Gauge, float: true, help: "Share of the memory free to the process that no single request can use", points: |v| per_process(v, |p, v| F64(fragmentation(p.figures.largest_free_block, free_of(v, p.device), p.figures.stranded, p.figures.releasable))) },
+    Metric { name: "gpufrag.process.memory.stranded_ratio", scope: Scope::Process, unit: "1", kind: Kind::Gauge, float: true, help: "The process's stranded bytes over its reserved bytes", points: |v| per_process(v, |p, _| F64(ratio(p.figures.stranded, p.figures.reserved))) },
+    Metric { name: "gpufrag.allocations", scope: Scope::Process, unit: "{allocation}", kind: Kind::Counter, float: false, help: "Successful allocations (framework blocks and driver segments)", points: |v| per_process(v, |p, _| U64(p.allocs)) },
+    Metric { name: "gpufrag.frees", scope: Scope::Process, unit: "{free}", kind: Kind::Counter, float: false, help: "Frees (framework blocks and driver segments)", points: |v| per_process(v, |p, _| U64(p.frees)) },
     Metric {
         name: "gpufrag.ooms",
+        scope: Scope::Process,
         unit: "{oom}",
         kind: Kind::Counter,
         float: false,
@@ -187,6 +211,7 @@ pub static METRICS: &[Metric] = &[
     },
     Metric {
         name: "gpufrag.process.memory.predicted_peak",
+        scope: Scope::Process,
         unit: "By",
         kind: Kind::Gauge,
         float: false,
@@ -200,6 +225,7 @@ pub static METRICS: &[Metric] = &[
     },
     Metric {
         name: "gpufrag.process.memory.by_owner",
+        scope: Scope::Process,
         unit: "By",
         kind: Kind::Gauge,
         float: false,
@@ -217,10 +243,11 @@ pub static METRICS: &[Metric] = &[
             out
         },
     },
-    Metric { name: "gpufrag.foresight.warnings", unit: "{warning}", kind: Kind::Counter, float: false, help: "Foresight: forecasts whose simulated next steps do not fit in what the process may hold (a predicted OOM: checkpoint now)", points: |v| per_process(v, |p, _| U64(p.warnings)) },
-    Metric { name: "gpufrag.alloc_retries", unit: "{retry}", kind: Kind::Counter, float: false, help: "Failed allocations that recovered: the same thread's next allocation of that size succeeded after memory was released (PyTorch's num_alloc_retries); never counted in gpufrag.ooms", points: |v| per_process(v, |p, _| U64(p.retries)) },
+    Metric { name: "gpufrag.foresight.warnings", scope: Scope::Process, unit: "{warning}", kind: Kind::Counter, float: false, help: "Foresight: forecasts whose simulated next steps do not fit in what the process may hold (a predicted OOM: checkpoint now)", points: |v| per_process(v, |p, _| U64(p.warnings)) },
+    Metric { name: "gpufrag.alloc_retries", scope: Scope::Process, unit: "{retry}", kind: Kind::Counter, float: false, help: "Failed allocations that recovered: the same thread's next allocation of that size succeeded after memory was released (PyTorch's num_alloc_retries); never counted in gpufrag.ooms", points: |v| per_process(v, |p, _| U64(p.retries)) },
     Metric {
         name: "gpufrag.ooms.held",
+        scope: Scope::Process,
         unit: "{oom}",
         kind: Kind::Counter,
         float: false,
@@ -238,7 +265,7 @@ pub static METRICS: &[Metric] = &[
         },
     },
     // Global.
-    Metric { name: "gpufrag.events.dropped", unit: "{event}", kind: Kind::Counter, float: false, help: "Events the capture dropped rather than block the traced program (figures are lower bounds when this grows)", points: |v| vec![Point { attrs: Vec::new(), value: U64(v.dropped) }] },
+    Metric { name: "gpufrag.events.dropped", scope: Scope::Node, unit: "{event}", kind: Kind::Counter, float: false, help: "Events the capture dropped rather than block the traced program (figures are lower bounds when this grows)", points: |v| vec![Point { attrs: Vec::new(), value: U64(v.dropped) }] },
 ];
 
 /// The Prometheus name of a metric, as the OpenTelemetry → Prometheus compatibility rules give

@@ -12,7 +12,9 @@
 //! over it: `--otlp` / `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`),
 //! `--otlp-protocol` / `OTEL_EXPORTER_OTLP_PROTOCOL`, `--otlp-interval` /
 //! `OTEL_METRIC_EXPORT_INTERVAL`; `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_EXPORTER_OTLP_TIMEOUT`,
-//! `OTEL_RESOURCE_ATTRIBUTES` and `OTEL_SERVICE_NAME` are read as the specification says.
+//! `OTEL_RESOURCE_ATTRIBUTES` and `OTEL_SERVICE_NAME` are read as the specification says. An
+//! https:// collector is reached over TLS ([`tls`]: the system's CA certificates, `--otlp-ca` /
+//! `OTEL_EXPORTER_OTLP_CERTIFICATE`, and a client certificate for mTLS).
 
 pub mod catalog;
 pub mod gpu;
@@ -21,6 +23,7 @@ pub mod otlp;
 pub mod prometheus;
 pub mod resource;
 pub mod store;
+pub mod tls;
 
 use crate::event::Event;
 use crate::ingest::State;
@@ -56,6 +59,16 @@ pub struct ExportArgs {
     /// Time between OTLP exports: 500ms, 10s, 1m, or a number of milliseconds [default: 10s].
     #[arg(long, value_name = "DURATION", env = "OTEL_METRIC_EXPORT_INTERVAL", value_parser = parse_interval)]
     pub otlp_interval: Option<Duration>,
+    /// Trust this CA (PEM) for an https:// collector, beside the system's CA certificates.
+    #[arg(long, value_name = "FILE", env = "OTEL_EXPORTER_OTLP_CERTIFICATE")]
+    pub otlp_ca: Option<std::path::PathBuf>,
+    /// Present this client certificate (PEM) to an https:// collector that requires one (mTLS);
+    /// with --otlp-client-key.
+    #[arg(long, value_name = "FILE", env = "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE")]
+    pub otlp_client_cert: Option<std::path::PathBuf>,
+    /// The client certificate's private key (PEM); with --otlp-client-cert.
+    #[arg(long, value_name = "FILE", env = "OTEL_EXPORTER_OTLP_CLIENT_KEY")]
+    pub otlp_client_key: Option<std::path::PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics. ADDR is PORT or HOST:PORT; a bare port
     /// or no value binds 127.0.0.1 (default 127.0.0.1:9464).
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = prometheus::DEFAULT_ADDR)]
@@ -144,7 +157,12 @@ pub fn otlp_config(args: &ExportArgs) -> anyhow::Result<Option<Config>> {
     } else {
         Some(DEFAULT_TIMEOUT)
     };
-    Ok(Some(Config { endpoint, protocol, interval: args.otlp_interval.unwrap_or(DEFAULT_INTERVAL), timeout }))
+    let tls =
+        tls::TlsFiles { ca: args.otlp_ca.clone(), client_cert: args.otlp_client_cert.clone(), client_key: args.otlp_client_key.clone() };
+    if tls.any() && !endpoint.starts_with("https://") {
+        bail!("--otlp {endpoint}: --otlp-ca and the client certificate are for a TLS collector; its URL must be https://");
+    }
+    Ok(Some(Config { endpoint, protocol, interval: args.otlp_interval.unwrap_or(DEFAULT_INTERVAL), timeout, tls }))
 }
 
 /// The observers the flags ask for.

@@ -1,28 +1,38 @@
-//! OTLP metrics export: an OpenTelemetry SDK meter provider whose periodic reader runs on its own
-//! thread, collects the [`METRICS`] catalogue through observable instruments (their callbacks
-//! read the reader's current view of the latest snapshot) and sends it over gRPC (tonic, on a
-//! one-worker Tokio runtime of our own) or http/protobuf (reqwest's blocking client).
+//! OTLP metrics export: one OpenTelemetry SDK meter provider per resource, the node's and one
+//! per traced process, each with a manual reader, all collected in one round per interval by a
+//! thread of our own and sent through one exporter over gRPC (tonic, on a one-worker Tokio
+//! runtime of our own) or http/protobuf (reqwest's blocking client). The observable instruments
+//! of the [`METRICS`] catalogue read that round's view of the latest snapshot: the node's
+//! provider the device and global metrics and the allocation-size histogram, a process's provider
+//! that process's series. So a process's series arrive under its own resource (its pid, its
+//! container and pod: [`super::resource::process_resource`]), which the collector's
+//! k8sattributes processor can enrich, as other eBPF agents report theirs; the SDK gives one
+//! provider one resource, and an SDK `ResourceMetrics` cannot be built outside it.
 //!
-//! Nothing here runs on the capture path. The reader keeps no backlog: each interval it collects
-//! the figures of that moment and makes one export (with the exporter's few retries); if the
-//! collector is down, that export fails and the next interval's figures are the next try. So the
-//! queue is bounded at one in-flight export, a long outage costs nothing but the points it
-//! missed, and export resumes by itself when the collector is back. Each outage is reported once
-//! on stderr, with the endpoint, and so is its end.
+//! Nothing here runs on the capture path. The round keeps no backlog: each interval it collects
+//! the figures of that moment and makes one export per resource (with the exporter's few
+//! retries); if the collector is down, the first export fails, the round stops there, and the
+//! next interval's figures are the next try. So at most one export is in flight, a long outage
+//! costs nothing but the points it missed, and export resumes by itself when the collector is
+//! back. Each outage is reported once on stderr, with the endpoint, and so is its end. A
+//! process's provider is made when the process first appears in a view and dropped when it has
+//! left the views (the exit rule of [`super::store`]): their number is that of the processes
+//! exported.
 
-use super::catalog::{AttrValue, Kind, Value, ALLOC_SIZE, ALLOC_SIZE_HELP, METRICS};
-use super::store::{HistPoint, Reader, BUCKETS};
+use super::catalog::{AttrValue, Kind, Scope, Value, ALLOC_SIZE, ALLOC_SIZE_HELP, METRICS};
+use super::store::{HistPoint, Reader, View, BUCKETS};
 use crate::ingest::histogram::BUCKET_BOUNDS;
 use anyhow::Context;
 use opentelemetry::metrics::{Histogram, Meter, MeterProvider as _};
 use opentelemetry::KeyValue;
-use opentelemetry_otlp::{MetricExporter, WithExportConfig};
+use opentelemetry_otlp::{MetricExporter, WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
-use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
+use opentelemetry_sdk::metrics::reader::MetricReader;
+use opentelemetry_sdk::metrics::{InstrumentKind, ManualReader, SdkMeterProvider, Temporality};
 use opentelemetry_sdk::Resource;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -57,27 +67,43 @@ pub struct Config {
     pub interval: Duration,
     /// Timeout of one export attempt; `None` leaves it to `OTEL_EXPORTER_OTLP_(METRICS_)TIMEOUT`.
     pub timeout: Option<Duration>,
+    /// The CA and client certificate files for an https:// endpoint.
+    pub tls: super::tls::TlsFiles,
 }
 
 /// Where failures and recoveries are reported (stderr in the binary; tests collect them).
 pub type Log = Arc<dyn Fn(&str) + Send + Sync>;
 
-/// Wraps the OTLP exporter: ends the reader's collection after each export and reports each
-/// outage once, with the endpoint, and its end.
+/// Wraps the OTLP exporter: counts the exports that succeeded and reports each outage once, with
+/// the endpoint, and its end.
 pub struct Watched<E> {
     inner: E,
     endpoint: String,
-    reader: Arc<Reader>,
     failing: AtomicBool,
     log: Log,
+    /// The transport's own error text, where the exporter drops it (HTTP).
+    detail: Option<super::tls::Detail>,
     /// Exports that succeeded.
     pub ok: Arc<AtomicU64>,
 }
 
 impl<E> Watched<E> {
     /// Wraps `inner`, which sends to `endpoint`.
-    pub fn new(inner: E, endpoint: &str, reader: Arc<Reader>, log: Log) -> Watched<E> {
-        Watched { inner, endpoint: endpoint.to_string(), reader, failing: AtomicBool::new(false), log, ok: Arc::new(AtomicU64::new(0)) }
+    pub fn new(inner: E, endpoint: &str, log: Log) -> Watched<E> {
+        Watched {
+            inner,
+            endpoint: endpoint.to_string(),
+            failing: AtomicBool::new(false),
+            log,
+            detail: None,
+            ok: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Reads the transport's error text from `detail` when an export fails.
+    pub fn with_detail(mut self, detail: Option<super::tls::Detail>) -> Watched<E> {
+        self.detail = detail;
+        self
     }
 
     fn outcome(&self, r: &OTelSdkResult) {
@@ -90,8 +116,15 @@ impl<E> Watched<E> {
             }
             Err(e) => {
                 if !self.failing.swap(true, Ordering::Relaxed) {
+                    // One line: the error's text may carry the transport's newlines.
+                    let mut text = e.to_string();
+                    if let Some(d) = self.detail.as_ref().and_then(|d| d.lock().unwrap_or_else(|p| p.into_inner()).take()) {
+                        text = format!("{text} ({d})");
+                    }
+                    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+                    let fix = super::tls::advice(&text).map(|a| format!(" ({a})")).unwrap_or_default();
                     (self.log)(&format!(
-                        "gpufrag: OTLP export to {} failed: {e}; capture goes on, and export resumes when the collector answers (reported once per outage)",
+                        "gpufrag: OTLP export to {} failed: {text}{fix}; capture goes on, and export resumes when the collector answers (reported once per outage)",
                         self.endpoint
                     ));
                 }
@@ -103,7 +136,6 @@ impl<E> Watched<E> {
 impl<E: PushMetricExporter> PushMetricExporter for Watched<E> {
     async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
         let r = self.inner.export(metrics).await;
-        self.reader.collected(r.is_ok());
         self.outcome(&r);
         r
     }
@@ -206,9 +238,18 @@ impl HistMirror {
     }
 }
 
-fn register(meter: &Meter, reader: &Arc<Reader>) {
-    for m in METRICS {
-        let r = reader.clone();
+/// Where a provider's callbacks read the view of the round in progress.
+type Slot = Arc<Mutex<Arc<View>>>;
+
+fn view_of(slot: &Slot) -> Arc<View> {
+    slot.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// Registers the metrics of `scope` on `meter`, reading `slot`; the node's also gets the
+/// allocation-size histogram.
+fn register(meter: &Meter, slot: &Slot, scope: Scope) {
+    for m in METRICS.iter().filter(|m| m.scope == scope) {
+        let r = slot.clone();
         let points = m.points;
         match (m.kind, m.float) {
             (Kind::Gauge, false) => {
@@ -217,7 +258,7 @@ fn register(meter: &Meter, reader: &Arc<Reader>) {
                     .with_unit(m.unit)
                     .with_description(m.help)
                     .with_callback(move |o| {
-                        for p in points(&r.view()) {
+                        for p in points(&view_of(&r)) {
                             if let Value::U64(v) = p.value {
                                 o.observe(v, &key_values(&p.attrs));
                             }
@@ -231,7 +272,7 @@ fn register(meter: &Meter, reader: &Arc<Reader>) {
                     .with_unit(m.unit)
                     .with_description(m.help)
                     .with_callback(move |o| {
-                        for p in points(&r.view()) {
+                        for p in points(&view_of(&r)) {
                             if let Value::F64(v) = p.value {
                                 o.observe(v, &key_values(&p.attrs));
                             }
@@ -245,7 +286,7 @@ fn register(meter: &Meter, reader: &Arc<Reader>) {
                     .with_unit(m.unit)
                     .with_description(m.help)
                     .with_callback(move |o| {
-                        for p in points(&r.view()) {
+                        for p in points(&view_of(&r)) {
                             if let Value::U64(v) = p.value {
                                 o.observe(i64::try_from(v).unwrap_or(i64::MAX), &key_values(&p.attrs));
                             }
@@ -259,7 +300,7 @@ fn register(meter: &Meter, reader: &Arc<Reader>) {
                     .with_unit(m.unit)
                     .with_description(m.help)
                     .with_callback(move |o| {
-                        for p in points(&r.view()) {
+                        for p in points(&view_of(&r)) {
                             if let Value::U64(v) = p.value {
                                 o.observe(v, &key_values(&p.attrs));
                             }
@@ -268,6 +309,9 @@ fn register(meter: &Meter, reader: &Arc<Reader>) {
                     .build();
             }
         }
+    }
+    if scope != Scope::Node {
+        return;
     }
     let mirror = Arc::new(HistMirror {
         hist: meter
@@ -281,22 +325,170 @@ fn register(meter: &Meter, reader: &Arc<Reader>) {
     // The SDK runs every observable callback of a collection before it reads any aggregate
     // (opentelemetry_sdk's `Pipeline::produce`), so what this callback records lands in the same
     // collection. It observes nothing itself.
-    let r = reader.clone();
-    meter.u64_observable_gauge("gpufrag.internal.histogram_mirror").with_callback(move |_| mirror.record(&r.view().alloc_sizes)).build();
+    let r = slot.clone();
+    meter.u64_observable_gauge("gpufrag.internal.histogram_mirror").with_callback(move |_| mirror.record(&view_of(&r).alloc_sizes)).build();
+}
+
+/// A manual reader that the round keeps a handle to after the provider took it.
+#[derive(Debug, Clone)]
+struct Shared(Arc<ManualReader>);
+
+impl MetricReader for Shared {
+    fn register_pipeline(&self, pipeline: std::sync::Weak<opentelemetry_sdk::metrics::Pipeline>) {
+        self.0.register_pipeline(pipeline);
+    }
+    fn collect(&self, rm: &mut ResourceMetrics) -> OTelSdkResult {
+        self.0.collect(rm)
+    }
+    fn force_flush(&self) -> OTelSdkResult {
+        self.0.force_flush()
+    }
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.0.shutdown_with_timeout(timeout)
+    }
+    fn temporality(&self, kind: InstrumentKind) -> Temporality {
+        self.0.temporality(kind)
+    }
+}
+
+/// One resource's meter provider, its reader and the slot its callbacks read.
+struct Scoped {
+    provider: SdkMeterProvider,
+    reader: Shared,
+    slot: Slot,
+}
+
+impl Scoped {
+    fn new(resource: Resource, scope: Scope, temporality: Temporality) -> Scoped {
+        let reader = Shared(Arc::new(ManualReader::builder().with_temporality(temporality).build()));
+        let provider = SdkMeterProvider::builder().with_reader(reader.clone()).with_resource(resource).build();
+        let slot: Slot = Arc::new(Mutex::new(Arc::new(View::default())));
+        register(&provider.meter("gpufrag"), &slot, scope);
+        Scoped { provider, reader, slot }
+    }
+
+    /// Collects this resource's figures of `view`.
+    fn collect(&self, view: View) -> Result<ResourceMetrics, String> {
+        *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(view);
+        let mut rm = ResourceMetrics::default();
+        self.reader.collect(&mut rm).map_err(|e| e.to_string())?;
+        Ok(rm)
+    }
+}
+
+/// Polls a future on this thread until it is ready (the HTTP exporter's future does its work
+/// in reqwest's blocking client and needs no runtime).
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
+
+/// What the round thread owns.
+struct Rounds {
+    exporter: Watched<MetricExporter>,
+    runtime: Option<tokio::runtime::Runtime>,
+    reader: Arc<Reader>,
+    resource: Resource,
+    node: Scoped,
+    processes: BTreeMap<u32, Scoped>,
+}
+
+impl Rounds {
+    fn send(&self, rm: &ResourceMetrics) -> OTelSdkResult {
+        match &self.runtime {
+            Some(rt) => rt.block_on(self.exporter.export(rm)),
+            None => block_on(self.exporter.export(rm)),
+        }
+    }
+
+    /// One collection: the node's resource, then each process's; stops at the first failed
+    /// export (the collector is down or refuses: the rest would fail alike).
+    fn round(&mut self) -> OTelSdkResult {
+        let view = self.reader.view();
+        let pids = view.pids();
+        // Providers of processes no longer exported go; new ones come.
+        self.processes.retain(|pid, s| {
+            let keep = pids.contains(pid);
+            if !keep {
+                let _ = s.provider.shutdown();
+            }
+            keep
+        });
+        let temporality = self.exporter.temporality();
+        for pid in &pids {
+            if !self.processes.contains_key(pid) {
+                if let Some(p) = view.processes.iter().find(|p| p.pid == *pid) {
+                    let res = super::resource::process_resource(&self.resource, p);
+                    self.processes.insert(*pid, Scoped::new(res, Scope::Process, temporality));
+                }
+            }
+        }
+        let mut result = Ok(());
+        let mut batches = Vec::with_capacity(1 + pids.len());
+        match self.node.collect(view.scoped(None)) {
+            Ok(rm) => batches.push(rm),
+            Err(e) => result = Err(opentelemetry_sdk::error::OTelSdkError::InternalFailure(e)),
+        }
+        for (pid, s) in &self.processes {
+            match s.collect(view.scoped(Some(*pid))) {
+                Ok(rm) => batches.push(rm),
+                Err(e) => result = Err(opentelemetry_sdk::error::OTelSdkError::InternalFailure(e)),
+            }
+        }
+        for rm in &batches {
+            if let Err(e) = self.send(rm) {
+                result = Err(e);
+                break;
+            }
+        }
+        self.reader.collected(result.is_ok());
+        result
+    }
+
+    fn run(mut self, interval: Duration, stop: std::sync::mpsc::Receiver<()>) -> OTelSdkResult {
+        // Until shutdown (or the pipeline dropped): a round per interval; then the last one.
+        while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(interval) {
+            let _ = self.round();
+        }
+        let last = self.round();
+        for s in self.processes.values() {
+            let _ = s.provider.shutdown();
+        }
+        let _ = self.node.provider.shutdown();
+        let closed = self.exporter.shutdown_with_timeout(Duration::from_secs(1));
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_secs(1));
+        }
+        last.and(closed)
+    }
 }
 
 /// A running OTLP pipeline.
 pub struct Pipeline {
-    provider: SdkMeterProvider,
-    /// Keeps tonic's channel alive (gRPC only); dropped after the provider is shut down.
-    runtime: Option<tokio::runtime::Runtime>,
-    /// Exports that succeeded.
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<OTelSdkResult>>,
+    /// Exports that succeeded (one per resource per round).
     pub ok: Arc<AtomicU64>,
 }
 
 impl Pipeline {
-    /// Starts exporting what `reader` sees.
+    /// Starts exporting what `reader` sees; `resource` is the node's.
     pub fn start(cfg: &Config, reader: Arc<Reader>, resource: Resource, log: Log) -> anyhow::Result<Pipeline> {
+        let tls = super::tls::load(&cfg.tls)?;
+        let mut detail = None;
         let (exporter, runtime) = match cfg.protocol {
             Protocol::Grpc => {
                 let rt = tokio::runtime::Builder::new_multi_thread()
@@ -307,14 +499,23 @@ impl Pipeline {
                     .context("starting the OTLP/gRPC runtime")?;
                 let _guard = rt.enter();
                 let mut b = MetricExporter::builder().with_tonic().with_endpoint(cfg.endpoint.clone());
+                if cfg.endpoint.starts_with("https://") {
+                    b = b.with_tls_config(super::tls::grpc_config(&tls));
+                }
                 if let Some(t) = cfg.timeout {
                     b = b.with_timeout(t);
                 }
                 (b.build().with_context(|| format!("setting up OTLP/gRPC export to {}", cfg.endpoint))?, Some(rt))
             }
             Protocol::HttpProtobuf => {
+                // Our own client (the builder's default cannot take a CA or a client certificate),
+                // with the timeout the builder would give its own.
+                let client =
+                    super::tls::KeepingErrors::new(super::tls::http_client(&tls, cfg.timeout.unwrap_or_else(super::tls::env_timeout))?);
+                detail = Some(client.detail.clone());
                 let mut b = MetricExporter::builder()
                     .with_http()
+                    .with_http_client(client)
                     .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                     .with_endpoint(cfg.endpoint.clone());
                 if let Some(t) = cfg.timeout {
@@ -323,23 +524,36 @@ impl Pipeline {
                 (b.build().with_context(|| format!("setting up OTLP/HTTP export to {}", cfg.endpoint))?, None)
             }
         };
-        let watched = Watched::new(exporter, &cfg.endpoint, reader.clone(), log);
-        let ok = watched.ok.clone();
-        let periodic = PeriodicReader::builder(watched).with_interval(cfg.interval).build();
-        let provider = SdkMeterProvider::builder().with_reader(periodic).with_resource(resource).build();
-        let meter = provider.meter("gpufrag");
-        register(&meter, &reader);
-        Ok(Pipeline { provider, runtime, ok })
+        let exporter = Watched::new(exporter, &cfg.endpoint, log).with_detail(detail);
+        let ok = exporter.ok.clone();
+        let node = Scoped::new(resource.clone(), Scope::Node, exporter.temporality());
+        let rounds = Rounds { exporter, runtime, reader, resource, node, processes: BTreeMap::new() };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let interval = cfg.interval;
+        let thread = std::thread::Builder::new()
+            .name("gpufrag-otlp-rounds".into())
+            .spawn(move || rounds.run(interval, rx))
+            .context("starting the OTLP export thread")?;
+        Ok(Pipeline { stop: Some(tx), thread: Some(thread), ok })
     }
 
-    /// Exports the figures of this moment a last time and stops (at most about 5 s, the SDK's
-    /// shutdown limit, when the collector does not answer).
+    /// Exports the figures of this moment a last time and stops (one export's timeout and
+    /// retries at most when the collector does not answer: the last round stops at its first
+    /// failure).
     pub fn shutdown(mut self) -> OTelSdkResult {
-        let r = self.provider.shutdown();
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_timeout(Duration::from_secs(1));
+        drop(self.stop.take());
+        match self.thread.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(opentelemetry_sdk::error::OTelSdkError::InternalFailure("the OTLP export thread panicked".into())),
+            None => Ok(()),
         }
-        r
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        // Dropped without shutdown (an error path): stop the thread without waiting for it.
+        drop(self.stop.take());
     }
 }
 
@@ -398,11 +612,9 @@ mod tests {
         let lines = Arc::new(Mutex::new(Vec::<String>::new()));
         let l2 = lines.clone();
         let fail = Arc::new(AtomicBool::new(true));
-        let reader = Arc::new(Reader::new(Arc::new(super::super::store::Store::default())));
         let w = Watched::new(
             Flaky { fail: fail.clone() },
             "http://127.0.0.1:1",
-            reader,
             Arc::new(move |s: &str| l2.lock().unwrap().push(s.to_string())),
         );
         let rm = ResourceMetrics::default();

@@ -5,6 +5,8 @@
 //! apart), `host.name`, and, in Kubernetes, the node, pod and namespace from the downward-API variables
 //! `K8S_NODE_NAME`, `K8S_POD_NAME`, `K8S_NAMESPACE_NAME` (and `K8S_POD_UID`). Attributes in
 //! `OTEL_RESOURCE_ATTRIBUTES` override these defaults; `OTEL_SERVICE_NAME` overrides both.
+//! That is the node's resource; over OTLP each traced process's series go under a resource of
+//! their own ([`process_resource`]), as other eBPF agents report theirs.
 
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::resource::{EnvResourceDetector, ResourceDetector, TelemetryResourceDetector};
@@ -53,6 +55,27 @@ pub fn resource() -> Resource {
         b = b.with_service_name(name);
     }
     b.build()
+}
+
+/// Keys of the node's resource that name the agent's own pod and container: a process's
+/// resource drops them (its own, where known, take their place), so the collector's
+/// k8sattributes processor never files a process under the agent's pod.
+pub const AGENT_POD_KEYS: [&str; 5] = ["k8s.pod.name", "k8s.pod.uid", "k8s.namespace.name", "k8s.container.name", "container.id"];
+
+/// The resource of one traced process's series: the node's (service, host, `k8s.node.name`,
+/// `OTEL_RESOURCE_ATTRIBUTES`), less the agent's pod, plus `process.pid`,
+/// `process.executable.name` and the process's container and pod where known (`container.id`,
+/// `k8s.pod.uid`, `k8s.pod.name`, `k8s.namespace.name`, `k8s.container.name`): what the
+/// collector's k8sattributes processor matches on (`container.id`, `k8s.pod.uid`) and enriches.
+pub fn process_resource(node: &Resource, p: &super::store::ProcessPoint) -> Resource {
+    let mut attrs: Vec<KeyValue> =
+        node.iter().filter(|(k, _)| !AGENT_POD_KEYS.contains(&k.as_str())).map(|(k, v)| KeyValue::new(k.clone(), v.clone())).collect();
+    attrs.push(KeyValue::new("process.pid", i64::from(p.pid)));
+    attrs.push(KeyValue::new("process.executable.name", p.exe.to_string()));
+    if let Some(id) = &p.identity {
+        attrs.extend(id.attributes().into_iter().map(|(k, v)| KeyValue::new(k, v.to_string())));
+    }
+    Resource::builder_empty().with_attributes(attrs).build()
 }
 
 /// The resource's attributes as strings, sorted by key (for Prometheus's `target_info`).

@@ -73,6 +73,8 @@ pub struct DevicePoint {
     pub device: i16,
     /// `hw.id`: the GPU's UUID, or `gpu-<index>` without NVML.
     pub hw_id: Arc<str>,
+    /// `hw.model`, `hw.vendor`, `hw.driver_version` from NVML.
+    pub hardware: Arc<super::gpu::Hardware>,
     /// Total bytes, when measured.
     pub total: Option<u64>,
     /// Free bytes, when measured.
@@ -126,6 +128,8 @@ pub struct DeviceView {
     pub device: i16,
     /// `hw.id`.
     pub hw_id: Arc<str>,
+    /// `hw.model`, `hw.vendor`, `hw.driver_version` from NVML.
+    pub hardware: Arc<super::gpu::Hardware>,
     /// Σ reserved.
     pub reserved: u64,
     /// Σ allocated.
@@ -162,6 +166,26 @@ pub struct View {
     pub dropped: u64,
     /// Exited processes this view exports for the last time.
     exited_now: Vec<u32>,
+}
+
+impl View {
+    /// The part of this view that one OTLP resource reports: `None`, the node's (devices,
+    /// histograms, dropped events; no process); `Some(pid)`, that process's points, with the
+    /// devices its figures read (free bytes) but no histogram.
+    pub fn scoped(&self, pid: Option<u32>) -> View {
+        let (processes, alloc_sizes, dropped) = match pid {
+            None => (Vec::new(), self.alloc_sizes.clone(), self.dropped),
+            Some(pid) => (self.processes.iter().filter(|p| p.pid == pid).cloned().collect(), Vec::new(), 0),
+        };
+        View { seq: self.seq, processes, devices: self.devices.clone(), alloc_sizes, dropped, exited_now: Vec::new() }
+    }
+
+    /// The pids this view exports, each once, in order.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.processes.iter().map(|p| p.pid).collect();
+        v.dedup();
+        v
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -243,6 +267,7 @@ impl Reader {
             .map(|d| DeviceView {
                 device: d.device,
                 hw_id: d.hw_id.clone(),
+                hardware: d.hardware.clone(),
                 reserved: 0,
                 allocated: 0,
                 stranded: 0,
@@ -461,7 +486,7 @@ impl Builder {
             .into_iter()
             .map(|d| {
                 let t = state.devices.get(&d).copied().unwrap_or_default();
-                DevicePoint { device: d, hw_id: self.gpus.id(d), total: t.total, free: t.free }
+                DevicePoint { device: d, hw_id: self.gpus.id(d), hardware: self.gpus.hardware(d), total: t.total, free: t.free }
             })
             .collect();
         let alloc_sizes = hist

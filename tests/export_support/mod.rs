@@ -356,6 +356,7 @@ pub fn exported(record: &Path, dir: &Path) -> (String, Option<Vec<Received>>) {
         otlp_interval: Some(std::time::Duration::from_millis(300)),
         prometheus: Some(format!("127.0.0.1:{prom}")),
         nvml_lib: Some("none".into()),
+        ..Default::default()
     };
     let mut exporter = gpufrag::export::exporter_from_args(&args, std::sync::Arc::new(|_: &str| {})).expect("exporter");
     gpufrag::export::replay(&events, &mut exporter, std::time::Duration::from_millis(700));

@@ -3,7 +3,8 @@
 //! `cuDeviceGetUuid_v2`, to compare UUIDs). Per device it prints
 //! `RESULT test=nvml device=I uuid=.. driver_uuid_match=0|1 total=.. reserved=.. free=.. used=.. v1_free=.. v1_used=.. processes=K count_query_rc=R`
 //! then `PROCESS device=I pid=P used=BYTES` for each compute process and
-//! `INFO device=I name=NAME` (the name may contain spaces, so it ends its line).
+//! `INFO device=I name=NAME` (the name may contain spaces, so it ends its line); last
+//! `INFO driver_version=VERSION` (`nvmlSystemGetDriverVersion`).
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
@@ -72,6 +73,7 @@ pub fn nvml() -> Outcome {
     let handle = nvml_fn!(lib, "nvmlDeviceGetHandleByIndex_v2", unsafe extern "C" fn(c_uint, *mut Device) -> c_int);
     let uuid = nvml_fn!(lib, "nvmlDeviceGetUUID", unsafe extern "C" fn(Device, *mut c_char, c_uint) -> c_int);
     let name = nvml_fn!(lib, "nvmlDeviceGetName", unsafe extern "C" fn(Device, *mut c_char, c_uint) -> c_int);
+    let driver = nvml_fn!(lib, "nvmlSystemGetDriverVersion", unsafe extern "C" fn(*mut c_char, c_uint) -> c_int);
     let mem_v1 = nvml_fn!(lib, "nvmlDeviceGetMemoryInfo", unsafe extern "C" fn(Device, *mut Memory) -> c_int);
     let mem_v2 = nvml_fn!(lib, "nvmlDeviceGetMemoryInfo_v2", unsafe extern "C" fn(Device, *mut MemoryV2) -> c_int);
     let procs =
@@ -123,6 +125,9 @@ pub fn nvml() -> Outcome {
             }
             println!("INFO device={i} name={}", CStr::from_ptr(nbuf.as_ptr()).to_string_lossy());
         }
+        let mut vbuf = [0 as c_char; 96];
+        nvml_ok("nvmlSystemGetDriverVersion", driver(vbuf.as_mut_ptr(), vbuf.len() as c_uint))?;
+        println!("INFO driver_version={}", CStr::from_ptr(vbuf.as_ptr()).to_string_lossy());
         nvml_ok("nvmlShutdown", shutdown())?;
     }
     Ok(())
