@@ -81,6 +81,17 @@ pub fn vec_bytes<T>(v: &Vec<T>) -> u64 {
     (v.capacity() as u64).saturating_mul(std::mem::size_of::<T>() as u64)
 }
 
+/// Bytes a vector needs to take one more item: its capacity, and when it is full, the doubled
+/// buffer it allocates while the old one is still held (the moment an allocation would fail).
+pub fn vec_growth_bytes<T>(v: &Vec<T>) -> u64 {
+    let held = vec_bytes(v);
+    if v.len() < v.capacity() {
+        return held;
+    }
+    let next = (v.capacity().max(4) as u64).saturating_mul(2).saturating_mul(std::mem::size_of::<T>() as u64);
+    held.saturating_add(next)
+}
+
 /// Decimal digits grouped by thousands, for the messages (52,428,800).
 pub fn grouped(n: u64) -> String {
     let s = n.to_string();

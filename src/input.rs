@@ -121,7 +121,7 @@ pub fn load_state(path: &Path) -> anyhow::Result<Loaded> {
     load_keeping(path, false)
 }
 
-/// How often (in events) a growing replay is checked against the memory budget.
+/// How often (in events) the state's OOMs are checked against the memory budget.
 const CHARGE_EVERY: usize = 1 << 16;
 
 fn load_keeping(path: &Path, keep_replay: bool) -> anyhow::Result<Loaded> {
@@ -148,12 +148,12 @@ fn load_keeping(path: &Path, keep_replay: bool) -> anyhow::Result<Loaded> {
                 text_bytes += t.len() as u64 + 48;
                 replay_texts.insert(events.len(), t.into_vec());
             }
-            events.push(entry.event);
-            if events.len() % CHARGE_EVERY == 0 {
-                let held = crate::budget::vec_bytes(&events) + text_bytes;
-                crate::budget::charge(path, || format!("the replay of {} events", crate::budget::grouped(events.len() as u64)), held)
+            if events.len() == events.capacity() {
+                let held = crate::budget::vec_growth_bytes(&events) + text_bytes;
+                crate::budget::charge(path, || format!("the replay of {}+ events", crate::budget::grouped(events.len() as u64)), held)
                     .map_err(|e| UnusableInput(e.to_string()))?;
             }
+            events.push(entry.event);
         }
         // The end of the trace: a failure nothing recovered is an OOM (crate::ingest::oom_rule).
         state.settle_all();

@@ -172,10 +172,21 @@ struct Builder {
     /// The time of the entry being read.
     now: u64,
     times: Vec<u64>,
+    /// The file named when the stream would grow past the memory budget (`None`: unchecked).
+    budget_file: Option<std::path::PathBuf>,
+    /// Why the stream stopped growing: past the memory budget.
+    over: Option<String>,
 }
 
 impl Builder {
     fn push(&mut self, r: Request, ops: Vec<(DeviceOp, usize)>) {
+        if self.requests.len() == self.requests.capacity() && self.over.is_none() {
+            self.charge_growth();
+        }
+        if self.over.is_some() {
+            // past the budget: the caller stops at this request and says why
+            return;
+        }
         self.op_start.push(self.recorded.len() as u32);
         for (op, e) in ops {
             self.recorded.push(op);
@@ -183,6 +194,23 @@ impl Builder {
         }
         self.requests.push(r);
         self.times.push(self.now);
+    }
+
+    /// Checks the growth the next request takes (every per-request vector doubling with the
+    /// requests) against the memory budget; past it, says why in `over`.
+    fn charge_growth(&mut self) {
+        let Some(file) = &self.budget_file else { return };
+        use crate::budget::{vec_bytes, vec_growth_bytes};
+        let bytes = vec_growth_bytes(&self.requests)
+            + vec_growth_bytes(&self.times)
+            + vec_growth_bytes(&self.op_start)
+            + vec_bytes(&self.recorded)
+            + vec_bytes(&self.recorded_entry)
+            + (self.live.capacity() as u64) * 16;
+        let n = self.requests.len() as u64;
+        if let Err(over) = crate::budget::charge(file, || format!("the request stream of {}+ requests", crate::budget::grouped(n)), bytes) {
+            self.over = Some(over.to_string());
+        }
     }
 
     fn flush_as_empty_cache(&mut self) {
@@ -428,20 +456,6 @@ impl EventPasses for RecordPasses<'_> {
     }
 }
 
-/// How often (in requests) a growing stream is checked against the memory budget.
-const CHARGE_EVERY: usize = 1 << 16;
-
-/// What a request stream holds, in bytes (its vectors' capacities).
-fn held(b: &Builder) -> u64 {
-    use crate::budget::vec_bytes;
-    vec_bytes(&b.requests)
-        + vec_bytes(&b.times)
-        + vec_bytes(&b.op_start)
-        + vec_bytes(&b.recorded)
-        + vec_bytes(&b.recorded_entry)
-        + (b.live.capacity() as u64) * 16
-}
-
 /// The request stream of the busiest (process, device) with block events of `src`, in four
 /// passes over it; its own settings are the process's first settings event.
 pub fn from_passes(src: &dyn EventPasses) -> Result<RequestStream, StreamError> {
@@ -525,7 +539,7 @@ pub fn from_passes(src: &dyn EventPasses) -> Result<RequestStream, StreamError> 
     let interleaved = before < 2;
     // pass 4: the requests
     let mut unattributed: Vec<DeviceOp> = Vec::new();
-    let mut b = Builder::default();
+    let mut b = Builder { budget_file: Some(src.name().to_path_buf()), ..Builder::default() };
     let (mut other, mut other_peak) = (0u64, 0u64);
     let mut other_segs: HashMap<u64, u64> = HashMap::new();
     let mut mapped_ranges = 0usize;
@@ -547,12 +561,9 @@ pub fn from_passes(src: &dyn EventPasses) -> Result<RequestStream, StreamError> 
             failed = Err(err);
             return false;
         }
-        if b.requests.len() % CHARGE_EVERY == CHARGE_EVERY - 1 {
-            let bytes = held(&b);
-            if let Err(over) = crate::budget::charge(src.name(), || format!("the request stream of {} requests", crate::budget::grouped(b.requests.len() as u64)), bytes) {
-                failed = Err(StreamError::Budget(over.to_string()));
-                return false;
-            }
+        if let Some(over) = b.over.take() {
+            failed = Err(StreamError::Budget(over));
+            return false;
         }
         true
     })?;
