@@ -9,8 +9,9 @@ repetition's frame lists are new lists of the same frame dicts (PyTorch shares f
 way), so the pickle has the shape of a real long snapshot. Pickled with protocol 4, as
 `torch.cuda.memory._dump_snapshot` does.
 
-usage: big_snapshot.py SRC.pickle OUT.pickle [ENTRIES=253000]
+usage: big_snapshot.py SRC.pickle[.gz] OUT.pickle [ENTRIES=253000]
 """
+import gzip
 import math
 import pickle
 import sys
@@ -20,6 +21,8 @@ def main():
     src, out = sys.argv[1], sys.argv[2]
     want = int(sys.argv[3]) if len(sys.argv) > 3 else 253_000
     with open(src, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    with (gzip.open if gz else open)(src, "rb") as f:
         snap = pickle.load(f)
     (trace,) = [t for t in snap["device_traces"] if t]
     reps = math.ceil(want / len(trace))
