@@ -8,7 +8,8 @@ mod big;
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let num = |i: usize, d: u64| args.get(i).map_or(Some(d), |a| a.replace('_', "").parse().ok());
-    let (Some(out), Some(Some(allocs)), Some(live), Some(oom_every)) = (args.first(), args.get(1).map(|_| num(1, 0)), num(2, 256), num(3, 0))
+    let (Some(out), Some(Some(allocs)), Some(live), Some(oom_every)) =
+        (args.first(), args.get(1).map(|_| num(1, 0)), num(2, 256), num(3, 0))
     else {
         eprintln!("usage: big_record OUT ALLOCS [LIVE=256] [OOM_EVERY=0]");
         return std::process::ExitCode::from(2);

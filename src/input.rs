@@ -138,7 +138,7 @@ fn load_keeping(path: &Path, keep_replay: bool) -> anyhow::Result<Loaded> {
             let entry = entry.map_err(|e| UnusableInput(e.to_string()))?;
             state.apply_text(&entry.event, entry.text.as_deref().unwrap_or(&[]));
             count += 1;
-            if count % CHARGE_EVERY == 0 {
+            if count.is_multiple_of(CHARGE_EVERY) {
                 charge_state(path, &state).map_err(|e| UnusableInput(e.to_string()))?;
             }
             if !keep_replay {

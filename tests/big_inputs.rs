@@ -24,7 +24,8 @@ struct Measured {
 }
 
 /// Runs `cmd` to its end and reads its resources from `wait4` (the process itself, not its
-/// parent's children totals).
+/// parent's children totals); the child is reaped by that `wait4`.
+#[allow(clippy::zombie_processes)]
 fn measured(cmd: &mut Command) -> Measured {
     let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
     let (mut out, mut err) = (child.stdout.take().expect("stdout"), child.stderr.take().expect("stderr"));
@@ -158,7 +159,8 @@ fn regression_issue23_report_of_a_record_past_the_budget_is_one_line() {
     let path = tmp("report.rec");
     big::write_record(&path, 250_000, 64, 0).expect("write record");
     let html = tmp("report.html");
-    let m = gpufrag_limited(256 << 10, &["report", path.to_str().expect("utf-8"), "-o", html.to_str().expect("utf-8"), "--max-memory", "8MiB"]);
+    let m =
+        gpufrag_limited(256 << 10, &["report", path.to_str().expect("utf-8"), "-o", html.to_str().expect("utf-8"), "--max-memory", "8MiB"]);
     assert_budget_error(&m, &path);
     assert!(!html.exists(), "no report past the budget");
     std::fs::remove_file(&path).ok();
@@ -202,7 +204,9 @@ fn analyze_of_a_253k_entry_gpt2_snapshot_takes_half_the_time_and_memory_of_cpyth
     };
     let ((gt, gm), (pt, pm)) = (median(&mut ours), median(&mut theirs));
     let (rt, rm) = (gt / pt, gm as f64 / pm as f64);
-    eprintln!("gpufrag analyze {gt:.3} s CPU, {gm} KiB; python3 pickle.load {pt:.3} s CPU, {pm} KiB: {rt:.2}x the time, {rm:.2}x the memory");
+    eprintln!(
+        "gpufrag analyze {gt:.3} s CPU, {gm} KiB; python3 pickle.load {pt:.3} s CPU, {pm} KiB: {rt:.2}x the time, {rm:.2}x the memory"
+    );
     assert!(rm <= 0.5, "peak memory {gm} KiB against CPython's {pm} KiB: {rm:.2}x (want <= 0.5x)");
     assert!(rt <= 0.5, "CPU time {gt:.3} s against CPython's {pt:.3} s: {rt:.2}x (want <= 0.5x)");
     std::fs::remove_file(&snap).ok();

@@ -557,7 +557,19 @@ pub fn from_passes(src: &dyn EventPasses) -> Result<RequestStream, StreamError> 
         if e.device != device {
             return true;
         }
-        if let Err(err) = request_of(&mut b, i, e, interleaved, &framework, &is_framework, &mut unattributed, &mut other, &mut other_peak, &mut other_segs, &mut mapped_ranges) {
+        if let Err(err) = request_of(
+            &mut b,
+            i,
+            e,
+            interleaved,
+            &framework,
+            &is_framework,
+            &mut unattributed,
+            &mut other,
+            &mut other_peak,
+            &mut other_segs,
+            &mut mapped_ranges,
+        ) {
             failed = Err(err);
             return false;
         }
@@ -612,7 +624,6 @@ pub fn from_passes(src: &dyn EventPasses) -> Result<RequestStream, StreamError> 
     Ok(s)
 }
 
-
 /// One event of the simulated process turned into requests (the body of [`from_passes`]'s last
 /// pass).
 #[allow(clippy::too_many_arguments)]
@@ -629,81 +640,81 @@ fn request_of(
     other_segs: &mut HashMap<u64, u64>,
     mapped_ranges: &mut usize,
 ) -> Result<(), StreamError> {
-        b.now = e.ts_ns;
-        match EventKind::from_u16(e.kind) {
-            Some(EventKind::BlockAlloc) => b.alloc(e.requested, e.stream, i, Some(e.addr)),
-            Some(EventKind::BlockFree) => {
-                b.free(e.addr, i, false, false)?;
-                b.free(e.addr, i, true, true)?;
-            }
-            Some(EventKind::MemAlloc | EventKind::MemFree | EventKind::Map | EventKind::Unmap) if !interleaved => {
-                let op = match EventKind::from_u16(e.kind) {
-                    Some(EventKind::MemAlloc) if is_framework(e.addr) => DeviceOp::SegmentAlloc { addr: e.addr, size: e.size },
-                    Some(EventKind::MemFree) if framework.iter().any(|&(a, _)| a == e.addr) => {
-                        DeviceOp::SegmentFree { addr: e.addr, size: framework.iter().find(|&&(a, _)| a == e.addr).map_or(0, |f| f.1) }
-                    }
-                    Some(EventKind::Map) => DeviceOp::Map { addr: e.addr, size: e.size },
-                    Some(EventKind::Unmap) => DeviceOp::Unmap { addr: e.addr, size: e.size },
-                    _ => return Ok(()),
-                };
-                match (op, unattributed.last_mut()) {
-                    (DeviceOp::Map { addr, size }, Some(DeviceOp::Map { addr: a0, size: s0 })) if *a0 + *s0 == addr => *s0 += size,
-                    (DeviceOp::Unmap { addr, size }, Some(DeviceOp::Unmap { addr: a0, size: s0 })) if *a0 + *s0 == addr => *s0 += size,
-                    _ => unattributed.push(op),
-                }
-                match op {
-                    DeviceOp::SegmentAlloc { size, .. } | DeviceOp::Map { size, .. } => {
-                        b.reserved += size;
-                        b.peak_reserved = b.peak_reserved.max(b.reserved);
-                    }
-                    DeviceOp::SegmentFree { size, .. } | DeviceOp::Unmap { size, .. } => b.reserved = b.reserved.saturating_sub(size),
-                }
-            }
-            Some(EventKind::MemAlloc) if is_framework(e.addr) => b.op(DeviceOp::SegmentAlloc { addr: e.addr, size: e.size }, i)?,
-            Some(EventKind::MemFree) if b.segments.contains_key(&e.addr) => {
-                let size = b.segments[&e.addr];
-                b.op(DeviceOp::SegmentFree { addr: e.addr, size }, i)?
-            }
-            Some(EventKind::MemAlloc) => {
-                *other += e.size;
-                *other_peak = (*other_peak).max(*other);
-                other_segs.insert(e.addr, e.size);
-            }
-            Some(EventKind::MemFree) => {
-                if let Some(s) = other_segs.remove(&e.addr) {
-                    *other -= s;
-                }
-            }
-            Some(EventKind::Map) => {
-                *mapped_ranges += 1;
-                // PyTorch maps page by page; pages mapped for one request are one `segment_map`
-                if let Some((DeviceOp::Map { addr, size }, _)) = b.pending.last_mut() {
-                    if *addr + *size == e.addr {
-                        *size += e.size;
-                        b.reserved += e.size;
-                        b.peak_reserved = b.peak_reserved.max(b.reserved);
-                        return Ok(());
-                    }
-                }
-                b.op(DeviceOp::Map { addr: e.addr, size: e.size }, i)?
-            }
-            Some(EventKind::Unmap) => {
-                if let Some((DeviceOp::Unmap { addr, size }, _)) = b.pending.last_mut() {
-                    if *addr + *size == e.addr {
-                        *size += e.size;
-                        b.reserved = b.reserved.saturating_sub(e.size);
-                        return Ok(());
-                    }
-                }
-                b.op(DeviceOp::Unmap { addr: e.addr, size: e.size }, i)?
-            }
-            Some(EventKind::AllocFailed) if e.op == EventKind::BlockAlloc as u16 => {
-                let free = (e.flags & crate::event::F_DEVICE_FREE_KNOWN != 0).then_some(e.device_free);
-                b.oom(e.requested, e.stream, i, free)
-            }
-            _ => {}
+    b.now = e.ts_ns;
+    match EventKind::from_u16(e.kind) {
+        Some(EventKind::BlockAlloc) => b.alloc(e.requested, e.stream, i, Some(e.addr)),
+        Some(EventKind::BlockFree) => {
+            b.free(e.addr, i, false, false)?;
+            b.free(e.addr, i, true, true)?;
         }
-        Ok(())
+        Some(EventKind::MemAlloc | EventKind::MemFree | EventKind::Map | EventKind::Unmap) if !interleaved => {
+            let op = match EventKind::from_u16(e.kind) {
+                Some(EventKind::MemAlloc) if is_framework(e.addr) => DeviceOp::SegmentAlloc { addr: e.addr, size: e.size },
+                Some(EventKind::MemFree) if framework.iter().any(|&(a, _)| a == e.addr) => {
+                    DeviceOp::SegmentFree { addr: e.addr, size: framework.iter().find(|&&(a, _)| a == e.addr).map_or(0, |f| f.1) }
+                }
+                Some(EventKind::Map) => DeviceOp::Map { addr: e.addr, size: e.size },
+                Some(EventKind::Unmap) => DeviceOp::Unmap { addr: e.addr, size: e.size },
+                _ => return Ok(()),
+            };
+            match (op, unattributed.last_mut()) {
+                (DeviceOp::Map { addr, size }, Some(DeviceOp::Map { addr: a0, size: s0 })) if *a0 + *s0 == addr => *s0 += size,
+                (DeviceOp::Unmap { addr, size }, Some(DeviceOp::Unmap { addr: a0, size: s0 })) if *a0 + *s0 == addr => *s0 += size,
+                _ => unattributed.push(op),
+            }
+            match op {
+                DeviceOp::SegmentAlloc { size, .. } | DeviceOp::Map { size, .. } => {
+                    b.reserved += size;
+                    b.peak_reserved = b.peak_reserved.max(b.reserved);
+                }
+                DeviceOp::SegmentFree { size, .. } | DeviceOp::Unmap { size, .. } => b.reserved = b.reserved.saturating_sub(size),
+            }
+        }
+        Some(EventKind::MemAlloc) if is_framework(e.addr) => b.op(DeviceOp::SegmentAlloc { addr: e.addr, size: e.size }, i)?,
+        Some(EventKind::MemFree) if b.segments.contains_key(&e.addr) => {
+            let size = b.segments[&e.addr];
+            b.op(DeviceOp::SegmentFree { addr: e.addr, size }, i)?
+        }
+        Some(EventKind::MemAlloc) => {
+            *other += e.size;
+            *other_peak = (*other_peak).max(*other);
+            other_segs.insert(e.addr, e.size);
+        }
+        Some(EventKind::MemFree) => {
+            if let Some(s) = other_segs.remove(&e.addr) {
+                *other -= s;
+            }
+        }
+        Some(EventKind::Map) => {
+            *mapped_ranges += 1;
+            // PyTorch maps page by page; pages mapped for one request are one `segment_map`
+            if let Some((DeviceOp::Map { addr, size }, _)) = b.pending.last_mut() {
+                if *addr + *size == e.addr {
+                    *size += e.size;
+                    b.reserved += e.size;
+                    b.peak_reserved = b.peak_reserved.max(b.reserved);
+                    return Ok(());
+                }
+            }
+            b.op(DeviceOp::Map { addr: e.addr, size: e.size }, i)?
+        }
+        Some(EventKind::Unmap) => {
+            if let Some((DeviceOp::Unmap { addr, size }, _)) = b.pending.last_mut() {
+                if *addr + *size == e.addr {
+                    *size += e.size;
+                    b.reserved = b.reserved.saturating_sub(e.size);
+                    return Ok(());
+                }
+            }
+            b.op(DeviceOp::Unmap { addr: e.addr, size: e.size }, i)?
+        }
+        Some(EventKind::AllocFailed) if e.op == EventKind::BlockAlloc as u16 => {
+            let free = (e.flags & crate::event::F_DEVICE_FREE_KNOWN != 0).then_some(e.device_free);
+            b.oom(e.requested, e.stream, i, free)
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// The request stream of a record's events (`texts` by index into them) up to and including the

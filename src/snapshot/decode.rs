@@ -115,8 +115,9 @@ pub(crate) fn decode_pickle_streamed(
     // Each segment, block and trace entry of an honest snapshot is a dict of its own, 16 bytes
     // of pickle at the very least; only memo sharing can make more of them.
     let budget = bytes.len() as u64 / 16 + 4096;
-    let mut snap = Walker { path, arena: &pk.containers, input_len: pk.input_len, offset_in, budget: std::cell::Cell::new(budget), cap: budget }
-        .snapshot(&pk.root, std::cell::RefCell::new(streamed))?;
+    let mut snap =
+        Walker { path, arena: &pk.containers, input_len: pk.input_len, offset_in, budget: std::cell::Cell::new(budget), cap: budget }
+            .snapshot(&pk.root, std::cell::RefCell::new(streamed))?;
     if pk.trailing > 0 {
         snap.warnings.push(format!("{} bytes after the pickle's STOP opcode ignored", pk.trailing));
     }
@@ -330,7 +331,11 @@ impl<'p> Walker<'p> {
         }
     }
 
-    fn snapshot(&self, root: &PV, streamed: std::cell::RefCell<std::collections::HashMap<u32, Streamed>>) -> Result<Snapshot, SnapshotError> {
+    fn snapshot(
+        &self,
+        root: &PV,
+        streamed: std::cell::RefCell<std::collections::HashMap<u32, Streamed>>,
+    ) -> Result<Snapshot, SnapshotError> {
         const SHAPE: &str = "a dict with `segments` and `device_traces`";
         let d = match container(self.arena, root) {
             Some(c) if c.kind == Kind::Dict => c,

@@ -91,5 +91,11 @@ pub fn write_record(path: &Path, allocs: u64, live: u64, oom_every: u64) -> std:
         events += 1;
     }
     w.finish()?;
-    Ok(Expect { events, failures: ooms, reserved: allocs.min(live) * BLOCK, allocated: allocs.min(live) * BLOCK, requests: allocs + 2 * frees })
+    Ok(Expect {
+        events,
+        failures: ooms,
+        reserved: allocs.min(live) * BLOCK,
+        allocated: allocs.min(live) * BLOCK,
+        requests: allocs + 2 * frees,
+    })
 }
