@@ -109,8 +109,22 @@ pub fn open_input(path: &Path) -> Result<std::fs::File, UnusableInput> {
     Ok(f)
 }
 
-/// Loads `path`, whatever it holds.
+/// Loads `path`, whatever it holds, keeping the events that rebuild its state ([`Loaded::replay`])
+/// for the views that play it back (the report's timeline, `top --replay`).
 pub fn load(path: &Path) -> anyhow::Result<Loaded> {
+    load_keeping(path, true)
+}
+
+/// Loads `path` for its state only (`analyze`): a record is streamed entry by entry and nothing
+/// that grows with its length is kept but the state itself ([`Loaded::replay`] is empty).
+pub fn load_state(path: &Path) -> anyhow::Result<Loaded> {
+    load_keeping(path, false)
+}
+
+/// How often (in events) the state's OOMs are checked against the memory budget.
+const CHARGE_EVERY: usize = 1 << 16;
+
+fn load_keeping(path: &Path, keep_replay: bool) -> anyhow::Result<Loaded> {
     let mut head = [0u8; 8];
     let n = open_input(path)?.read(&mut head).map_err(|e| UnusableInput(format!("{}: {e}", path.display())))?;
     if record::is_record(&head[..n]) {
@@ -119,18 +133,32 @@ pub fn load(path: &Path) -> anyhow::Result<Loaded> {
         let mut state = State::new(rules.clone());
         let mut events = Vec::new();
         let mut replay_texts = std::collections::BTreeMap::new();
+        let (mut count, mut text_bytes) = (0usize, 0u64);
         for entry in reader.by_ref() {
             let entry = entry.map_err(|e| UnusableInput(e.to_string()))?;
             state.apply_text(&entry.event, entry.text.as_deref().unwrap_or(&[]));
+            count += 1;
+            if count.is_multiple_of(CHARGE_EVERY) {
+                charge_state(path, &state).map_err(|e| UnusableInput(e.to_string()))?;
+            }
+            if !keep_replay {
+                continue;
+            }
             if let Some(t) = entry.text.filter(|t| !t.is_empty()) {
+                text_bytes += t.len() as u64 + 48;
                 replay_texts.insert(events.len(), t.into_vec());
+            }
+            if events.len() == events.capacity() {
+                let held = crate::budget::vec_growth_bytes(&events) + text_bytes;
+                crate::budget::charge(path, || format!("the replay of {}+ events", crate::budget::grouped(events.len() as u64)), held)
+                    .map_err(|e| UnusableInput(e.to_string()))?;
             }
             events.push(entry.event);
         }
         // The end of the trace: a failure nothing recovered is an OOM (crate::ingest::oom_rule).
         state.settle_all();
         let end = reader.end().unwrap_or(record::End::Cut { at: reader.offset() });
-        let mut notes = vec![format!("replayed {} recorded events", events.len())];
+        let mut notes = vec![format!("replayed {count} recorded events")];
         notes.extend(end.note(path));
         return Ok(Loaded {
             state,
@@ -144,7 +172,19 @@ pub fn load(path: &Path) -> anyhow::Result<Loaded> {
         });
     }
     let snap = snapshot::load(path).map_err(|e| UnusableInput(e.to_string()))?;
-    Ok(replay_snapshot(snap))
+    let mut loaded = replay_snapshot(snap);
+    if !keep_replay {
+        loaded.replay = Vec::new();
+        loaded.snapshot = None;
+    }
+    Ok(loaded)
+}
+
+/// What the state holds that grows with the input's length rather than with its live memory:
+/// its OOMs (each kept with its verdict's figures), checked against the memory budget.
+fn charge_state(path: &Path, state: &State) -> Result<(), crate::budget::Over> {
+    let held = crate::budget::vec_bytes(&state.ooms);
+    crate::budget::charge(path, || format!("the state of {} OOMs", crate::budget::grouped(state.ooms.len() as u64)), held)
 }
 
 fn matches_final(state: &State, snap: &Snapshot) -> bool {

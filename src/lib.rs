@@ -9,6 +9,7 @@
 pub mod alloc;
 pub mod analysis;
 pub mod attribution;
+pub mod budget;
 pub mod cli;
 pub mod consumer;
 pub mod ebpf;

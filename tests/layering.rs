@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 /// Each layer, its top-level modules, and the layers it may import from (besides itself).
 const LAYERS: &[(&str, &[&str], &[&str])] = &[
-    ("foundation", &["event", "hello", "owner", "ring", "units", "alloc", "private", "terminal"], &[]),
+    ("foundation", &["event", "hello", "owner", "ring", "units", "alloc", "private", "terminal", "budget"], &[]),
     ("state", &["map", "ingest", "attribution", "limits"], &["foundation"]),
     ("sources", &["snapshot", "record", "source", "consumer", "ebpf", "input"], &["foundation", "state"]),
     ("analysis", &["analysis"], &["foundation", "state", "sources"]),

@@ -23,11 +23,16 @@ pub struct Args {
     /// The most bytes a gzipped snapshot may inflate to (a gzip bomb is refused past it).
     #[arg(long, value_name = "BYTES", env = "GPUFRAG_MAX_INFLATED_BYTES", default_value_t = crate::snapshot::DEFAULT_INFLATE_LIMIT)]
     pub max_inflated_bytes: u64,
+    /// The most memory this command may hold for what grows with the input (bytes, or with a
+    /// unit: 2GiB); past it, a one-line error naming the file. Default: 3/4 of `ulimit -v` when
+    /// set, else of the machine's memory.
+    #[arg(long, value_name = "BYTES", env = "GPUFRAG_MAX_MEMORY")]
+    pub max_memory: Option<String>,
 }
 
 /// The summary of a file, as `analyze` computes it.
 pub fn summarize(file: &std::path::Path, device: Option<i16>) -> anyhow::Result<Summary> {
-    let loaded = input::load(file)?;
+    let loaded = input::load_state(file)?;
     let mut s = Summary::from_state(&loaded.state, &file.display().to_string());
     s.exact &= loaded.complete;
     let mut notes = loaded.notes;
@@ -45,6 +50,7 @@ pub fn summarize(file: &std::path::Path, device: Option<i16>) -> anyhow::Result<
 /// Runs `analyze`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     crate::snapshot::set_inflate_limit(args.max_inflated_bytes);
+    super::set_memory_budget(args.max_memory.as_deref())?;
     let s = summarize(&args.file, args.device)?;
     let mut out = std::io::stdout().lock();
     if args.json {

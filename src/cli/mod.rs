@@ -48,6 +48,17 @@ impl LiveArgs {
     }
 }
 
+/// Sets the memory budget of a command that reads a file (`--max-memory`, [`crate::budget`]).
+pub fn set_memory_budget(v: Option<&str>) -> anyhow::Result<()> {
+    if let Some(v) = v {
+        let bytes = crate::units::parse_bytes(v)
+            .filter(|&b| b > 0)
+            .ok_or_else(|| UnusableInput(format!("--max-memory {v:?}: expected a size in bytes, or with a unit (2GiB, 512MiB)")))?;
+        crate::budget::set(bytes);
+    }
+    Ok(())
+}
+
 /// Why GPU jobs die of "out of memory" while nvidia-smi shows free memory.
 #[derive(Parser, Debug)]
 #[command(name = "gpufrag", version, about, long_about = None)]

@@ -34,11 +34,17 @@ pub struct Args {
     /// The most bytes a gzipped snapshot may inflate to (a gzip bomb is refused past it).
     #[arg(long, value_name = "BYTES", env = "GPUFRAG_MAX_INFLATED_BYTES", default_value_t = crate::snapshot::DEFAULT_INFLATE_LIMIT)]
     pub max_inflated_bytes: u64,
+    /// The most memory this command may hold for what grows with the input (bytes, or with a
+    /// unit: 2GiB); past it, a one-line error naming the file. Default: 3/4 of `ulimit -v` when
+    /// set, else of the machine's memory.
+    #[arg(long, value_name = "BYTES", env = "GPUFRAG_MAX_MEMORY")]
+    pub max_memory: Option<String>,
 }
 
 /// Runs `report`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     crate::snapshot::set_inflate_limit(args.max_inflated_bytes);
+    super::set_memory_budget(args.max_memory.as_deref())?;
     {
         let default_html = (args.output.is_none() && args.svg.is_none() && args.memviz.is_none()).then(|| PathBuf::from("report.html"));
         let outs: Vec<(&str, &std::path::Path)> =

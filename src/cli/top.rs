@@ -25,6 +25,11 @@ pub struct Args {
     /// The most bytes a gzipped snapshot may inflate to (a gzip bomb is refused past it).
     #[arg(long, value_name = "BYTES", env = "GPUFRAG_MAX_INFLATED_BYTES", default_value_t = crate::snapshot::DEFAULT_INFLATE_LIMIT)]
     pub max_inflated_bytes: u64,
+    /// The most memory this command may hold for what grows with the input (bytes, or with a
+    /// unit: 2GiB); past it, a one-line error naming the file. Default: 3/4 of `ulimit -v` when
+    /// set, else of the machine's memory.
+    #[arg(long, value_name = "BYTES", env = "GPUFRAG_MAX_MEMORY")]
+    pub max_memory: Option<String>,
     /// Print one frame to stdout as text and exit (a live feed's first frame, a file's last):
     /// no terminal needed.
     #[arg(long)]
@@ -46,6 +51,7 @@ fn once_width(args: &Args) -> u16 {
 /// Runs `top`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     crate::snapshot::set_inflate_limit(args.max_inflated_bytes);
+    super::set_memory_budget(args.max_memory.as_deref())?;
     let source = if let Some(p) = &args.replay {
         if !(args.speed >= 0.0 && args.speed.is_finite()) {
             return Err(crate::input::UnusableInput(format!("--speed {}: give a speed of 0 or more", args.speed)).into());

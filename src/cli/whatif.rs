@@ -44,6 +44,11 @@ pub struct Args {
     /// Print JSON (exact bytes; fields in docs/metrics.md).
     #[arg(long)]
     pub json: bool,
+    /// The most memory this command may hold for what grows with the input (bytes, or with a
+    /// unit: 2GiB); past it, a one-line error naming the file. Default: 3/4 of `ulimit -v` when
+    /// set, else of the machine's memory.
+    #[arg(long, value_name = "BYTES", env = "GPUFRAG_MAX_MEMORY")]
+    pub max_memory: Option<String>,
 }
 
 /// Reads the request stream of any trace gpufrag reads; unusable input is exit 2.
@@ -232,6 +237,7 @@ pub fn render(w: &WhatIf, file: &Path) -> String {
 
 /// Runs `whatif`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    super::set_memory_budget(args.max_memory.as_deref())?;
     let memory_limit = args.memory_limit.as_deref().map(|v| size_arg("--memory-limit", v)).transpose()?;
     let device_memory = args.device_memory.as_deref().map(|v| size_arg("--device-memory", v)).transpose()?;
     let confs: Vec<String> =

@@ -144,6 +144,12 @@ pub enum StreamError {
     /// The history does not start at the first allocation.
     #[error("the trace does not start at the program's first allocation ({0}): the history was truncated by max_entries or began late, and its start cannot be rebuilt for another allocator setting; record again with a larger max_entries from before the first allocation (torch.cuda.memory._record_memory_history(max_entries=...)) or trace it from its start with gpufrag attach --record")]
     Truncated(String),
+    /// The record could not be read part-way (the message names the file and the offset).
+    #[error("{0}")]
+    Unreadable(String),
+    /// Holding the stream would pass the memory budget (the message names the file and the flag).
+    #[error("{0}")]
+    Budget(String),
     /// A record whose blocks are differences between periodic snapshots.
     #[error("the record's blocks come from periodic snapshots of the allocator (gpufrag run's Python hook), which miss every block that lived between two of them: whatif needs each allocation; record the history with torch.cuda.memory._record_memory_history() and give whatif the snapshot, or trace the program with gpufrag attach --record (PyTorch's USDT probes see every block)")]
     Sampled,
@@ -166,10 +172,21 @@ struct Builder {
     /// The time of the entry being read.
     now: u64,
     times: Vec<u64>,
+    /// The file named when the stream would grow past the memory budget (`None`: unchecked).
+    budget_file: Option<std::path::PathBuf>,
+    /// Why the stream stopped growing: past the memory budget.
+    over: Option<String>,
 }
 
 impl Builder {
     fn push(&mut self, r: Request, ops: Vec<(DeviceOp, usize)>) {
+        if self.requests.len() == self.requests.capacity() && self.over.is_none() {
+            self.charge_growth();
+        }
+        if self.over.is_some() {
+            // past the budget: the caller stops at this request and says why
+            return;
+        }
         self.op_start.push(self.recorded.len() as u32);
         for (op, e) in ops {
             self.recorded.push(op);
@@ -177,6 +194,23 @@ impl Builder {
         }
         self.requests.push(r);
         self.times.push(self.now);
+    }
+
+    /// Checks the growth the next request takes (every per-request vector doubling with the
+    /// requests) against the memory budget; past it, says why in `over`.
+    fn charge_growth(&mut self) {
+        let Some(file) = &self.budget_file else { return };
+        use crate::budget::{vec_bytes, vec_growth_bytes};
+        let bytes = vec_growth_bytes(&self.requests)
+            + vec_growth_bytes(&self.times)
+            + vec_growth_bytes(&self.op_start)
+            + vec_bytes(&self.recorded)
+            + vec_bytes(&self.recorded_entry)
+            + (self.live.capacity() as u64) * 16;
+        let n = self.requests.len() as u64;
+        if let Err(over) = crate::budget::charge(file, || format!("the request stream of {}+ requests", crate::budget::grouped(n)), bytes) {
+            self.over = Some(over.to_string());
+        }
     }
 
     fn flush_as_empty_cache(&mut self) {
@@ -354,26 +388,115 @@ pub fn from_events(events: &[Event]) -> Result<RequestStream, StreamError> {
 /// settings are the process's first settings event (`texts` by index into `events`, as
 /// [`crate::record::Recording`] holds them).
 pub fn from_events_with_texts(events: &[Event], texts: &[(usize, Box<[u8]>)]) -> Result<RequestStream, StreamError> {
-    let mut counts: BTreeMap<(u32, i16), usize> = BTreeMap::new();
-    for e in events {
-        if e.kind == EventKind::BlockAlloc as u16 {
-            *counts.entry((e.pid, e.device)).or_default() += 1;
+    from_passes(&InMemory { events, texts })
+}
+
+/// A record's events that can be read more than once, in order: the builder reads a record in
+/// a few passes (the busiest process first, then its allocator's segments, then its requests),
+/// so that a record on disk is streamed each time and never held whole.
+pub trait EventPasses {
+    /// Calls `f` with each event's index, the event and its text (empty when none), in order,
+    /// until `f` returns false or the events end.
+    fn pass(&self, f: &mut dyn FnMut(usize, &Event, &[u8]) -> bool) -> Result<(), StreamError>;
+    /// Where the events come from, for the memory budget's error.
+    fn name(&self) -> &std::path::Path;
+}
+
+struct InMemory<'a> {
+    events: &'a [Event],
+    texts: &'a [(usize, Box<[u8]>)],
+}
+
+impl EventPasses for InMemory<'_> {
+    fn pass(&self, f: &mut dyn FnMut(usize, &Event, &[u8]) -> bool) -> Result<(), StreamError> {
+        let mut texts = self.texts.iter().peekable();
+        for (i, e) in self.events.iter().enumerate() {
+            while texts.peek().is_some_and(|(t, _)| *t < i) {
+                texts.next();
+            }
+            let text = texts.peek().filter(|(t, _)| *t == i).map_or(&[][..], |(_, t)| &t[..]);
+            if !f(i, e, text) {
+                break;
+            }
         }
+        Ok(())
     }
-    let Some((&(pid, device), _)) = counts.iter().max_by_key(|(_, &n)| n) else {
+
+    fn name(&self) -> &std::path::Path {
+        std::path::Path::new("the trace")
+    }
+}
+
+/// A record file read from its start up to and including the event at index `cut` (all of it
+/// with `None`), entry by entry at each pass.
+pub struct RecordPasses<'a> {
+    /// The file.
+    pub path: &'a std::path::Path,
+    /// The last event read, when not all.
+    pub cut: Option<u64>,
+}
+
+impl EventPasses for RecordPasses<'_> {
+    fn pass(&self, f: &mut dyn FnMut(usize, &Event, &[u8]) -> bool) -> Result<(), StreamError> {
+        let reader = crate::record::Reader::open(self.path).map_err(|e| StreamError::Unreadable(e.to_string()))?;
+        for (i, entry) in reader.enumerate() {
+            if self.cut.is_some_and(|c| i as u64 > c) {
+                break;
+            }
+            let entry = entry.map_err(|e| StreamError::Unreadable(e.to_string()))?;
+            if !f(i, &entry.event, entry.text.as_deref().unwrap_or(&[])) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn name(&self) -> &std::path::Path {
+        self.path
+    }
+}
+
+/// The request stream of the busiest (process, device) with block events of `src`, in four
+/// passes over it; its own settings are the process's first settings event.
+pub fn from_passes(src: &dyn EventPasses) -> Result<RequestStream, StreamError> {
+    // pass 1: the busiest (process, device), whether its blocks are sampled, how many events
+    let mut counts: BTreeMap<(u32, i16), (usize, bool)> = BTreeMap::new();
+    let mut total = 0usize;
+    src.pass(&mut |i, e, _| {
+        total = i + 1;
+        if e.kind == EventKind::BlockAlloc as u16 {
+            let c = counts.entry((e.pid, e.device)).or_default();
+            c.0 += 1;
+            c.1 |= e.flags & crate::event::F_BLOCK_SIZE_KNOWN != 0;
+        }
+        true
+    })?;
+    let Some((&(pid, device), &(_, sampled))) = counts.iter().max_by_key(|(_, &(n, _))| n) else {
         return Err(StreamError::Truncated(
             "the record holds no caching-allocator block events (BlockAlloc); record the program with gpufrag run --record, which sees PyTorch's blocks".into(),
         ));
     };
-    if events.iter().any(|e| {
-        e.pid == pid && e.device == device && e.kind == EventKind::BlockAlloc as u16 && e.flags & crate::event::F_BLOCK_SIZE_KNOWN != 0
-    }) {
+    if sampled {
         return Err(StreamError::Sampled);
     }
-    // segments that ever held a block, or that the allocator claimed, are the allocator's
+    // pass 2: segments that ever held a block, or that the allocator claimed, are the
+    // allocator's; the process's settings events; whether the shim wrote it
     let mut framework: Vec<(u64, u64)> = Vec::new();
     let mut segs: BTreeMap<u64, u64> = BTreeMap::new();
-    for e in events.iter().filter(|e| e.pid == pid && e.device == device) {
+    let mut first_block: Option<usize> = None;
+    let mut stated_texts: Vec<Vec<u8>> = Vec::new();
+    let mut sees_ipc = false;
+    src.pass(&mut |i, e, text| {
+        if e.pid != pid {
+            return true;
+        }
+        sees_ipc |= e.flags & crate::event::F_SRC_SHIM != 0;
+        if e.kind == EventKind::AllocSettings as u16 {
+            stated_texts.push(text.to_vec());
+        }
+        if e.device != device {
+            return true;
+        }
         match EventKind::from_u16(e.kind) {
             Some(EventKind::MemAlloc) => {
                 segs.insert(e.addr, e.size);
@@ -382,6 +505,9 @@ pub fn from_events_with_texts(events: &[Event], texts: &[(usize, Box<[u8]>)]) ->
                 }
             }
             Some(EventKind::BlockAlloc) | Some(EventKind::Adopt) => {
+                if e.kind == EventKind::BlockAlloc as u16 && first_block.is_none() {
+                    first_block = Some(i);
+                }
                 if let Some((&a, &s)) = segs.range(..=e.addr).next_back() {
                     if a + s > e.addr {
                         framework.push((a, s));
@@ -390,108 +516,75 @@ pub fn from_events_with_texts(events: &[Event], texts: &[(usize, Box<[u8]>)]) ->
             }
             _ => {}
         }
-    }
+        true
+    })?;
+    drop(segs);
     framework.sort_unstable();
     framework.dedup();
     let is_framework = |addr: u64| framework.binary_search_by(|&(a, _)| a.cmp(&addr)).is_ok();
-    // a malloc makes at most one cudaMalloc before its block: two framework segments before the
-    // first block mean the blocks were written after the driver calls, not between them
-    let mine = |e: &&Event| e.pid == pid && e.device == device;
-    let first_block = events.iter().position(|e| mine(&e) && e.kind == EventKind::BlockAlloc as u16).unwrap_or(0);
-    let before = events[..first_block].iter().filter(mine).filter(|e| e.kind == EventKind::MemAlloc as u16 && is_framework(e.addr)).count();
+    // pass 3 (up to the first block): a malloc makes at most one cudaMalloc before its block: two
+    // framework segments before the first block mean the blocks were written after the driver
+    // calls, not between them
+    let first_block = first_block.unwrap_or(0);
+    let mut before = 0usize;
+    src.pass(&mut |i, e, _| {
+        if i >= first_block {
+            return false;
+        }
+        if e.pid == pid && e.device == device && e.kind == EventKind::MemAlloc as u16 && is_framework(e.addr) {
+            before += 1;
+        }
+        true
+    })?;
     let interleaved = before < 2;
+    // pass 4: the requests
     let mut unattributed: Vec<DeviceOp> = Vec::new();
-    let mut b = Builder::default();
+    let mut b = Builder { budget_file: Some(src.name().to_path_buf()), ..Builder::default() };
     let (mut other, mut other_peak) = (0u64, 0u64);
     let mut other_segs: HashMap<u64, u64> = HashMap::new();
     let mut mapped_ranges = 0usize;
-    for (i, e) in events.iter().enumerate().filter(|(_, e)| e.pid == pid && e.device == device) {
-        b.now = e.ts_ns;
-        match EventKind::from_u16(e.kind) {
-            Some(EventKind::BlockAlloc) => b.alloc(e.requested, e.stream, i, Some(e.addr)),
-            Some(EventKind::BlockFree) => {
-                b.free(e.addr, i, false, false)?;
-                b.free(e.addr, i, true, true)?;
-            }
-            Some(EventKind::MemAlloc | EventKind::MemFree | EventKind::Map | EventKind::Unmap) if !interleaved => {
-                let op = match EventKind::from_u16(e.kind) {
-                    Some(EventKind::MemAlloc) if is_framework(e.addr) => DeviceOp::SegmentAlloc { addr: e.addr, size: e.size },
-                    Some(EventKind::MemFree) if framework.iter().any(|&(a, _)| a == e.addr) => {
-                        DeviceOp::SegmentFree { addr: e.addr, size: framework.iter().find(|&&(a, _)| a == e.addr).map_or(0, |f| f.1) }
-                    }
-                    Some(EventKind::Map) => DeviceOp::Map { addr: e.addr, size: e.size },
-                    Some(EventKind::Unmap) => DeviceOp::Unmap { addr: e.addr, size: e.size },
-                    _ => continue,
-                };
-                match (op, unattributed.last_mut()) {
-                    (DeviceOp::Map { addr, size }, Some(DeviceOp::Map { addr: a0, size: s0 })) if *a0 + *s0 == addr => *s0 += size,
-                    (DeviceOp::Unmap { addr, size }, Some(DeviceOp::Unmap { addr: a0, size: s0 })) if *a0 + *s0 == addr => *s0 += size,
-                    _ => unattributed.push(op),
-                }
-                match op {
-                    DeviceOp::SegmentAlloc { size, .. } | DeviceOp::Map { size, .. } => {
-                        b.reserved += size;
-                        b.peak_reserved = b.peak_reserved.max(b.reserved);
-                    }
-                    DeviceOp::SegmentFree { size, .. } | DeviceOp::Unmap { size, .. } => b.reserved = b.reserved.saturating_sub(size),
-                }
-            }
-            Some(EventKind::MemAlloc) if is_framework(e.addr) => b.op(DeviceOp::SegmentAlloc { addr: e.addr, size: e.size }, i)?,
-            Some(EventKind::MemFree) if b.segments.contains_key(&e.addr) => {
-                let size = b.segments[&e.addr];
-                b.op(DeviceOp::SegmentFree { addr: e.addr, size }, i)?
-            }
-            Some(EventKind::MemAlloc) => {
-                other += e.size;
-                other_peak = other_peak.max(other);
-                other_segs.insert(e.addr, e.size);
-            }
-            Some(EventKind::MemFree) => {
-                if let Some(s) = other_segs.remove(&e.addr) {
-                    other -= s;
-                }
-            }
-            Some(EventKind::Map) => {
-                mapped_ranges += 1;
-                // PyTorch maps page by page; pages mapped for one request are one `segment_map`
-                if let Some((DeviceOp::Map { addr, size }, _)) = b.pending.last_mut() {
-                    if *addr + *size == e.addr {
-                        *size += e.size;
-                        b.reserved += e.size;
-                        b.peak_reserved = b.peak_reserved.max(b.reserved);
-                        continue;
-                    }
-                }
-                b.op(DeviceOp::Map { addr: e.addr, size: e.size }, i)?
-            }
-            Some(EventKind::Unmap) => {
-                if let Some((DeviceOp::Unmap { addr, size }, _)) = b.pending.last_mut() {
-                    if *addr + *size == e.addr {
-                        *size += e.size;
-                        b.reserved = b.reserved.saturating_sub(e.size);
-                        continue;
-                    }
-                }
-                b.op(DeviceOp::Unmap { addr: e.addr, size: e.size }, i)?
-            }
-            Some(EventKind::AllocFailed) if e.op == EventKind::BlockAlloc as u16 => {
-                let free = (e.flags & crate::event::F_DEVICE_FREE_KNOWN != 0).then_some(e.device_free);
-                b.oom(e.requested, e.stream, i, free)
-            }
-            _ => {}
+    let mut ipc_exports: Vec<(usize, u64)> = Vec::new();
+    let mut failed: Result<(), StreamError> = Ok(());
+    src.pass(&mut |i, e, _| {
+        if e.pid != pid {
+            return true;
         }
-    }
+        // legacy IPC exports of the allocator's memory (the segment holding the address is one
+        // the allocator claimed); the shim sees them, eBPF and PyTorch's history do not
+        if e.kind == EventKind::IpcExport as u16 && e.rc == 0 && framework.iter().any(|&(a, sz)| a <= e.addr && e.addr < a + sz) {
+            ipc_exports.push((i, e.addr));
+        }
+        if e.device != device {
+            return true;
+        }
+        if let Err(err) = request_of(
+            &mut b,
+            i,
+            e,
+            interleaved,
+            &framework,
+            &is_framework,
+            &mut unattributed,
+            &mut other,
+            &mut other_peak,
+            &mut other_segs,
+            &mut mapped_ranges,
+        ) {
+            failed = Err(err);
+            return false;
+        }
+        if let Some(over) = b.over.take() {
+            failed = Err(StreamError::Budget(over));
+            return false;
+        }
+        true
+    })?;
+    failed?;
     let expandable = mapped_ranges > 0;
     // The process's own settings at its start, as its first settings event stated them (a
     // change at run time is noted: the simulation runs one setting throughout).
     // (an event without text states PyTorch's defaults, "")
-    let text_of: BTreeMap<usize, &[u8]> = texts.iter().map(|(i, t)| (*i, &t[..])).collect();
-    let stated: Vec<&str> = events
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| e.pid == pid && e.kind == EventKind::AllocSettings as u16)
-        .filter_map(|(i, _)| std::str::from_utf8(text_of.get(&i).copied().unwrap_or(b"")).ok())
-        .collect();
+    let stated: Vec<&str> = stated_texts.iter().filter_map(|t| std::str::from_utf8(t).ok()).collect();
     let own = stated.first().and_then(|t| AllocConf::parse(t).ok());
     let conf = match own.clone() {
         Some(c) if c.expandable_segments == expandable || !expandable => c,
@@ -501,17 +594,12 @@ pub fn from_events_with_texts(events: &[Event], texts: &[(usize, Box<[u8]>)]) ->
             ..AllocConf::default()
         },
     };
-    let mut s = b.finish(conf, device, events.len(), "record")?;
+    let mut s = b.finish(conf, device, total, "record")?;
     s.non_framework_peak = other_peak;
     // legacy IPC exports of the allocator's memory (the segment holding the address is one the
     // allocator claimed); the shim sees them, eBPF and PyTorch's history do not
-    s.sees_ipc = events.iter().any(|e| e.pid == pid && e.flags & crate::event::F_SRC_SHIM != 0);
-    for (i, e) in events.iter().enumerate().filter(|(_, e)| e.pid == pid && e.kind == EventKind::IpcExport as u16 && e.rc == 0) {
-        let in_allocator = framework.iter().any(|&(a, sz)| a <= e.addr && e.addr < a + sz);
-        if in_allocator {
-            s.ipc_exports.push((i, e.addr));
-        }
-    }
+    s.sees_ipc = sees_ipc;
+    s.ipc_exports = ipc_exports;
     if !interleaved {
         s.notes.push(format!(
             "the record's block events were written after its driver calls ({} segment calls before the first block), not between them: the self-check compares the order and sizes of the driver calls only",
@@ -536,6 +624,99 @@ pub fn from_events_with_texts(events: &[Event], texts: &[(usize, Box<[u8]>)]) ->
     Ok(s)
 }
 
+/// One event of the simulated process turned into requests (the body of [`from_passes`]'s last
+/// pass).
+#[allow(clippy::too_many_arguments)]
+fn request_of(
+    b: &mut Builder,
+    i: usize,
+    e: &Event,
+    interleaved: bool,
+    framework: &[(u64, u64)],
+    is_framework: &dyn Fn(u64) -> bool,
+    unattributed: &mut Vec<DeviceOp>,
+    other: &mut u64,
+    other_peak: &mut u64,
+    other_segs: &mut HashMap<u64, u64>,
+    mapped_ranges: &mut usize,
+) -> Result<(), StreamError> {
+    b.now = e.ts_ns;
+    match EventKind::from_u16(e.kind) {
+        Some(EventKind::BlockAlloc) => b.alloc(e.requested, e.stream, i, Some(e.addr)),
+        Some(EventKind::BlockFree) => {
+            b.free(e.addr, i, false, false)?;
+            b.free(e.addr, i, true, true)?;
+        }
+        Some(EventKind::MemAlloc | EventKind::MemFree | EventKind::Map | EventKind::Unmap) if !interleaved => {
+            let op = match EventKind::from_u16(e.kind) {
+                Some(EventKind::MemAlloc) if is_framework(e.addr) => DeviceOp::SegmentAlloc { addr: e.addr, size: e.size },
+                Some(EventKind::MemFree) if framework.iter().any(|&(a, _)| a == e.addr) => {
+                    DeviceOp::SegmentFree { addr: e.addr, size: framework.iter().find(|&&(a, _)| a == e.addr).map_or(0, |f| f.1) }
+                }
+                Some(EventKind::Map) => DeviceOp::Map { addr: e.addr, size: e.size },
+                Some(EventKind::Unmap) => DeviceOp::Unmap { addr: e.addr, size: e.size },
+                _ => return Ok(()),
+            };
+            match (op, unattributed.last_mut()) {
+                (DeviceOp::Map { addr, size }, Some(DeviceOp::Map { addr: a0, size: s0 })) if *a0 + *s0 == addr => *s0 += size,
+                (DeviceOp::Unmap { addr, size }, Some(DeviceOp::Unmap { addr: a0, size: s0 })) if *a0 + *s0 == addr => *s0 += size,
+                _ => unattributed.push(op),
+            }
+            match op {
+                DeviceOp::SegmentAlloc { size, .. } | DeviceOp::Map { size, .. } => {
+                    b.reserved += size;
+                    b.peak_reserved = b.peak_reserved.max(b.reserved);
+                }
+                DeviceOp::SegmentFree { size, .. } | DeviceOp::Unmap { size, .. } => b.reserved = b.reserved.saturating_sub(size),
+            }
+        }
+        Some(EventKind::MemAlloc) if is_framework(e.addr) => b.op(DeviceOp::SegmentAlloc { addr: e.addr, size: e.size }, i)?,
+        Some(EventKind::MemFree) if b.segments.contains_key(&e.addr) => {
+            let size = b.segments[&e.addr];
+            b.op(DeviceOp::SegmentFree { addr: e.addr, size }, i)?
+        }
+        Some(EventKind::MemAlloc) => {
+            *other += e.size;
+            *other_peak = (*other_peak).max(*other);
+            other_segs.insert(e.addr, e.size);
+        }
+        Some(EventKind::MemFree) => {
+            if let Some(s) = other_segs.remove(&e.addr) {
+                *other -= s;
+            }
+        }
+        Some(EventKind::Map) => {
+            *mapped_ranges += 1;
+            // PyTorch maps page by page; pages mapped for one request are one `segment_map`
+            if let Some((DeviceOp::Map { addr, size }, _)) = b.pending.last_mut() {
+                if *addr + *size == e.addr {
+                    *size += e.size;
+                    b.reserved += e.size;
+                    b.peak_reserved = b.peak_reserved.max(b.reserved);
+                    return Ok(());
+                }
+            }
+            b.op(DeviceOp::Map { addr: e.addr, size: e.size }, i)?
+        }
+        Some(EventKind::Unmap) => {
+            if let Some((DeviceOp::Unmap { addr, size }, _)) = b.pending.last_mut() {
+                if *addr + *size == e.addr {
+                    *size += e.size;
+                    b.reserved = b.reserved.saturating_sub(e.size);
+                    return Ok(());
+                }
+            }
+            b.op(DeviceOp::Unmap { addr: e.addr, size: e.size }, i)?
+        }
+        Some(EventKind::AllocFailed) if e.op == EventKind::BlockAlloc as u16 => {
+            let free = (e.flags & crate::event::F_DEVICE_FREE_KNOWN != 0).then_some(e.device_free);
+            b.oom(e.requested, e.stream, i, free)
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// The request stream of a record's events (`texts` by index into them) up to and including the
 /// event at index `cut` (all of them with `None`, or when `cut` lies past the end): the trace a
 /// verdict's computed fix simulates (`super::verdict`), the same for the live pipeline's events
@@ -556,8 +737,7 @@ pub fn stream_of_file_upto(path: &std::path::Path, cut: Option<u64>) -> Result<R
     if !crate::record::is_record(&head[..n]) {
         return stream_of_file(path);
     }
-    let rec = crate::record::read(path).map_err(|e| e.to_string())?;
-    from_events_upto(&rec.events, &rec.texts, cut).map_err(|e| format!("{}: {e}", path.display()))
+    from_passes(&RecordPasses { path, cut }).map_err(|e| named(path, e))
 }
 
 /// The request stream of any file gpufrag reads (snapshot or record), or why not, in one line
@@ -567,11 +747,18 @@ pub fn stream_of_file(path: &std::path::Path) -> Result<RequestStream, String> {
     let mut head = [0u8; 8];
     let n = crate::input::open_input(path).map_err(|e| e.0)?.read(&mut head).map_err(|e| format!("{}: {e}", path.display()))?;
     let stream = if crate::record::is_record(&head[..n]) {
-        let rec = crate::record::read(path).map_err(|e| e.to_string())?;
-        from_events_with_texts(&rec.events, &rec.texts)
+        from_passes(&RecordPasses { path, cut: None })
     } else {
         let snap = crate::snapshot::load(path).map_err(|e| e.to_string())?;
         from_snapshot(&snap)
     };
-    stream.map_err(|e| format!("{}: {e}", path.display()))
+    stream.map_err(|e| named(path, e))
+}
+
+/// The one-line message of a stream error, naming the file unless the message already does.
+fn named(path: &std::path::Path, e: StreamError) -> String {
+    match e {
+        StreamError::Unreadable(m) | StreamError::Budget(m) => m,
+        e => format!("{}: {e}", path.display()),
+    }
 }

@@ -16,13 +16,19 @@ use std::path::Path;
 
 use super::error::{OffsetIn, SnapshotError, SnapshotErrorKind};
 use super::model::{Action, AllocatorSettings, BlockState, DeviceTrace, Pool, SnapBlock, SnapSegment, Snapshot, TraceEntry};
-use super::pickle::{self, Container, Kind, Pickle, PV};
+use super::pickle::{self, Container, Kind, PV};
 
 /// The two bytes every gzip member starts with.
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
 /// Decodes a whole file's bytes (gzip or not) into a snapshot; `path` names it in errors.
 pub(crate) fn decode(bytes: &[u8], path: &Path) -> Result<Snapshot, SnapshotError> {
+    decode_behind(bytes, path, &mut |_| {})
+}
+
+/// [`decode`], telling `behind` how far into `bytes` a plain pickle's decoder has read (the
+/// bytes before are not read again).
+pub(crate) fn decode_behind(bytes: &[u8], path: &Path, behind: &mut dyn FnMut(usize)) -> Result<Snapshot, SnapshotError> {
     if bytes.is_empty() {
         return Err(SnapshotError::new(path, SnapshotErrorKind::Empty));
     }
@@ -33,7 +39,7 @@ pub(crate) fn decode(bytes: &[u8], path: &Path) -> Result<Snapshot, SnapshotErro
         }
         decode_pickle(&pickle, path, OffsetIn::Decompressed)
     } else {
-        decode_pickle(bytes, path, OffsetIn::File)
+        decode_pickle_streamed(bytes, path, OffsetIn::File, behind)
     }
 }
 
@@ -64,18 +70,73 @@ fn gunzip(bytes: &[u8], path: &Path) -> Result<Vec<u8>, SnapshotError> {
 }
 
 fn decode_pickle(bytes: &[u8], path: &Path, offset_in: OffsetIn) -> Result<Snapshot, SnapshotError> {
-    let pk = pickle::decode(bytes).map_err(|e| {
+    decode_pickle_streamed(bytes, path, offset_in, &mut |_| {})
+}
+
+/// Decodes a pickle, turning each trace entry into its [`TraceEntry`] as soon as its dict is
+/// complete (the dict and its frames are dropped there), so that a long trace ring is never
+/// held as pickle values; `behind` hears how far the decoder has read.
+pub(crate) fn decode_pickle_streamed(
+    bytes: &[u8],
+    path: &Path,
+    offset_in: OffsetIn,
+    behind: &mut dyn FnMut(usize),
+) -> Result<Snapshot, SnapshotError> {
+    let mut streamed: std::collections::HashMap<u32, Streamed> = std::collections::HashMap::new();
+    let pk = {
+        let mut consume = |arena: &[Container], list: u32, index: usize, v: &PV| -> bool {
+            let Some(d) = container(arena, v).filter(|c| c.kind == Kind::Dict) else { return false };
+            if !matches!(pick(d, ["action"]), [Some(PV::Str(_))]) {
+                return false;
+            }
+            let w = Walker { path, arena, input_len: bytes.len(), offset_in, budget: std::cell::Cell::new(u64::MAX), cap: u64::MAX };
+            let at = Loc::Root("device_traces");
+            let s = streamed.entry(list).or_default();
+            if s.entries.len() != index {
+                return false;
+            }
+            match w.entry(d, Loc::Index(&at, index)) {
+                Ok((entry, unknown)) => {
+                    if let Some(name) = unknown {
+                        *s.unknown.entry(name.to_string()).or_insert(0) += 1;
+                    }
+                    s.entries.push(entry);
+                    true
+                }
+                Err(_) => false,
+            }
+        };
+        pickle::decode_streamed(bytes, &mut consume, behind)
+    }
+    .map_err(|e| {
         let kind = if e.truncated { SnapshotErrorKind::TruncatedPickle } else { SnapshotErrorKind::Pickle(e.message) };
         SnapshotError::at(path, kind, e.offset, offset_in)
     })?;
     // Each segment, block and trace entry of an honest snapshot is a dict of its own, 16 bytes
     // of pickle at the very least; only memo sharing can make more of them.
     let budget = bytes.len() as u64 / 16 + 4096;
-    let mut snap = Walker { path, pk: &pk, offset_in, budget: std::cell::Cell::new(budget), cap: budget }.snapshot()?;
+    let mut snap =
+        Walker { path, arena: &pk.containers, input_len: pk.input_len, offset_in, budget: std::cell::Cell::new(budget), cap: budget }
+            .snapshot(&pk.root, std::cell::RefCell::new(streamed))?;
     if pk.trailing > 0 {
         snap.warnings.push(format!("{} bytes after the pickle's STOP opcode ignored", pk.trailing));
     }
     Ok(snap)
+}
+
+/// The trace entries taken out of one list while decoding, and the unknown actions among them.
+#[derive(Default)]
+struct Streamed {
+    entries: Vec<TraceEntry>,
+    unknown: BTreeMap<String, usize>,
+}
+
+/// The container `v` refers to, if it is one.
+fn container<'a>(arena: &'a [Container], v: &PV) -> Option<&'a Container> {
+    match v {
+        PV::Container(i) => arena.get(*i as usize),
+        _ => None,
+    }
 }
 
 /// Where a value sits in the snapshot, built without allocating and rendered only for errors:
@@ -98,7 +159,7 @@ impl fmt::Display for Loc<'_> {
 }
 
 /// A short description of a value for error messages: its Python type and, for scalars, the value.
-fn describe(pk: &Pickle, v: &PV) -> String {
+fn describe(arena: &[Container], v: &PV) -> String {
     match v {
         PV::None => "None".into(),
         PV::Bool(b) => format!("bool {}", if *b { "True" } else { "False" }),
@@ -116,13 +177,13 @@ fn describe(pk: &Pickle, v: &PV) -> String {
             }
         }
         PV::Global(g) => format!("global {g}"),
-        PV::Container(_) => match pk.container(v) {
+        PV::Container(_) => match container(arena, v) {
             Some(c) => match c.kind {
-                Kind::List => format!("a list of {} items", c.items.len()),
-                Kind::Tuple => format!("a tuple of {} items", c.items.len()),
-                Kind::Dict => format!("a dict of {} keys", c.items.len() / 2),
-                Kind::Set => format!("a set of {} items", c.items.len()),
-                Kind::FrozenSet => format!("a frozenset of {} items", c.items.len()),
+                Kind::List => format!("a list of {} items", c.len()),
+                Kind::Tuple => format!("a tuple of {} items", c.len()),
+                Kind::Dict => format!("a dict of {} keys", c.len() / 2),
+                Kind::Set => format!("a set of {} items", c.len()),
+                Kind::FrozenSet => format!("a frozenset of {} items", c.len()),
             },
             None => "a dangling reference".into(),
         },
@@ -174,7 +235,8 @@ const INTEGER: &str = "an integer that fits in 64 bits";
 
 struct Walker<'p> {
     path: &'p Path,
-    pk: &'p Pickle,
+    arena: &'p [Container],
+    input_len: usize,
     offset_in: OffsetIn,
     /// Segments, blocks and trace entries still allowed (see `decode_pickle`).
     budget: std::cell::Cell<u64>,
@@ -199,14 +261,14 @@ impl<'p> Walker<'p> {
     }
 
     fn pk_len(&self) -> u64 {
-        self.pk.input_len as u64
+        self.input_len as u64
     }
 
     /// An error about the value at `at`, located at the container that holds it.
     fn wrong(&self, at: Loc<'_>, expected: &'static str, found: &PV, owner: &Container) -> SnapshotError {
         SnapshotError::at(
             self.path,
-            SnapshotErrorKind::WrongType { field: at.to_string(), expected, found: describe(self.pk, found) },
+            SnapshotErrorKind::WrongType { field: at.to_string(), expected, found: describe(self.arena, found) },
             owner.offset,
             self.offset_in,
         )
@@ -221,14 +283,14 @@ impl<'p> Walker<'p> {
     }
 
     fn dict(&self, v: &PV, at: Loc<'_>, owner: &Container) -> Result<&'p Container, SnapshotError> {
-        match self.pk.container(v) {
+        match container(self.arena, v) {
             Some(c) if c.kind == Kind::Dict => Ok(c),
             _ => Err(self.wrong(at, "a dict", v, owner)),
         }
     }
 
     fn list(&self, v: &PV, at: Loc<'_>, owner: &Container) -> Result<&'p Container, SnapshotError> {
-        match self.pk.container(v) {
+        match container(self.arena, v) {
             Some(c) if matches!(c.kind, Kind::List | Kind::Tuple) => Ok(c),
             _ => Err(self.wrong(at, "a list", v, owner)),
         }
@@ -269,19 +331,22 @@ impl<'p> Walker<'p> {
         }
     }
 
-    fn snapshot(&self) -> Result<Snapshot, SnapshotError> {
+    fn snapshot(
+        &self,
+        root: &PV,
+        streamed: std::cell::RefCell<std::collections::HashMap<u32, Streamed>>,
+    ) -> Result<Snapshot, SnapshotError> {
         const SHAPE: &str = "a dict with `segments` and `device_traces`";
-        let root = &self.pk.root;
-        let d = match self.pk.container(root) {
+        let d = match container(self.arena, root) {
             Some(c) if c.kind == Kind::Dict => c,
             Some(c) if c.kind == Kind::List => {
                 return Err(self.not_snapshot(format!(
                     "the pickle holds {} where {SHAPE} belongs (torch.cuda.memory_snapshot() returns \
                      segments only; save torch.cuda.memory._snapshot() instead)",
-                    describe(self.pk, root)
+                    describe(self.arena, root)
                 )))
             }
-            _ => return Err(self.not_snapshot(format!("the pickle holds {} where {SHAPE} belongs", describe(self.pk, root)))),
+            _ => return Err(self.not_snapshot(format!("the pickle holds {} where {SHAPE} belongs", describe(self.arena, root)))),
         };
         let [segments, traces, settings] = pick(d, ["segments", "device_traces", "allocator_settings"]);
         let (Some(segments), Some(traces)) = (segments, traces) else {
@@ -291,7 +356,7 @@ impl<'p> Walker<'p> {
                 .take(8)
                 .map(|kv| match &kv[0] {
                     PV::Str(s) => format!("{s:?}"),
-                    other => describe(self.pk, other),
+                    other => describe(self.arena, other),
                 })
                 .collect();
             let absent = match (segments.is_none(), traces.is_none()) {
@@ -317,7 +382,7 @@ impl<'p> Walker<'p> {
 
         let seg_loc = Loc::Root("segments");
         let seg_list = self.list(segments, seg_loc, d)?;
-        self.spend(seg_list.items.len(), seg_list)?;
+        self.spend(seg_list.len(), seg_list)?;
         let mut out_segments = Vec::with_capacity(seg_list.items.len());
         for (i, s) in seg_list.items.iter().enumerate() {
             out_segments.push(self.segment(s, Loc::Index(&seg_loc, i), seg_list, &mut warnings)?);
@@ -330,7 +395,11 @@ impl<'p> Walker<'p> {
             let Ok(device) = i16::try_from(dev) else {
                 return Err(self.not_snapshot(format!("{} device traces, more than a device ordinal can number", tr_list.items.len())));
             };
-            out_traces.push(self.trace(t, device, Loc::Index(&tr_loc, dev), tr_list, &mut warnings)?);
+            let taken = match t {
+                PV::Container(i) => streamed.borrow_mut().remove(i).unwrap_or_default(),
+                _ => Streamed::default(),
+            };
+            out_traces.push(self.trace(t, device, Loc::Index(&tr_loc, dev), tr_list, taken, &mut warnings)?);
         }
 
         Ok(Snapshot { settings, segments: out_segments, traces: out_traces, warnings })
@@ -381,7 +450,7 @@ impl<'p> Walker<'p> {
     /// 16 division counts.
     fn roundup(&self, v: &PV, at: Loc<'_>, owner: &Container) -> Result<Vec<(u64, u64)>, SnapshotError> {
         let mut out = Vec::new();
-        match self.pk.container(v) {
+        match container(self.arena, v) {
             Some(c) if c.kind == Kind::Dict => {
                 for kv in c.items.chunks_exact(2) {
                     let mib = match &kv[0] {
@@ -442,7 +511,7 @@ impl<'p> Walker<'p> {
         let pool_at = Loc::Key(&at, "segment_pool_id");
         let pool_id = match pool_id {
             None | Some(PV::None) => (0, 0),
-            Some(v) => match self.pk.container(v) {
+            Some(v) => match container(self.arena, v) {
                 Some(c) if matches!(c.kind, Kind::Tuple | Kind::List) && c.items.len() == 2 => {
                     match (as_bits(&c.items[0]), as_bits(&c.items[1])) {
                         (Some(a), Some(b)) => (a, b),
@@ -457,7 +526,7 @@ impl<'p> Walker<'p> {
 
         let blocks_at = Loc::Key(&at, "blocks");
         let list = self.list(blocks.ok_or_else(|| self.missing(blocks_at, d))?, blocks_at, d)?;
-        self.spend(list.items.len(), list)?;
+        self.spend(list.len(), list)?;
         let mut out_blocks = Vec::with_capacity(list.items.len());
         let mut cursor = address;
         for (j, b) in list.items.iter().enumerate() {
@@ -522,52 +591,71 @@ impl<'p> Walker<'p> {
         Ok(SnapBlock { address, size, requested_size, state })
     }
 
-    fn trace(&self, v: &PV, device: i16, at: Loc<'_>, owner: &Container, warnings: &mut Vec<String>) -> Result<DeviceTrace, SnapshotError> {
+    fn trace(
+        &self,
+        v: &PV,
+        device: i16,
+        at: Loc<'_>,
+        owner: &Container,
+        taken: Streamed,
+        warnings: &mut Vec<String>,
+    ) -> Result<DeviceTrace, SnapshotError> {
         let list = self.list(v, at, owner)?;
-        self.spend(list.items.len(), list)?;
-        let mut entries = Vec::with_capacity(list.items.len());
-        let mut unknown: BTreeMap<&str, usize> = BTreeMap::new();
-        for (i, e) in list.items.iter().enumerate() {
-            let e_at = Loc::Index(&at, i);
+        self.spend(list.len(), list)?;
+        // the entries taken while decoding come first (they are a prefix of the list)
+        let Streamed { mut entries, unknown: taken_unknown } = taken;
+        let first = entries.len();
+        entries.reserve_exact(list.items.len());
+        let mut unknown: BTreeMap<String, usize> = taken_unknown;
+        for (k, e) in list.items.iter().enumerate() {
+            let e_at = Loc::Index(&at, first + k);
             let d = self.dict(e, e_at, list)?;
-            let [action, addr, size, stream, time_us, device_free, frames, driver_only] =
-                pick(d, ["action", "addr", "size", "stream", "time_us", "device_free", "frames", "gpufrag_driver_only"]);
-            let name = self.str_req(action, Loc::Key(&e_at, "action"), d)?;
-            let action = Action::from_name(name).unwrap_or_else(|| {
-                *unknown.entry(name).or_insert(0) += 1;
-                Action::Unknown
-            });
-            let addr = if action.touches_memory() {
-                self.u64_req(addr, Loc::Key(&e_at, "addr"), d)?
-            } else {
-                self.u64_opt(addr, Loc::Key(&e_at, "addr"), d)?.unwrap_or(0)
-            };
-            let size = if action.touches_memory() || action == Action::Oom {
-                self.u64_req(size, Loc::Key(&e_at, "size"), d)?
-            } else {
-                self.u64_opt(size, Loc::Key(&e_at, "size"), d)?.unwrap_or(0)
-            };
-            let frames = match frames {
-                None | Some(PV::None) => 0,
-                Some(f) => match self.pk.container(f) {
-                    Some(c) if matches!(c.kind, Kind::List | Kind::Tuple) => u32::try_from(c.items.len()).unwrap_or(u32::MAX),
-                    _ => return Err(self.wrong(Loc::Key(&e_at, "frames"), "a list of frames", f, d)),
-                },
-            };
-            entries.push(TraceEntry {
-                action,
-                addr,
-                size,
-                stream: self.bits_opt(stream, Loc::Key(&e_at, "stream"), d)?,
-                time_us: self.u64_opt(time_us, Loc::Key(&e_at, "time_us"), d)?.unwrap_or(0),
-                device_free: self.u64_opt(device_free, Loc::Key(&e_at, "device_free"), d)?,
-                frames,
-                driver_only: self.bool_opt(driver_only, Loc::Key(&e_at, "gpufrag_driver_only"), d)?,
-            });
+            let (entry, name) = self.entry(d, e_at)?;
+            if let Some(name) = name {
+                *unknown.entry(name.to_string()).or_insert(0) += 1;
+            }
+            entries.push(entry);
         }
         for (name, n) in unknown {
             warnings.push(format!("{at}: {n} entr{} with unknown action {name:?} (kept, no event)", if n == 1 { "y" } else { "ies" }));
         }
         Ok(DeviceTrace { device, entries })
+    }
+
+    /// One trace entry, and its action's name when gpufrag does not know it.
+    fn entry<'d>(&self, d: &'d Container, e_at: Loc<'_>) -> Result<(TraceEntry, Option<&'d str>), SnapshotError> {
+        let [action, addr, size, stream, time_us, device_free, frames, driver_only] =
+            pick(d, ["action", "addr", "size", "stream", "time_us", "device_free", "frames", "gpufrag_driver_only"]);
+        let name = self.str_req(action, Loc::Key(&e_at, "action"), d)?;
+        let known = Action::from_name(name);
+        let action = known.unwrap_or(Action::Unknown);
+        let addr = if action.touches_memory() {
+            self.u64_req(addr, Loc::Key(&e_at, "addr"), d)?
+        } else {
+            self.u64_opt(addr, Loc::Key(&e_at, "addr"), d)?.unwrap_or(0)
+        };
+        let size = if action.touches_memory() || action == Action::Oom {
+            self.u64_req(size, Loc::Key(&e_at, "size"), d)?
+        } else {
+            self.u64_opt(size, Loc::Key(&e_at, "size"), d)?.unwrap_or(0)
+        };
+        let frames = match frames {
+            None | Some(PV::None) => 0,
+            Some(f) => match container(self.arena, f) {
+                Some(c) if matches!(c.kind, Kind::List | Kind::Tuple) => u32::try_from(c.len()).unwrap_or(u32::MAX),
+                _ => return Err(self.wrong(Loc::Key(&e_at, "frames"), "a list of frames", f, d)),
+            },
+        };
+        let entry = TraceEntry {
+            action,
+            addr,
+            size,
+            stream: self.bits_opt(stream, Loc::Key(&e_at, "stream"), d)?,
+            time_us: self.u64_opt(time_us, Loc::Key(&e_at, "time_us"), d)?.unwrap_or(0),
+            device_free: self.u64_opt(device_free, Loc::Key(&e_at, "device_free"), d)?,
+            frames,
+            driver_only: self.bool_opt(driver_only, Loc::Key(&e_at, "gpufrag_driver_only"), d)?,
+        };
+        Ok((entry, known.is_none().then_some(name)))
     }
 }

@@ -84,9 +84,31 @@ pub(crate) enum Kind {
 #[derive(Debug)]
 pub(crate) struct Container {
     pub kind: Kind,
+    /// Items taken out by the consumer of a streamed decode ([`decode_streamed`]): a hollowed
+    /// list keeps only their count.
+    pub hollowed: u32,
+    /// The consumer refused one of its values: it is offered no more.
+    pub refused: bool,
     pub items: Vec<PV>,
     pub offset: u64,
 }
+
+const _: () = assert!(std::mem::size_of::<Container>() == 40);
+
+impl Container {
+    /// Its number of items, those hollowed out included.
+    pub fn len(&self) -> usize {
+        self.items.len() + self.hollowed as usize
+    }
+}
+
+/// The consumer of a streamed decode: offered each value appended to a list (the list's arena
+/// index, the value's index in it), it takes the values it can turn into its own compact form
+/// (a snapshot's trace entries) and returns true; the VM then drops the value's items and hollows
+/// the lists it holds (keeping their lengths), so that a long list of dicts is never held whole.
+/// A list stops being offered values once one is refused, so that the taken ones are always a
+/// prefix of the list.
+pub(crate) type Consumer<'c> = dyn FnMut(&[Container], u32, usize, &PV) -> bool + 'c;
 
 /// A decoded pickle: the arena and the root value.
 #[derive(Debug)]
@@ -113,6 +135,7 @@ impl fmt::Display for PickleError {
     }
 }
 
+#[cfg(test)]
 impl Pickle {
     /// The container `pv` refers to, if it is one.
     pub fn container(&self, pv: &PV) -> Option<&Container> {
@@ -227,11 +250,34 @@ mod op {
 }
 
 /// Decodes one pickle from `data`.
+#[cfg(test)]
 pub(crate) fn decode(data: &[u8]) -> Result<Pickle, PickleError> {
-    Vm { data, pos: 0, op_at: 0, stack: Vec::new(), marks: Vec::new(), memo: Memo::default(), containers: Vec::new() }.run()
+    decode_streamed(data, &mut |_, _, _, _| false, &mut |_| {})
 }
 
-struct Vm<'a> {
+/// Decodes one pickle from `data`, offering every value appended to a list to `consume`, and
+/// telling `behind` every few MiB how far it has read (the bytes before it are never read again:
+/// a mapped file gives their pages back).
+pub(crate) fn decode_streamed(data: &[u8], consume: &mut Consumer<'_>, behind: &mut dyn FnMut(usize)) -> Result<Pickle, PickleError> {
+    let vm = Vm {
+        data,
+        pos: 0,
+        op_at: 0,
+        stack: Vec::new(),
+        marks: Vec::new(),
+        memo: Memo::default(),
+        containers: Vec::new(),
+        consume,
+        behind,
+        next_behind: BEHIND_EVERY,
+    };
+    vm.run()
+}
+
+/// How often (in bytes read) the VM says how far it has read.
+const BEHIND_EVERY: usize = 4 << 20;
+
+struct Vm<'a, 'c> {
     data: &'a [u8],
     pos: usize,
     /// Offset of the opcode being executed, for errors.
@@ -241,11 +287,14 @@ struct Vm<'a> {
     marks: Vec<usize>,
     memo: Memo,
     containers: Vec<Container>,
+    consume: &'c mut Consumer<'c>,
+    behind: &'c mut dyn FnMut(usize),
+    next_behind: usize,
 }
 
 type R<T> = Result<T, PickleError>;
 
-impl<'a> Vm<'a> {
+impl<'a> Vm<'a, '_> {
     fn fail<T>(&self, message: impl Into<String>) -> R<T> {
         Err(PickleError { offset: self.op_at as u64, truncated: false, message: message.into() })
     }
@@ -375,7 +424,7 @@ impl<'a> Vm<'a> {
         let Ok(i) = u32::try_from(self.containers.len()) else {
             return self.fail("more than 2^32 containers");
         };
-        self.containers.push(Container { kind, items, offset: self.op_at as u64 });
+        self.containers.push(Container { kind, hollowed: 0, refused: false, items, offset: self.op_at as u64 });
         Ok(PV::Container(i))
     }
 
@@ -386,6 +435,10 @@ impl<'a> Vm<'a> {
             _ => return self.fail(format!("{what} on something that is not a container")),
         };
         let fail = |vm: &Self| vm.fail::<()>(format!("{what} on the wrong kind of container"));
+        let mut items = items;
+        if self.containers.get(target).is_some_and(|c| c.kind == Kind::List) {
+            items = self.offer(target as u32, items);
+        }
         match self.containers.get_mut(target) {
             Some(c) if ok(c.kind) => {
                 if c.kind == Kind::Dict && items.len() & 1 == 1 {
@@ -399,6 +452,49 @@ impl<'a> Vm<'a> {
                 Ok(())
             }
             _ => fail(self),
+        }
+    }
+
+    /// Offers `items`, about to be appended to list `list`, to the consumer; returns those it
+    /// did not take (a suffix: once it refuses one, the list is refused for good).
+    fn offer(&mut self, list: u32, mut items: Vec<PV>) -> Vec<PV> {
+        let Some(start) = self.containers.get(list as usize).filter(|c| !c.refused).map(|c| c.len()) else { return items };
+        let mut taken = 0;
+        for (k, item) in items.iter().enumerate() {
+            if !(self.consume)(&self.containers, list, start + k, item) {
+                if let Some(c) = self.containers.get_mut(list as usize) {
+                    c.refused = true;
+                }
+                break;
+            }
+            taken += 1;
+        }
+        if taken == 0 {
+            return items;
+        }
+        for item in &items[..taken] {
+            self.hollow(item);
+        }
+        if let Some(c) = self.containers.get_mut(list as usize) {
+            c.hollowed = c.hollowed.saturating_add(taken as u32);
+        }
+        items.drain(..taken);
+        items
+    }
+
+    /// Drops a taken value's items, and the items of the lists it holds (their lengths kept).
+    fn hollow(&mut self, item: &PV) {
+        let PV::Container(d) = item else { return };
+        let Some(c) = self.containers.get_mut(*d as usize) else { return };
+        let items = std::mem::take(&mut c.items);
+        for v in &items {
+            if let PV::Container(l) = v {
+                if let Some(inner) = self.containers.get_mut(*l as usize).filter(|c| matches!(c.kind, Kind::List | Kind::Tuple)) {
+                    let n = inner.items.len();
+                    inner.hollowed = inner.hollowed.saturating_add(n as u32);
+                    inner.items = Vec::new();
+                }
+            }
         }
     }
 
@@ -438,6 +534,10 @@ impl<'a> Vm<'a> {
     fn run(mut self) -> R<Pickle> {
         loop {
             self.op_at = self.pos;
+            if self.pos >= self.next_behind {
+                (self.behind)(self.pos);
+                self.next_behind = self.pos + BEHIND_EVERY;
+            }
             let code = self.byte()?;
             match code {
                 op::PROTO => {
