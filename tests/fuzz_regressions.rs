@@ -47,6 +47,23 @@ fn fuzz_regression_record_segment_end_wrapping_past_2_64_is_an_anomaly() {
     assert!(state.anomaly_count >= 1);
 }
 
+// An allocator OOM under a fraction whose report carries the allocator's own reserved bytes
+// (800 GiB) beside traced segments that hold far less: the explanation works its sums from the
+// allocator's figure (what PyTorch's message says), the fuzz target's check took the traced one
+// and called the sums wrong (found by the record target in a 30-minute run, issue 23). The check
+// now reads the explanation's own inputs; the sums themselves were right.
+#[test]
+fn fuzz_regression_record_allowed_limit_sums_use_the_allocators_own_reserved_bytes() {
+    let state = record(include_bytes!("../fuzz/regressions/record_allocator_reserved_beside_traced_reserved.rec"));
+    let s = gpufrag::analysis::summary::Summary::from_state(&state, "regression");
+    let o = s.ooms.iter().find(|o| o.allowed.is_some()).expect("an allowed-limit OOM");
+    assert!(
+        o.explanation.contains("it held 800.00 GiB reserved") && o.explanation.contains("would make 800.00 GiB, 800.00 GiB over"),
+        "{}",
+        o.explanation
+    );
+}
+
 // Memo-shared containers: 8 KB naming 2,000 segments of 2,000 blocks each (4 million blocks) were
 // expanded in full (21 KB took 2.2 GB). Refused with an error naming the file and the offset.
 #[test]
