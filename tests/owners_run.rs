@@ -109,4 +109,25 @@ fn run_names_the_libraries_that_took_driver_memory_and_replay_agrees() {
     check(owners_of(&live));
     let replay = analyze(&record);
     assert_eq!(owners_of(&replay)["owners"], owners_of(&live)["owners"], "a replay names the same owners");
+
+    // The text summary and the report show the same owners, from the same record.
+    let text = Command::new(gpufrag()).arg("analyze").arg(&record).output().expect("gpufrag analyze");
+    assert!(text.status.success(), "{}", String::from_utf8_lossy(&text.stderr));
+    let text = String::from_utf8_lossy(&text.stdout);
+    let line = text.lines().find(|l| l.contains("cublas ")).unwrap_or_else(|| panic!("no owners line in the text summary:\n{text}"));
+    assert!(line.contains("cublas 64.00 MiB, nccl 32.00 MiB, other 16.00 MiB"), "largest first, as PyTorch prints sizes: {line:?}");
+    let html = dir.join("report.html");
+    let rep = Command::new(gpufrag()).arg("report").arg(&record).arg("-o").arg(&html).output().expect("gpufrag report");
+    assert!(rep.status.success(), "{}", String::from_utf8_lossy(&rep.stderr));
+    let html = std::fs::read_to_string(&html).expect("report");
+    let table = &html[html.find("<table id=\"owners-table\">").unwrap_or_else(|| panic!("no owners table in the report"))..];
+    let table = &table[..table.find("</table>").expect("the table ends")];
+    for (owner, mib) in [("cublas", CUBLAS_MIB), ("nccl", NCCL_MIB), ("other", OWN_MIB)] {
+        let row = table
+            .split("<tr ")
+            .find(|r| r.contains(&format!("data-owner=\"{owner}\"")))
+            .unwrap_or_else(|| panic!("no {owner} row in the report's owners table: {table}"));
+        assert!(row.contains(&format!("data-bytes=\"{}\"", mib * MIB)), "{owner}: {row}");
+    }
+    assert_eq!(table.matches("data-owner=").count(), 3, "one row per owner said: {table}");
 }

@@ -82,6 +82,21 @@ fn device(out: &mut String, d: &DeviceSummary, title: &str) {
     }
 }
 
+/// Each process's driver memory by the library that called the driver (the summary's `owners`),
+/// largest first; only where two owners or more share it ([`Summary::owner_splits`]).
+fn owners(out: &mut String, s: &Summary) {
+    let per = s.owner_splits();
+    if per.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\ndriver memory by owner (the library that called the driver; sums to the process's reserved)");
+    for (p, o) in per {
+        let parts: Vec<String> = o.iter().map(|(k, b)| format!("{k} {}", h(*b))).collect();
+        let who = Summary::process_label(p);
+        let _ = writeln!(out, "  {who} on device {}: {}", p.figures.device, parts.join(", "));
+    }
+}
+
 /// The whole summary as text.
 pub fn render(s: &Summary) -> String {
     render_ooms(s, true)
@@ -109,6 +124,7 @@ fn render_ooms(s: &Summary, explain: bool) -> String {
             device(&mut out, &p.figures, &format!("process {} on device {}{gpu}", who.trim_start_matches("pid "), p.figures.device));
         }
     }
+    owners(&mut out, s);
     if s.ooms.is_empty() {
         let _ = writeln!(out, "\nno failed allocation in this trace");
     }

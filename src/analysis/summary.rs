@@ -436,6 +436,21 @@ impl Summary {
         }
     }
 
+    /// Each process's driver bytes by owner (the summary's `owners`), largest first, for the
+    /// views: only processes whose driver memory is split between two owners or more (one owner
+    /// alone, the program itself or the framework, says nothing its reserved bytes do not).
+    pub fn owner_splits(&self) -> Vec<(&ProcessSummary, Vec<(&str, u64)>)> {
+        self.processes
+            .iter()
+            .filter(|p| p.owners.len() > 1)
+            .map(|p| {
+                let mut o: Vec<(&str, u64)> = p.owners.iter().map(|(k, &b)| (k.as_str(), b)).collect();
+                o.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+                (p, o)
+            })
+            .collect()
+    }
+
     /// The summary of `state`, for `source`.
     pub fn from_state(state: &State, source: &str) -> Summary {
         let mut devices = Vec::new();

@@ -409,6 +409,34 @@ fn device_row(out: &mut String, label: &str, d: &DeviceSummary, id_attr: &str) {
     put(out, format_args!("<td class=\"num\" data-field=\"fragmentation\" data-value=\"{}\">{:.2}</td><td class=\"num\" data-field=\"segments\" data-value=\"{}\">{}</td><td class=\"num\" data-field=\"blocks\" data-value=\"{}\">{}</td><td>{}</td></tr>\n", d.fragmentation, d.fragmentation, d.segments, d.segments, d.blocks, d.blocks, esc(&d.level)));
 }
 
+/// Each process's driver memory by the library that called the driver (the summary's `owners`),
+/// with its share of the process's reserved bytes; only where two owners or more share it.
+fn owners_table(out: &mut String, s: &Summary) {
+    let per = s.owner_splits();
+    if per.is_empty() {
+        return;
+    }
+    out.push_str("<h3>Driver memory by owner</h3>\n<p>The library that called the driver for each live allocation (cuBLAS's workspaces, NCCL's buffers, the framework's segments, ...); each process's rows sum to its reserved bytes.</p>\n<table id=\"owners-table\">\n<tr><th>process</th><th>owner</th><th>bytes</th><th>share of its reserved</th></tr>\n");
+    for (p, o) in per {
+        for (owner, bytes) in o {
+            let share = if p.figures.reserved > 0 { bytes as f64 * 100.0 / p.figures.reserved as f64 } else { 0.0 };
+            put(
+                out,
+                format_args!(
+                    "<tr data-pid=\"{}\" data-owner=\"{}\"><td>{}</td><td>{}</td>",
+                    p.pid,
+                    esc(owner),
+                    esc(&Summary::process_label(p)),
+                    esc(owner)
+                ),
+            );
+            out.push_str(&bytes_td("bytes", bytes));
+            put(out, format_args!("<td class=\"num\">{share:.1} %</td></tr>\n"));
+        }
+    }
+    out.push_str("</table>\n");
+}
+
 fn tables(out: &mut String, s: &Summary) {
     let head = "<tr><th></th><th>reserved</th><th>allocated</th><th>stranded</th><th>releasable</th><th>largest free block</th><th>device free</th><th>largest allocatable</th><th>frag.</th><th>segments</th><th>blocks</th><th>level</th></tr>\n";
     out.push_str("<section id=\"tables\">\n<h2>Figures</h2>\n");
@@ -439,6 +467,7 @@ fn tables(out: &mut String, s: &Summary) {
         }
         out.push_str("</table>\n");
     }
+    owners_table(out, s);
     out.push_str("<h3>Segments stranding the most</h3>\n<table id=\"stranded-table\">\n<tr><th>device</th><th>pid</th><th>address</th><th>kind</th><th>size</th><th>stranded</th><th>live blocks</th><th>largest free run</th></tr>\n");
     let mut any = false;
     for d in &s.devices {
