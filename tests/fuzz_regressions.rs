@@ -64,6 +64,31 @@ fn fuzz_regression_record_allowed_limit_sums_use_the_allocators_own_reserved_byt
     );
 }
 
+// Live driver allocations whose owner's sum passed 2^64 (found by the record target in 15 s of
+// its 30-minute run, this round): `OwnerBytes::add` overflowed (a panic under the fuzz build's
+// overflow checks, a wrapped figure without). The sums are exact (u128) and read saturated; the
+// unit test `ingest::owners::tests::sizes_summing_past_2_64_stay_exact_and_read_saturated` shows
+// the figures. Kept whole (3,152 bytes): it replays through the fuzz target's own checks.
+#[test]
+fn fuzz_regression_record_owner_sizes_past_2_64_read_saturated_never_wrapped() {
+    let bytes = include_bytes!("../fuzz/regressions/record_owner_sizes_past_2_64.rec");
+    record(bytes);
+    // Event by event: at the allocation that takes an owner's live sum past 2^64 − 1 the figure
+    // reads 2^64 − 1 (wrapped, it read a few bytes).
+    let rec = gpufrag::record::parse(Path::new("regression.rec"), bytes).expect("a record file");
+    let mut state = State::default();
+    let mut saturated_at = None;
+    for (i, e) in rec.events.iter().enumerate() {
+        state.apply(e);
+        let full =
+            state.spaces.values().any(|d| d.owners.by_owner().iter().any(|&(_, b)| b == u64::MAX) || d.owners.unattributed() == u64::MAX);
+        if full && saturated_at.is_none() {
+            saturated_at = Some(i);
+        }
+    }
+    assert!(saturated_at.is_some(), "no owner's sum read 2^64 - 1 over the {} events", rec.events.len());
+}
+
 // Memo-shared containers: 8 KB naming 2,000 segments of 2,000 blocks each (4 million blocks) were
 // expanded in full (21 KB took 2.2 GB). Refused with an error naming the file and the offset.
 #[test]

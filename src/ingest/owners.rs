@@ -17,8 +17,10 @@ use std::collections::HashMap;
 pub struct OwnerBytes {
     segments: HashMap<u64, (Option<Owner>, u64)>,
     handles: HashMap<u64, (Option<Owner>, u64)>,
-    bytes: [u64; Owner::ALL.len()],
-    unattributed: u64,
+    /// Exact sums (a record's sizes are its own to claim: a hostile one's live allocations may
+    /// sum past 2^64 − 1 bytes), each said as a `u64`, saturated, only when read.
+    bytes: [u128; Owner::ALL.len()],
+    unattributed: u128,
 }
 
 impl OwnerBytes {
@@ -48,36 +50,43 @@ impl OwnerBytes {
     }
 
     fn add(&mut self, owner: Option<Owner>, size: u64) {
-        match owner {
-            Some(o) => self.bytes[o as usize - 1] += size,
-            None => self.unattributed += size,
-        }
+        *self.slot(owner) += u128::from(size);
     }
 
     fn take(&mut self, old: Option<(Option<Owner>, u64)>) {
         if let Some((owner, size)) = old {
-            let slot = match owner {
-                Some(o) => &mut self.bytes[o as usize - 1],
-                None => &mut self.unattributed,
-            };
-            *slot = slot.saturating_sub(size);
+            // Exact: every size taken was added when its allocation was filed.
+            let slot = self.slot(owner);
+            *slot = slot.saturating_sub(u128::from(size));
+        }
+    }
+
+    fn slot(&mut self, owner: Option<Owner>) -> &mut u128 {
+        match owner {
+            Some(o) => &mut self.bytes[o as usize - 1],
+            None => &mut self.unattributed,
         }
     }
 
     /// Live bytes of each owner that holds some, in wire order.
     pub fn by_owner(&self) -> Vec<(Owner, u64)> {
-        Owner::ALL.iter().copied().zip(self.bytes).filter(|&(_, b)| b > 0).collect()
+        Owner::ALL.iter().copied().zip(self.bytes).filter(|&(_, b)| b > 0).map(|(o, b)| (o, saturated(b))).collect()
     }
 
     /// Live driver bytes whose owner no source said.
     pub fn unattributed(&self) -> u64 {
-        self.unattributed
+        saturated(self.unattributed)
     }
 
     /// Whether any allocation had its owner said.
     pub fn any_known(&self) -> bool {
         self.bytes.iter().any(|&b| b > 0)
     }
+}
+
+/// A sum as a byte count: past 2^64 − 1, that.
+fn saturated(b: u128) -> u64 {
+    u64::try_from(b).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -117,5 +126,24 @@ mod tests {
         o.apply(EventKind::MemFree, &Event { addr: 0x3000, ..Event::new(EventKind::MemFree, 1, -1) });
         assert_eq!(o.by_owner(), vec![(Owner::Cublas, 100)]);
         assert_eq!(o.unattributed(), 0);
+    }
+
+    /// Found by the record fuzz target (fuzz/regressions/record_owner_sizes_past_2_64.rec): live
+    /// allocations summing past 2^64 overflowed the owner's sum (a panic with overflow checks, a
+    /// wrapped small figure without). The sum stays exact and is said saturated.
+    #[test]
+    fn sizes_summing_past_2_64_stay_exact_and_read_saturated() {
+        let big = (1u64 << 63) + 1;
+        let mut o = OwnerBytes::default();
+        for (addr, owner) in [(0x1000, Some(Owner::Nccl)), (0x2000, Some(Owner::Nccl)), (0x3000, None), (0x4000, None)] {
+            let e = alloc(EventKind::MemAlloc, addr, big, owner);
+            o.apply(EventKind::MemAlloc, &e);
+        }
+        assert_eq!(o.by_owner(), vec![(Owner::Nccl, u64::MAX)], "2 × (2^63 + 1) read saturated, not wrapped to 2");
+        assert_eq!(o.unattributed(), u64::MAX);
+        o.apply(EventKind::MemFree, &Event { addr: 0x1000, ..Event::new(EventKind::MemFree, 1, -1) });
+        o.apply(EventKind::MemFree, &Event { addr: 0x3000, ..Event::new(EventKind::MemFree, 1, -1) });
+        assert_eq!(o.by_owner(), vec![(Owner::Nccl, big)], "the one left, exactly");
+        assert_eq!(o.unattributed(), big);
     }
 }
