@@ -148,3 +148,34 @@ fn regression_small_pages_2mib_failure_is_a_driver_level_fragmentation_verdict_w
     assert!(report.contains(&format!("id=\"card-page-stranded\" data-bytes=\"{want}\"")), "the report's page-stranded card");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 23, item 2, for `demo` as for `run`: `--summary-json` in a folder other users may write
+/// (mode 1777, as /tmp) must not put the report at that folder's fixed `report.html`, where
+/// another user could have planted a link; it goes to the private state folder instead. (The
+/// demo wrote `/tmp/report.html` for `--summary-json /tmp/x.json`.)
+#[test]
+fn demo_summary_in_a_shared_folder_puts_the_report_in_the_private_state_folder() {
+    use std::os::unix::fs::PermissionsExt;
+    let base = std::env::temp_dir().join(format!("gpufrag-demo-shared-{}", std::process::id()));
+    let shared = base.join("shared");
+    let state = base.join("state");
+    std::fs::create_dir_all(&shared).expect("shared dir");
+    std::fs::create_dir_all(&state).expect("state dir");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod 1777");
+    let summary = shared.join("x.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_gpufrag"))
+        .args(["demo", "--summary-json"])
+        .arg(&summary)
+        .env("XDG_STATE_HOME", &state)
+        .current_dir(&base)
+        .output()
+        .expect("run gpufrag demo");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(summary.is_file(), "the summary goes where it was asked: {stderr}");
+    assert!(!shared.join("report.html").exists(), "a report at the shared folder's fixed name: {stderr}");
+    let private = state.join("gpufrag").join("demo-report.html");
+    assert!(private.is_file(), "no report in the state folder: {stderr}");
+    let said = stderr.lines().find(|l| l.contains("report:")).unwrap_or_else(|| panic!("no report line: {stderr}"));
+    assert!(said.contains(&private.display().to_string()), "{said}");
+    let _ = std::fs::remove_dir_all(&base);
+}

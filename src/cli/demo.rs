@@ -85,13 +85,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     // A private folder (0700, ours, no symlink followed): TMPDIR may be shared with other users.
     crate::private::PrivateDir::ensure(&state_dir).map_err(|e| anyhow::anyhow!("the demo's folder: {e}"))?;
     let summary_json = args.summary_json.clone().unwrap_or_else(|| state_dir.join("summary.json"));
-    // Beside the user's summary, else where every run's OOM report goes (the private state
-    // folder, never the current directory: the demo leaves no file there).
-    let (report, no_report) = match &args.summary_json {
-        Some(s) => {
-            let r = s.parent().unwrap_or(Path::new("")).join("report.html");
-            (Some(std::path::absolute(&r).unwrap_or(r)), None)
-        }
+    // Beside the user's summary as `run` puts it (never in a folder other users share, /tmp, or
+    // a device folder, /dev/stdout's), else where every run's OOM report goes (the private
+    // state folder, never the current directory: the demo leaves no file there).
+    let beside = args.summary_json.as_deref().and_then(|s| crate::views::postmortem::report_path(None, Some(s)));
+    let (report, no_report) = match beside {
+        Some(r) => (Some(std::path::absolute(&r).unwrap_or(r)), None),
         None => match crate::private::state_dir().map(|d| crate::private::PrivateDir::ensure(&d)) {
             Some(Ok(d)) => (Some(d.join("demo-report.html")), None),
             Some(Err(e)) => (None, Some(format!("no OOM report written: {e}; give --summary-json PATH to have it beside that"))),
