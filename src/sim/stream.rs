@@ -208,7 +208,8 @@ impl Builder {
             + vec_bytes(&self.recorded_entry)
             + (self.live.capacity() as u64) * 16;
         let n = self.requests.len() as u64;
-        if let Err(over) = crate::budget::charge(file, || format!("the request stream of {}+ requests", crate::budget::grouped(n)), bytes) {
+        if let Err(over) = crate::budget::charge(file, || format!("the request stream of {}+ requests", crate::units::thousands(n)), bytes)
+        {
             self.over = Some(over.to_string());
         }
     }
