@@ -634,11 +634,11 @@ PROBE_PAIR(default_mem_pool, FN_DEFAULT_MEM_POOL)
 PROBE_PAIR(pool_get_attribute, FN_POOL_GET_ATTRIBUTE)
 PROBE_PAIR(torch_malloc, FN_TORCH_MALLOC)
 
-/* Native::local_raw_delete(void *ptr): a block returns to the cache. */
-SEC("uprobe") int torch_free_entry(struct pt_regs *ctx)
+/* A block of PyTorch's caching allocator returns to the cache: a BlockFree of ptr, stamped at the
+ * probed call's entry. */
+static __always_inline int block_freed(__u64 ptr)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	__u64 ptr = PT_REGS_PARM1(ctx);
 	if (!ptr || !is_traced(id >> 32))
 		return 0;
 	note_traced(id >> 32);
@@ -650,23 +650,20 @@ SEC("uprobe") int torch_free_entry(struct pt_regs *ctx)
 	return 0;
 }
 
+/* Native::local_raw_delete(void *ptr): a block returns to the cache. */
+SEC("uprobe") int torch_free_entry(struct pt_regs *ctx)
+{
+	return block_freed(PT_REGS_PARM1(ctx));
+}
+
 /* NativeCachingAllocator::raw_delete(this, void *ptr): a raw_alloc'd block returns to the cache
  * (it calls free() directly, not local_raw_delete, so neither the USDT probe nor local_raw_delete's
  * uprobe sees it). Stamped at entry, before another thread can be handed the same block. */
 SEC("uprobe") int torch_raw_delete_entry(struct pt_regs *ctx)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u64 ptr = PT_REGS_PARM2(ctx);
-	if (!ptr || !is_traced(id >> 32))
-		return 0;
-	note_traced(id >> 32);
-	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_BLOCK_FREE, -1, GPUFRAG_F_SRC_EBPF);
-	if (!e)
-		return 0;
-	e->addr = ptr;
-	submit_event(e);
-	return 0;
+	return block_freed(PT_REGS_PARM2(ctx));
 }
+
 /* raw_alloc(this, size) and raw_alloc_with_stream(this, size, stream): one block each. Should a
  * build have one call the other, only the outer call is saved, so its return reports the block
  * once (as the two overloads of BFC's AllocateRaw). */

@@ -92,19 +92,6 @@ pub fn vec_growth_bytes<T>(v: &Vec<T>) -> u64 {
     held.saturating_add(next)
 }
 
-/// Decimal digits grouped by thousands, for the messages (52,428,800).
-pub fn grouped(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::with_capacity(s.len() + s.len() / 3);
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,7 +103,5 @@ mod tests {
         assert!(!m.contains('\n'), "{m}");
         assert!(m.starts_with("/tmp/x.rec: the replay of 1,000 events would hold 300 MiB, more than the memory budget of 256 MiB"), "{m}");
         assert!(m.contains("--max-memory"), "{m}");
-        assert_eq!(grouped(52_428_800), "52,428,800");
-        assert_eq!(grouped(999), "999");
     }
 }

@@ -150,7 +150,7 @@ fn load_keeping(path: &Path, keep_replay: bool) -> anyhow::Result<Loaded> {
             }
             if events.len() == events.capacity() {
                 let held = crate::budget::vec_growth_bytes(&events) + text_bytes;
-                crate::budget::charge(path, || format!("the replay of {}+ events", crate::budget::grouped(events.len() as u64)), held)
+                crate::budget::charge(path, || format!("the replay of {}+ events", crate::units::thousands(events.len() as u64)), held)
                     .map_err(|e| UnusableInput(e.to_string()))?;
             }
             events.push(entry.event);
@@ -184,7 +184,7 @@ fn load_keeping(path: &Path, keep_replay: bool) -> anyhow::Result<Loaded> {
 /// its OOMs (each kept with its verdict's figures), checked against the memory budget.
 fn charge_state(path: &Path, state: &State) -> Result<(), crate::budget::Over> {
     let held = crate::budget::vec_bytes(&state.ooms);
-    crate::budget::charge(path, || format!("the state of {} OOMs", crate::budget::grouped(state.ooms.len() as u64)), held)
+    crate::budget::charge(path, || format!("the state of {} OOMs", crate::units::thousands(state.ooms.len() as u64)), held)
 }
 
 fn matches_final(state: &State, snap: &Snapshot) -> bool {

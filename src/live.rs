@@ -346,30 +346,7 @@ impl Live {
         match m {
             Msg::Event(e) => self.apply(&e),
             Msg::Fact { event, text } => self.apply_text(&event, text.as_bytes()),
-            Msg::Connected { hello, proc } => {
-                let conf = proc.as_ref().and_then(|p| alloc_conf_of(&p.environ));
-                if let Some(p) = proc {
-                    self.attribution.prefetch(hello.pid, *p);
-                }
-                // A pid seen before that connects again without the fork flag is the same process
-                // after exec: the old image's memory went with it (its maps are dropped, not kept
-                // as a false anomaly), and it stays one process (issue 14).
-                let exec = hello.flags & crate::hello::HELLO_F_FORKED == 0 && self.processes.iter().any(|(p, _)| *p == hello.pid);
-                if exec {
-                    self.state.forget(hello.pid);
-                    self.processes.retain(|(p, _)| *p != hello.pid);
-                }
-                self.name_process(hello.pid, hello.exe_name());
-                let ts_ns = now_ns();
-                self.apply(&Event { ts_ns, ..Event::new(EventKind::ProcessExec, hello.pid, -1) });
-                // Block events that carry only the requested size (the trace tracker's, USDT's)
-                // are sized by the process's own allocator settings: its environment at exec, an
-                // event like any other (the state notes settings PyTorch would reject, and keeps
-                // the defaults: PyTorch itself would not have started).
-                if let Some(c) = conf.filter(|_| self.state.settings_of(hello.pid).is_none()) {
-                    self.apply_text(&Event { ts_ns, ..Event::new(EventKind::AllocSettings, hello.pid, -1) }, c.as_bytes());
-                }
-            }
+            Msg::Connected { hello, proc } => self.connected(&hello, proc),
             Msg::Blocks { pid, mut snapshot } => {
                 self.python_pids.insert(pid);
                 for seg in snapshot.segments.iter_mut() {
@@ -390,22 +367,7 @@ impl Live {
                 self.python_pids.insert(pid);
                 self.apply(&Event { ts_ns: now_ns(), ..Event::new(EventKind::Adopt, pid, device) });
             }
-            Msg::PyOom { pid, device, requested, device_free, allowed } => {
-                self.python_pids.insert(pid);
-                // The allowed bytes, when the hook found a memory fraction set, say exactly whether
-                // the allocator's cap refused the request (the verdict compares them with reserved).
-                let e = Event {
-                    ts_ns: now_ns(),
-                    requested,
-                    device_free,
-                    size: allowed.unwrap_or(0),
-                    rc: 2,
-                    op: EventKind::BlockAlloc as u16,
-                    flags: F_DEVICE_FREE_KNOWN | F_FAILED | if allowed.is_some() { crate::event::F_ALLOWED_KNOWN } else { 0 },
-                    ..Event::new(EventKind::AllocFailed, pid, device)
-                };
-                self.apply(&e);
-            }
+            Msg::PyOom { pid, device, requested, device_free, allowed } => self.py_oom(pid, device, requested, device_free, allowed),
             Msg::PyOomAllowed { pid, device, requested, allowed } => {
                 // An amendment, recorded like any event: it gives the tracker's OOM entry (before
                 // or after it in time) its allowed bytes.
@@ -436,65 +398,12 @@ impl Live {
                         framework.allocator()
                     ));
                 }
-                let e = Event {
-                    ts_ns: now_ns(),
-                    requested,
-                    device_free: device_free.unwrap_or(0),
-                    rc: 2,
-                    op: EventKind::BlockAlloc as u16,
-                    flags: F_FAILED | framework.flags() | if device_free.is_some() { F_DEVICE_FREE_KNOWN } else { 0 },
-                    ..Event::new(EventKind::AllocFailed, pid, device)
-                };
-                self.apply(&e);
-                // Under `run` XLA's pool is one mapping with nothing visible inside: the OOM's
-                // figures are the ones BFC itself reported right after the failure, stated as an
-                // event (a replay of the record gives the same verdict).
-                let report = self.framework_reports.get(&(pid, device, framework, "oom"));
-                if let (Some([pool, in_use, largest]), Some(r)) = (framework.model().oom_report_keys(), report) {
-                    let st = |k: &str| r.stats.get(k).copied().unwrap_or(0);
-                    let figures = Event {
-                        ts_ns: e.ts_ns,
-                        size: st(pool),
-                        requested: st(in_use),
-                        handle: st(largest),
-                        flags: framework.flags(),
-                        ..Event::new(EventKind::FrameworkFigures, pid, device)
-                    };
-                    self.apply(&figures);
-                }
-                // CuPy's error names its pool's total: the map built from its MemoryHook's chunks
-                // must hold the same (a note says where it does not).
+                let ts_ns = self.framework_oom(pid, framework, device, requested, device_free);
                 if let Some(total) = pool_total {
-                    let o =
-                        self.state.ooms.iter().rev().find(|o| o.pid == pid && o.op == Some(EventKind::BlockAlloc) && o.ts_ns == e.ts_ns);
-                    if let Some(o) = o.filter(|o| o.figures.reserved != total) {
-                        self.warnings.push(format!(
-                            "pid {pid}: {}'s own error gives its pool's total at the OOM as {total} B, the traced reserved is {} B",
-                            framework.allocator(),
-                            o.figures.reserved
-                        ));
-                    }
+                    self.check_pool_total(pid, framework, ts_ns, total);
                 }
             }
-            Msg::Named { pid, name } => {
-                // A process gone before /proc was read has no name there: the one read early.
-                let name = if name.is_empty() || name == "unknown" {
-                    self.state.identities.get(&pid).map(|i| i.exe.clone()).unwrap_or(name)
-                } else {
-                    name
-                };
-                if !name.is_empty() {
-                    if let Some(id) = self.state.identities.get_mut(&pid).filter(|id| id.exe.is_empty() || id.exe == "unknown") {
-                        std::sync::Arc::make_mut(id).exe = name.clone();
-                    }
-                }
-                match self.processes.iter_mut().find(|(p, _)| *p == pid) {
-                    // Named at its start before its name could be read: the name found later.
-                    Some((_, known)) if known.is_empty() && !name.is_empty() => *known = name,
-                    Some(_) => {}
-                    None => self.name_process(pid, name),
-                }
-            }
+            Msg::Named { pid, name } => self.named(pid, name),
             Msg::Proc { pid, read } => {
                 // The eBPF path reads a process's /proc when its first probe event arrives, before
                 // its events are applied: its allocator settings at exec are its environment's
@@ -514,6 +423,126 @@ impl Live {
             }
         }
         self.report_new_ooms();
+    }
+
+    /// A process connected: its `/proc` read handed to the attribution, an exec after a fork
+    /// told apart from a new process, its start stated as an event, and its allocator settings
+    /// at exec (from its environment) stated as one too.
+    fn connected(&mut self, hello: &crate::hello::Hello, proc: Option<Box<crate::attribution::ProcRead>>) {
+        let conf = proc.as_ref().and_then(|p| alloc_conf_of(&p.environ));
+        if let Some(p) = proc {
+            self.attribution.prefetch(hello.pid, *p);
+        }
+        // A pid seen before that connects again without the fork flag is the same process
+        // after exec: the old image's memory went with it (its maps are dropped, not kept
+        // as a false anomaly), and it stays one process (issue 14).
+        let exec = hello.flags & crate::hello::HELLO_F_FORKED == 0 && self.processes.iter().any(|(p, _)| *p == hello.pid);
+        if exec {
+            self.state.forget(hello.pid);
+            self.processes.retain(|(p, _)| *p != hello.pid);
+        }
+        self.name_process(hello.pid, hello.exe_name());
+        let ts_ns = now_ns();
+        self.apply(&Event { ts_ns, ..Event::new(EventKind::ProcessExec, hello.pid, -1) });
+        // Block events that carry only the requested size (the trace tracker's, USDT's)
+        // are sized by the process's own allocator settings: its environment at exec, an
+        // event like any other (the state notes settings PyTorch would reject, and keeps
+        // the defaults: PyTorch itself would not have started).
+        if let Some(c) = conf.filter(|_| self.state.settings_of(hello.pid).is_none()) {
+            self.apply_text(&Event { ts_ns, ..Event::new(EventKind::AllocSettings, hello.pid, -1) }, c.as_bytes());
+        }
+    }
+
+    /// PyTorch's OOM observer fired: the failure as an event.
+    fn py_oom(&mut self, pid: u32, device: i16, requested: u64, device_free: u64, allowed: Option<u64>) {
+        self.python_pids.insert(pid);
+        // The allowed bytes, when the hook found a memory fraction set, say exactly whether
+        // the allocator's cap refused the request (the verdict compares them with reserved).
+        let e = Event {
+            ts_ns: now_ns(),
+            requested,
+            device_free,
+            size: allowed.unwrap_or(0),
+            rc: 2,
+            op: EventKind::BlockAlloc as u16,
+            flags: F_DEVICE_FREE_KNOWN | F_FAILED | if allowed.is_some() { crate::event::F_ALLOWED_KNOWN } else { 0 },
+            ..Event::new(EventKind::AllocFailed, pid, device)
+        };
+        self.apply(&e);
+    }
+
+    /// A framework's own OOM error: the failure as an event, then the figures the framework
+    /// reported right after it (XLA's BFC), as an event too. Returns the failure's time.
+    fn framework_oom(
+        &mut self,
+        pid: u32,
+        framework: crate::alloc::Framework,
+        device: i16,
+        requested: u64,
+        device_free: Option<u64>,
+    ) -> u64 {
+        let e = Event {
+            ts_ns: now_ns(),
+            requested,
+            device_free: device_free.unwrap_or(0),
+            rc: 2,
+            op: EventKind::BlockAlloc as u16,
+            flags: F_FAILED | framework.flags() | if device_free.is_some() { F_DEVICE_FREE_KNOWN } else { 0 },
+            ..Event::new(EventKind::AllocFailed, pid, device)
+        };
+        self.apply(&e);
+        // Under `run` XLA's pool is one mapping with nothing visible inside: the OOM's
+        // figures are the ones BFC itself reported right after the failure, stated as an
+        // event (a replay of the record gives the same verdict).
+        let report = self.framework_reports.get(&(pid, device, framework, "oom"));
+        if let (Some([pool, in_use, largest]), Some(r)) = (framework.model().oom_report_keys(), report) {
+            let st = |k: &str| r.stats.get(k).copied().unwrap_or(0);
+            let figures = Event {
+                ts_ns: e.ts_ns,
+                size: st(pool),
+                requested: st(in_use),
+                handle: st(largest),
+                flags: framework.flags(),
+                ..Event::new(EventKind::FrameworkFigures, pid, device)
+            };
+            self.apply(&figures);
+        }
+        e.ts_ns
+    }
+
+    /// CuPy's error names its pool's total: the map built from its MemoryHook's chunks must hold
+    /// the same (a warning says where it does not).
+    fn check_pool_total(&mut self, pid: u32, framework: crate::alloc::Framework, ts_ns: u64, total: u64) {
+        let o = self.state.ooms.iter().rev().find(|o| o.pid == pid && o.op == Some(EventKind::BlockAlloc) && o.ts_ns == ts_ns);
+        if let Some(o) = o.filter(|o| o.figures.reserved != total) {
+            self.warnings.push(format!(
+                "pid {pid}: {}'s own error gives its pool's total at the OOM as {total} B, the traced reserved is {} B",
+                framework.allocator(),
+                o.figures.reserved
+            ));
+        }
+    }
+
+    /// A process's name: given to its identity and its entry in the process list when those
+    /// have none yet.
+    fn named(&mut self, pid: u32, name: String) {
+        // A process gone before /proc was read has no name there: the one read early.
+        let name = if name.is_empty() || name == "unknown" {
+            self.state.identities.get(&pid).map(|i| i.exe.clone()).unwrap_or(name)
+        } else {
+            name
+        };
+        if !name.is_empty() {
+            if let Some(id) = self.state.identities.get_mut(&pid).filter(|id| id.exe.is_empty() || id.exe == "unknown") {
+                std::sync::Arc::make_mut(id).exe = name.clone();
+            }
+        }
+        match self.processes.iter_mut().find(|(p, _)| *p == pid) {
+            // Named at its start before its name could be read: the name found later.
+            Some((_, known)) if known.is_empty() && !name.is_empty() => *known = name,
+            Some(_) => {}
+            None => self.name_process(pid, name),
+        }
     }
 
     /// Remembers a process's name; a long-running agent keeps the most recent

@@ -453,140 +453,17 @@ impl Summary {
 
     /// The summary of `state`, for `source`.
     pub fn from_state(state: &State, source: &str) -> Summary {
-        let mut devices = Vec::new();
-        let mut processes = Vec::new();
-        for device in state.device_ids() {
-            let totals = state.devices.get(&device).copied().unwrap_or_default();
-            let spaces: Vec<_> = state.spaces.values().filter(|s| s.device == device).collect();
-            let f = state.device_figures(device);
-            devices.push(device_summary(device, &f, totals.free, totals.total, &spaces));
-            for s in &spaces {
-                processes.push(ProcessSummary {
-                    pid: s.pid,
-                    figures: device_summary(device, &s.map.figures(), totals.free, totals.total, std::slice::from_ref(s)),
-                    allocs: s.allocs,
-                    frees: s.frees,
-                    retries: state.retries_of(s.pid, device),
-                    framework: s.framework,
-                    exe: None,
-                    container_id: None,
-                    k8s_pod_uid: None,
-                    k8s_pod_name: None,
-                    k8s_namespace_name: None,
-                    k8s_container_name: None,
-                    identity_source: None,
-                    exited: state.exited.contains_key(&s.pid),
-                    owners: owner_bytes(&s.owners),
-                });
-            }
-        }
-        // One rule decides what an OOM is (crate::ingest::oom_rule): the records decided OOMs, in
-        // the order decided, then those still undecided at the end of the trace (nothing
-        // recovered them). Retries and the tries folded into an OOM are counted, not listed.
-        let mut finals: Vec<&crate::ingest::OomRecord> = state.oom_log().iter().map(|&i| &state.ooms[i]).collect();
-        finals.extend(state.ooms.iter().filter(|o| o.outcome == crate::ingest::OomOutcome::Pending));
+        let (devices, processes) = device_and_process_summaries(state);
         let driver_failures =
             state.ooms.iter().filter(|o| o.op != Some(crate::event::EventKind::BlockAlloc) && !o.counts_as_oom()).count() as u64;
-        let ooms = finals
-            .into_iter()
-            .map(|o| {
-                let inputs = OomInputs::of(o);
-                OomSummary {
-                    device: o.device,
-                    pid: o.pid,
-                    ts_ns: o.ts_ns,
-                    requested: o.requested,
-                    device_free: o.device_free.unwrap_or(0),
-                    device_free_known: o.device_free.is_some(),
-                    device_free_source: o.device_free_source.name().to_string(),
-                    device_free_age_ns: o.device_free_age_ns,
-                    device_free_after_ns: o.device_free_after_ns,
-                    stranded: o.figures.stranded,
-                    releasable: o.figures.releasable,
-                    largest_free_block: o.figures.largest_free_block,
-                    reserved: o.figures.reserved,
-                    allocated: o.figures.allocated,
-                    page_stranded: o.figures.page_stranded,
-                    allowed: o.allowed,
-                    rc: o.rc,
-                    op: o.op.map_or("unknown", |k| k.name()).to_string(),
-                    verdict: super::sharing::verdict(o),
-                    explanation: super::sharing::explanation(o, &inputs),
-                    fix: super::sharing::fix(o, &inputs),
-                    driver_failures_before: o.driver_failures_before,
-                    framework: o.framework,
-                    hw_id: None,
-                    container_id: None,
-                    holders: o.shared.holders.clone(),
-                    limit: o.shared.limit.clone(),
-                    missing: o.partial.map(crate::ingest::Partial::missing),
-                    event: Some(o.event),
-                }
-            })
-            .collect();
-        let mut notes = Vec::new();
-        if state.dropped > 0 {
-            notes.push(format!("{} events were dropped by the capture: figures are lower bounds", state.dropped));
-        }
-        if state.anomaly_count > 0 {
-            notes.push(format!("{} events did not fit the traced state (lost or inconsistent events)", state.anomaly_count));
-            for a in &state.anomalies {
-                notes.push(format!("event {}: pid {} device {}: {}", a.index, a.pid, a.device, a.anomaly));
-            }
-        }
-        if state.failed_call_count > 0 {
-            let first: Vec<String> = state
-                .failed_calls
-                .iter()
-                .take(3)
-                .map(|c| format!("{} rc {} (pid {})", c.op.map_or("unknown", |k| k.name()), c.rc, c.pid))
-                .collect();
-            notes.push(format!(
-                "{} allocation call(s) failed with codes other than out-of-memory, not counted as OOMs: {}",
-                state.failed_call_count,
-                first.join(", ")
-            ));
-        }
-        if state.fact_note_count > 0 {
-            notes.push(format!(
-                "{} fact(s) a process stated about itself could not be used and changed nothing (settings that do not parse or name an unknown key, a framework's figures or allowed bytes for an OOM or a process never seen)",
-                state.fact_note_count
-            ));
-            notes.extend(state.fact_notes.iter().cloned());
-        }
-        if state.retries_total() > 0 {
-            notes.push(format!(
-                "{} failed allocation(s) recovered (retries: the same thread's next allocation of that size succeeded after memory was released): not OOMs",
-                state.retries_total()
-            ));
-        }
-        if state.failed_releases > 0 {
-            notes.push(format!(
-                "{} release call(s) failed with an error code (the program's own error, a bad argument): the driver kept that memory, and so does the trace",
-                state.failed_releases
-            ));
-        }
-        let warned: u64 = state.forecast_warning_counts.values().sum();
-        if warned > state.forecast_warnings.len() as u64 {
-            notes.push(format!("{warned} foresight warnings: the first {} are listed", state.forecast_warnings.len()));
-        }
-        if state.unknown_kinds > 0 {
-            notes.push(format!("{} events had a kind this build does not know", state.unknown_kinds));
-        }
-        for (&(pid, instance), i) in state.bfc_instances.iter().filter(|(_, i)| !i.device_pool).take(8) {
-            notes.push(format!(
-                "pid {pid}: XLA BFC allocator instance {instance:#x} handed out {} chunk(s) at {:#x}..={:#x}, outside every traced device segment (XLA's pinned-host allocator, another memory space's, or a pool mapped before tracing began): not counted in the device figures",
-                i.chunks, i.lo, i.hi
-            ));
-        }
         let mut summary = Summary {
             schema: SCHEMA_VERSION,
             source: source.to_string(),
             exact: state.exact(),
-            notes,
+            notes: state_notes(state),
             devices,
             processes,
-            ooms,
+            ooms: oom_summaries(state),
             events: state.events - state.drop_markers,
             dropped: state.dropped,
             anomalies: state.anomaly_count,
@@ -594,18 +471,7 @@ impl Summary {
             retries: state.retries_total(),
             framework_stats: Vec::new(),
             whatif: None,
-            failed_calls: state
-                .failed_calls
-                .iter()
-                .map(|c| FailedCallSummary {
-                    device: c.device,
-                    pid: c.pid,
-                    ts_ns: c.ts_ns,
-                    requested: c.requested,
-                    rc: c.rc,
-                    op: c.op.map_or("unknown", |k| k.name()).to_string(),
-                })
-                .collect(),
+            failed_calls: state.failed_calls.iter().map(FailedCallSummary::of).collect(),
             capture: None,
             coverage: None,
             warnings: state.forecast_warnings.clone(),
@@ -616,6 +482,162 @@ impl Summary {
         }
         summary
     }
+}
+
+/// The figures of every device of `state`, and of every (process, device) on it.
+fn device_and_process_summaries(state: &State) -> (Vec<DeviceSummary>, Vec<ProcessSummary>) {
+    let mut devices = Vec::new();
+    let mut processes = Vec::new();
+    for device in state.device_ids() {
+        let totals = state.devices.get(&device).copied().unwrap_or_default();
+        let spaces: Vec<_> = state.spaces.values().filter(|s| s.device == device).collect();
+        let f = state.device_figures(device);
+        devices.push(device_summary(device, &f, totals.free, totals.total, &spaces));
+        for s in &spaces {
+            processes.push(ProcessSummary {
+                pid: s.pid,
+                figures: device_summary(device, &s.map.figures(), totals.free, totals.total, std::slice::from_ref(s)),
+                allocs: s.allocs,
+                frees: s.frees,
+                retries: state.retries_of(s.pid, device),
+                framework: s.framework,
+                exe: None,
+                container_id: None,
+                k8s_pod_uid: None,
+                k8s_pod_name: None,
+                k8s_namespace_name: None,
+                k8s_container_name: None,
+                identity_source: None,
+                exited: state.exited.contains_key(&s.pid),
+                owners: owner_bytes(&s.owners),
+            });
+        }
+    }
+    (devices, processes)
+}
+
+/// The OOMs of `state`.
+fn oom_summaries(state: &State) -> Vec<OomSummary> {
+    // One rule decides what an OOM is (crate::ingest::oom_rule): the records decided OOMs, in
+    // the order decided, then those still undecided at the end of the trace (nothing
+    // recovered them). Retries and the tries folded into an OOM are counted, not listed.
+    let mut finals: Vec<&crate::ingest::OomRecord> = state.oom_log().iter().map(|&i| &state.ooms[i]).collect();
+    finals.extend(state.ooms.iter().filter(|o| o.outcome == crate::ingest::OomOutcome::Pending));
+    finals.into_iter().map(OomSummary::of).collect()
+}
+
+impl OomSummary {
+    /// The summary of one OOM record, its verdict, explanation and fix included.
+    fn of(o: &crate::ingest::OomRecord) -> OomSummary {
+        let inputs = OomInputs::of(o);
+        OomSummary {
+            device: o.device,
+            pid: o.pid,
+            ts_ns: o.ts_ns,
+            requested: o.requested,
+            device_free: o.device_free.unwrap_or(0),
+            device_free_known: o.device_free.is_some(),
+            device_free_source: o.device_free_source.name().to_string(),
+            device_free_age_ns: o.device_free_age_ns,
+            device_free_after_ns: o.device_free_after_ns,
+            stranded: o.figures.stranded,
+            releasable: o.figures.releasable,
+            largest_free_block: o.figures.largest_free_block,
+            reserved: o.figures.reserved,
+            allocated: o.figures.allocated,
+            page_stranded: o.figures.page_stranded,
+            allowed: o.allowed,
+            rc: o.rc,
+            op: o.op.map_or("unknown", |k| k.name()).to_string(),
+            verdict: super::sharing::verdict(o),
+            explanation: super::sharing::explanation(o, &inputs),
+            fix: super::sharing::fix(o, &inputs),
+            driver_failures_before: o.driver_failures_before,
+            framework: o.framework,
+            hw_id: None,
+            container_id: None,
+            holders: o.shared.holders.clone(),
+            limit: o.shared.limit.clone(),
+            missing: o.partial.map(crate::ingest::Partial::missing),
+            event: Some(o.event),
+        }
+    }
+}
+
+impl FailedCallSummary {
+    /// The summary of one failed call that was no OOM.
+    fn of(c: &crate::ingest::FailedCall) -> FailedCallSummary {
+        FailedCallSummary {
+            device: c.device,
+            pid: c.pid,
+            ts_ns: c.ts_ns,
+            requested: c.requested,
+            rc: c.rc,
+            op: c.op.map_or("unknown", |k| k.name()).to_string(),
+        }
+    }
+}
+
+/// The notes of `state`: what the figures miss (dropped events, anomalies), failed calls, facts
+/// that changed nothing, retries, failed releases, warnings past those listed, unknown kinds and
+/// XLA BFC instances outside the device segments.
+fn state_notes(state: &State) -> Vec<String> {
+    let mut notes = Vec::new();
+    if state.dropped > 0 {
+        notes.push(format!("{} events were dropped by the capture: figures are lower bounds", state.dropped));
+    }
+    if state.anomaly_count > 0 {
+        notes.push(format!("{} events did not fit the traced state (lost or inconsistent events)", state.anomaly_count));
+        for a in &state.anomalies {
+            notes.push(format!("event {}: pid {} device {}: {}", a.index, a.pid, a.device, a.anomaly));
+        }
+    }
+    if state.failed_call_count > 0 {
+        let first: Vec<String> = state
+            .failed_calls
+            .iter()
+            .take(3)
+            .map(|c| format!("{} rc {} (pid {})", c.op.map_or("unknown", |k| k.name()), c.rc, c.pid))
+            .collect();
+        notes.push(format!(
+            "{} allocation call(s) failed with codes other than out-of-memory, not counted as OOMs: {}",
+            state.failed_call_count,
+            first.join(", ")
+        ));
+    }
+    if state.fact_note_count > 0 {
+        notes.push(format!(
+            "{} fact(s) a process stated about itself could not be used and changed nothing (settings that do not parse or name an unknown key, a framework's figures or allowed bytes for an OOM or a process never seen)",
+            state.fact_note_count
+        ));
+        notes.extend(state.fact_notes.iter().cloned());
+    }
+    if state.retries_total() > 0 {
+        notes.push(format!(
+            "{} failed allocation(s) recovered (retries: the same thread's next allocation of that size succeeded after memory was released): not OOMs",
+            state.retries_total()
+        ));
+    }
+    if state.failed_releases > 0 {
+        notes.push(format!(
+            "{} release call(s) failed with an error code (the program's own error, a bad argument): the driver kept that memory, and so does the trace",
+            state.failed_releases
+        ));
+    }
+    let warned: u64 = state.forecast_warning_counts.values().sum();
+    if warned > state.forecast_warnings.len() as u64 {
+        notes.push(format!("{warned} foresight warnings: the first {} are listed", state.forecast_warnings.len()));
+    }
+    if state.unknown_kinds > 0 {
+        notes.push(format!("{} events had a kind this build does not know", state.unknown_kinds));
+    }
+    for (&(pid, instance), i) in state.bfc_instances.iter().filter(|(_, i)| !i.device_pool).take(8) {
+        notes.push(format!(
+            "pid {pid}: XLA BFC allocator instance {instance:#x} handed out {} chunk(s) at {:#x}..={:#x}, outside every traced device segment (XLA's pinned-host allocator, another memory space's, or a pool mapped before tracing began): not counted in the device figures",
+            i.chunks, i.lo, i.hi
+        ));
+    }
+    notes
 }
 
 /// The fix of one OOM of the simulated device: the simulation's sentence, how it was had, and for

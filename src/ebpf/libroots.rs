@@ -58,6 +58,19 @@ pub struct RootScan {
     pub cut: Option<String>,
 }
 
+impl RootScan {
+    /// What the walk did, for a note: `D directories, E entries in M ms`, and where it was cut.
+    pub fn figures(&self) -> String {
+        format!(
+            "{} directories, {} entries in {:.1} ms{}",
+            self.dirs,
+            self.entries,
+            self.elapsed.as_secs_f64() * 1e3,
+            self.cut.as_ref().map(|c| format!(", cut at {c}")).unwrap_or_default()
+        )
+    }
+}
+
 /// [`ROOTS`] in this root and under `host_root`, those that exist.
 pub fn default_roots(host_root: Option<&Path>) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = ROOTS.iter().map(PathBuf::from).collect();

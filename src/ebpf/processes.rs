@@ -80,17 +80,21 @@ pub struct Incarnation {
 /// Whether `kind` (with return code `rc`) gives a process memory from the driver: a segment
 /// (or the physical memory or range of one) that blocks can be carved from.
 pub fn segment_like(kind: EventKind, rc: i32) -> bool {
-    rc == 0
-        && matches!(
-            kind,
-            EventKind::MemAlloc
-                | EventKind::MemAllocPitch
-                | EventKind::MemAllocManaged
-                | EventKind::AddressReserve
-                | EventKind::PhysCreate
-                | EventKind::Map
-                | EventKind::PoolAlloc
-        )
+    rc == 0 && segment_kind(kind)
+}
+
+/// The kinds of a call that gives a process memory from the driver, when it succeeds.
+fn segment_kind(kind: EventKind) -> bool {
+    matches!(
+        kind,
+        EventKind::MemAlloc
+            | EventKind::MemAllocPitch
+            | EventKind::MemAllocManaged
+            | EventKind::AddressReserve
+            | EventKind::PhysCreate
+            | EventKind::Map
+            | EventKind::PoolAlloc
+    )
 }
 
 /// Every process seen, current incarnation per pid.
@@ -119,20 +123,7 @@ pub struct ProcessTable {
 }
 
 fn allocation_like(kind: EventKind) -> bool {
-    matches!(
-        kind,
-        EventKind::MemAlloc
-            | EventKind::MemAllocPitch
-            | EventKind::MemAllocManaged
-            | EventKind::AddressReserve
-            | EventKind::PhysCreate
-            | EventKind::Map
-            | EventKind::PoolAlloc
-            | EventKind::PoolTrim
-            | EventKind::BlockAlloc
-            | EventKind::AllocFailed
-            | EventKind::DeviceInfo
-    )
+    segment_kind(kind) || matches!(kind, EventKind::PoolTrim | EventKind::BlockAlloc | EventKind::AllocFailed | EventKind::DeviceInfo)
 }
 
 impl ProcessTable {

@@ -198,13 +198,8 @@ pub fn node_libcuda(host_root: Option<&Path>) -> Vec<PathBuf> {
         "/run/nvidia/driver/usr/lib/x86_64-linux-gnu",
         "/run/nvidia/driver/usr/lib64",
     ];
-    let mut roots = vec![PathBuf::from("/")];
-    if let Some(h) = host_root {
-        roots.push(h.to_path_buf());
-    }
-    let mut out = Vec::new();
-    let mut ids = Vec::new();
-    for root in &roots {
+    let mut found = OncePerFile::default();
+    for root in &roots(host_root) {
         let mut dirs: Vec<String> = USUAL.iter().map(|d| d.to_string()).collect();
         dirs.extend(ld_so_conf_dirs(root));
         dirs.extend(ld_cache_dirs(root));
@@ -217,17 +212,41 @@ pub fn node_libcuda(host_root: Option<&Path>) -> Vec<PathBuf> {
                 .map(|e| e.path())
                 .collect();
             names.sort();
-            for p in names {
-                if let Ok(id) = file_id(&p) {
-                    if std::fs::metadata(&p).is_ok_and(|m| m.is_file()) && !ids.contains(&id) {
-                        ids.push(id);
-                        out.push(p);
-                    }
-                }
+            for p in names.into_iter().filter(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file())) {
+                found.add(p);
             }
         }
     }
-    out
+    found.paths
+}
+
+/// This process's root and, with `host_root`, the host's: where the node's files are looked for.
+fn roots(host_root: Option<&Path>) -> Vec<PathBuf> {
+    let mut roots = vec![PathBuf::from("/")];
+    if let Some(h) = host_root {
+        roots.push(h.to_path_buf());
+    }
+    roots
+}
+
+/// Paths kept once per file (by device and inode, [`file_id`]: a file reached by two paths, or
+/// through two roots that are one, is kept at the first), in the order found.
+#[derive(Default)]
+struct OncePerFile {
+    ids: Vec<FileId>,
+    paths: Vec<PathBuf>,
+}
+
+impl OncePerFile {
+    /// Keeps `path` unless its file was kept already or it cannot be read.
+    fn add(&mut self, path: PathBuf) {
+        if let Ok(id) = file_id(&path) {
+            if !self.ids.contains(&id) {
+                self.ids.push(id);
+                self.paths.push(path);
+            }
+        }
+    }
 }
 
 /// The directories `root/etc/ld.so.conf` names, following `include` lines (globs in one
@@ -307,24 +326,13 @@ pub fn node_loaders(host_root: Option<&Path>) -> Vec<PathBuf> {
         "/lib/ld-musl-x86_64.so.1",
         "/lib/ld-musl-aarch64.so.1",
     ];
-    let mut roots = vec![PathBuf::from("/")];
-    if let Some(h) = host_root {
-        roots.push(h.to_path_buf());
-    }
-    let mut out = Vec::new();
-    let mut ids = Vec::new();
-    for root in &roots {
+    let mut found = OncePerFile::default();
+    for root in &roots(host_root) {
         for p in USUAL {
-            let path = root.join(p.trim_start_matches('/'));
-            if let Ok(id) = file_id(&path) {
-                if !ids.contains(&id) {
-                    ids.push(id);
-                    out.push(path);
-                }
-            }
+            found.add(root.join(p.trim_start_matches('/')));
         }
     }
-    out
+    found.paths
 }
 
 /// The CUDA libraries (and the dynamic loader, [`LibKind::Loader`]) process `pid` maps, each

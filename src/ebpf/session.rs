@@ -184,6 +184,18 @@ const LIB_LOADS_MAX: usize = 65_536;
 /// before the free's uretprobe ran.
 const REORDER_WINDOW_NS: u64 = 50_000_000;
 
+/// The libraries a scan's files were probed in, for its note: `N allocator libraries probed`,
+/// `when` (a scan at start probes before any process loads them), the time it took, the list.
+fn probed_note(probed: &[String], when: &str, took: std::time::Duration) -> String {
+    format!(
+        "{} allocator librar{} probed{when} in {:.1} ms{}",
+        probed.len(),
+        if probed.len() == 1 { "y" } else { "ies" },
+        took.as_secs_f64() * 1e3,
+        if probed.is_empty() { String::new() } else { format!(": {}", probed.join(", ")) }
+    )
+}
+
 impl Session {
     /// Loads the probes, attaches what can be found now, and marks who is traced.
     pub fn start(opts: SessionOptions, what: &str) -> Result<Session, ProbeError> {
@@ -317,19 +329,13 @@ impl Session {
         }
         let b = super::libroots::TIME_BUDGET.as_millis();
         self.notes.push(format!(
-            "library roots scanned at start ({} root(s); bounds: {} directories deep, {} entries, {b} ms, {} files): {} directories, {} entries in {:.1} ms{}; {} allocator librar{} probed before any process loads them in {:.1} ms{}",
+            "library roots scanned at start ({} root(s); bounds: {} directories deep, {} entries, {b} ms, {} files): {}; {}",
             roots.len(),
             super::libroots::MAX_DEPTH,
             super::libroots::MAX_ENTRIES,
             super::libroots::MAX_FOUND,
-            scan.dirs,
-            scan.entries,
-            scan.elapsed.as_secs_f64() * 1e3,
-            scan.cut.as_ref().map(|c| format!(", cut at {c}")).unwrap_or_default(),
-            probed.len(),
-            if probed.len() == 1 { "y" } else { "ies" },
-            (t.elapsed() - scan.elapsed).as_secs_f64() * 1e3,
-            if probed.is_empty() { String::new() } else { format!(": {}", probed.join(", ")) }
+            scan.figures(),
+            probed_note(&probed, " before any process loads them", t.elapsed() - scan.elapsed)
         ));
         Ok(())
     }
@@ -354,17 +360,11 @@ impl Session {
         self.rootfs_scans += 1;
         if self.rootfs_scans <= 8 {
             self.notes.push(format!(
-                "new filesystem {} (pid {pid}'s exec of {} held while it was scanned): {} directories, {} entries in {:.1} ms{}; {} allocator librar{} probed in {:.1} ms{}",
+                "new filesystem {} (pid {pid}'s exec of {} held while it was scanned): {}; {}",
                 root.display(),
                 exe.display(),
-                scan.dirs,
-                scan.entries,
-                scan.elapsed.as_secs_f64() * 1e3,
-                scan.cut.as_ref().map(|c| format!(", cut at {c}")).unwrap_or_default(),
-                probed.len(),
-                if probed.len() == 1 { "y" } else { "ies" },
-                (t.elapsed() - scan.elapsed).as_secs_f64() * 1e3,
-                if probed.is_empty() { String::new() } else { format!(": {}", probed.join(", ")) }
+                scan.figures(),
+                probed_note(&probed, "", t.elapsed() - scan.elapsed)
             ));
         }
     }

@@ -23,7 +23,7 @@ use super::catalog::{AttrValue, Kind, Scope, Value, ALLOC_SIZE, ALLOC_SIZE_HELP,
 use super::store::{HistPoint, Reader, View, BUCKETS};
 use crate::ingest::histogram::BUCKET_BOUNDS;
 use anyhow::Context;
-use opentelemetry::metrics::{Histogram, Meter, MeterProvider as _};
+use opentelemetry::metrics::{AsyncInstrument, Histogram, Meter, MeterProvider as _};
 use opentelemetry::KeyValue;
 use opentelemetry_otlp::{MetricExporter, WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::error::OTelSdkResult;
@@ -245,6 +245,34 @@ fn view_of(slot: &Slot) -> Arc<View> {
     slot.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
+/// One observable callback's work: the metric's points in the view of the round in progress,
+/// each observed with its attributes when its value is of the instrument's type (`pick`).
+fn observe<T>(slot: &Slot, points: fn(&View) -> Vec<super::catalog::Point>, pick: fn(Value) -> Option<T>, o: &dyn AsyncInstrument<T>) {
+    for p in points(&view_of(slot)) {
+        if let Some(v) = pick(p.value) {
+            o.observe(v, &key_values(&p.attrs));
+        }
+    }
+}
+
+/// A count or byte figure.
+fn as_u64(v: Value) -> Option<u64> {
+    if let Value::U64(v) = v {
+        Some(v)
+    } else {
+        None
+    }
+}
+
+/// A ratio.
+fn as_f64(v: Value) -> Option<f64> {
+    if let Value::F64(v) = v {
+        Some(v)
+    } else {
+        None
+    }
+}
+
 /// Registers the metrics of `scope` on `meter`, reading `slot`; the node's also gets the
 /// allocation-size histogram.
 fn register(meter: &Meter, slot: &Slot, scope: Scope) {
@@ -253,60 +281,20 @@ fn register(meter: &Meter, slot: &Slot, scope: Scope) {
         let points = m.points;
         match (m.kind, m.float) {
             (Kind::Gauge, false) => {
-                meter
-                    .u64_observable_gauge(m.name)
-                    .with_unit(m.unit)
-                    .with_description(m.help)
-                    .with_callback(move |o| {
-                        for p in points(&view_of(&r)) {
-                            if let Value::U64(v) = p.value {
-                                o.observe(v, &key_values(&p.attrs));
-                            }
-                        }
-                    })
-                    .build();
+                let b = meter.u64_observable_gauge(m.name).with_unit(m.unit).with_description(m.help);
+                b.with_callback(move |o| observe(&r, points, as_u64, o)).build();
             }
             (Kind::Gauge, true) => {
-                meter
-                    .f64_observable_gauge(m.name)
-                    .with_unit(m.unit)
-                    .with_description(m.help)
-                    .with_callback(move |o| {
-                        for p in points(&view_of(&r)) {
-                            if let Value::F64(v) = p.value {
-                                o.observe(v, &key_values(&p.attrs));
-                            }
-                        }
-                    })
-                    .build();
+                let b = meter.f64_observable_gauge(m.name).with_unit(m.unit).with_description(m.help);
+                b.with_callback(move |o| observe(&r, points, as_f64, o)).build();
             }
             (Kind::UpDownCounter, _) => {
-                meter
-                    .i64_observable_up_down_counter(m.name)
-                    .with_unit(m.unit)
-                    .with_description(m.help)
-                    .with_callback(move |o| {
-                        for p in points(&view_of(&r)) {
-                            if let Value::U64(v) = p.value {
-                                o.observe(i64::try_from(v).unwrap_or(i64::MAX), &key_values(&p.attrs));
-                            }
-                        }
-                    })
-                    .build();
+                let b = meter.i64_observable_up_down_counter(m.name).with_unit(m.unit).with_description(m.help);
+                b.with_callback(move |o| observe(&r, points, |v| as_u64(v).map(|v| i64::try_from(v).unwrap_or(i64::MAX)), o)).build();
             }
             (Kind::Counter, _) => {
-                meter
-                    .u64_observable_counter(m.name)
-                    .with_unit(m.unit)
-                    .with_description(m.help)
-                    .with_callback(move |o| {
-                        for p in points(&view_of(&r)) {
-                            if let Value::U64(v) = p.value {
-                                o.observe(v, &key_values(&p.attrs));
-                            }
-                        }
-                    })
-                    .build();
+                let b = meter.u64_observable_counter(m.name).with_unit(m.unit).with_description(m.help);
+                b.with_callback(move |o| observe(&r, points, as_u64, o)).build();
             }
         }
     }

@@ -23,6 +23,7 @@
 //! The state's size distributions (allocation sizes as events arrive, free-run sizes at a
 //! summary) live beside it in [`histogram`].
 
+mod failure;
 pub mod fix;
 pub mod forecasts;
 pub mod histogram;
@@ -39,8 +40,7 @@ pub use partial::Partial;
 use crate::alloc::pytorch::AllocatorRules;
 use crate::alloc::Framework;
 use crate::event::{
-    Event, EventKind, F_ALLOCATOR_OOM, F_ALLOC_XLA_BFC, F_ALLOWED_KNOWN, F_BLOCK_SIZE_KNOWN, F_FAILED, F_FRAMEWORK_OWNED, F_OOM_AMEND,
-    F_SRC_EBPF, F_SRC_NVML, F_SRC_SHIM,
+    Event, EventKind, F_ALLOC_XLA_BFC, F_BLOCK_SIZE_KNOWN, F_FAILED, F_FRAMEWORK_OWNED, F_OOM_AMEND, F_SRC_EBPF, F_SRC_NVML, F_SRC_SHIM,
 };
 use crate::map::{AddressSpace, Anomaly, Figures, SegmentKind};
 use histogram::SizeStats;
@@ -116,6 +116,64 @@ impl ProcessDevice {
             framework: None,
             owners: owners::OwnerBytes::default(),
         }
+    }
+
+    /// Applies one memory event to the map, and counts the frees, block allocations and block
+    /// sizes it makes; a kind that changes no map is [`Anomaly::NotAMapEvent`].
+    fn apply_map_event(&mut self, ev: &Event, kind: EventKind, framework: bool) -> Result<(), Anomaly> {
+        let m = &mut self.map;
+        let r = match kind {
+            EventKind::MemAlloc => m.driver_alloc(ev.addr, ev.size, SegmentKind::Driver, framework, ev.stream),
+            EventKind::MemAllocPitch => m.driver_alloc(ev.addr, ev.size, SegmentKind::Pitch, framework, ev.stream),
+            EventKind::MemAllocManaged => m.driver_alloc(ev.addr, ev.size, SegmentKind::Managed, framework, ev.stream),
+            EventKind::MemFree | EventKind::PoolFree => {
+                self.frees += 1;
+                m.driver_free(ev.addr)
+            }
+            EventKind::AddressReserve => m.reserve(ev.addr, ev.size),
+            EventKind::AddressFree => m.reserve_free(ev.addr),
+            EventKind::PhysCreate => {
+                m.phys_create(ev.handle, ev.size);
+                Ok(())
+            }
+            EventKind::PhysRelease => m.phys_release(ev.handle),
+            // A captured map is one driver call (unmapped only whole); a snapshot's map
+            // entry, or a rebuilt one, may be many.
+            EventKind::Map if ev.flags & (F_SRC_SHIM | F_SRC_EBPF) == 0 => m.map_pages(ev.addr, ev.size, framework),
+            EventKind::Map => m.map(ev.addr, ev.size, framework),
+            EventKind::Unmap => m.unmap(ev.addr, ev.size),
+            EventKind::PoolAlloc => m.pool_alloc(ev.addr, ev.size, ev.handle, ev.stream),
+            EventKind::PoolTrim => {
+                m.pool_trim(ev.handle, ev.size);
+                Ok(())
+            }
+            EventKind::PoolReserved => {
+                m.pool_reserved(ev.handle, ev.size);
+                Ok(())
+            }
+            EventKind::BlockAlloc => {
+                let known = (ev.flags & F_BLOCK_SIZE_KNOWN != 0).then_some(ev.size);
+                let framework = Framework::from_flags(ev.flags);
+                self.framework.get_or_insert(framework);
+                m.block_alloc_by(ev.addr, ev.requested, known, framework).map(|size| {
+                    self.allocs += 1;
+                    self.block_sizes.record(size);
+                })
+            }
+            EventKind::Adopt if ev.addr == 0 => {
+                self.framework.get_or_insert(Framework::from_flags(ev.flags));
+                m.note_framework();
+                Ok(())
+            }
+            EventKind::Adopt => m.adopt_at(ev.addr),
+            EventKind::BlockFree => {
+                self.frees += 1;
+                m.block_free(ev.addr).map(|_| ())
+            }
+            _ => Err(Anomaly::NotAMapEvent(ev.kind)),
+        };
+        m.debug_check();
+        r
     }
 }
 
@@ -521,20 +579,7 @@ impl State {
     /// the event: a settings string, a framework's name). Never fails.
     pub fn apply_text(&mut self, ev: &Event, text: &[u8]) {
         self.events += 1;
-        if !self.awaiting.is_empty() {
-            let ooms = &self.ooms;
-            let open = |i: usize| ev.ts_ns <= ooms[i].ts_ns.saturating_add(READING_WINDOW_NS);
-            if self.awaiting_unordered {
-                self.awaiting.retain(|&i| open(i));
-            } else {
-                while self.awaiting.front().is_some_and(|&i| !open(i)) {
-                    self.awaiting.pop_front();
-                }
-            }
-            if self.awaiting.is_empty() {
-                self.awaiting_unordered = false;
-            }
-        }
+        self.close_awaiting(ev.ts_ns);
         // A fact (settings, fraction, framework) is stated when the front end learns it, not when
         // the program acted: it does not move the OOM rule's clock.
         if !self.undecided.is_empty() && !matches!(ev.kind(), Some(k) if k.is_fact()) {
@@ -549,16 +594,7 @@ impl State {
         let framework = ev.flags & F_FRAMEWORK_OWNED != 0;
         let result: Result<(), Anomaly> = match kind {
             EventKind::DeviceInfo => {
-                let d = self.devices.entry(device).or_default();
-                if ev.size > 0 {
-                    d.total = Some(ev.size);
-                }
-                if let Some(free) = ev.device_free() {
-                    d.free = Some(free);
-                    if pid != 0 {
-                        self.reading(pid, device, ev.ts_ns, free, ev.size, ev.flags & F_SRC_NVML != 0);
-                    }
-                }
+                self.apply_device_info(ev, pid, device);
                 Ok(())
             }
             EventKind::Dropped => {
@@ -586,15 +622,7 @@ impl State {
             // A legacy IPC export changes no memory; whatif's advice reads it from the record.
             EventKind::IpcExport => Ok(()),
             EventKind::ProcessExit => {
-                self.refused_release.remove(&pid);
-                self.settle_pid(pid);
-                self.exited.insert(pid, ev.ts_ns);
-                if self.exited.len() > EXITED_KEPT {
-                    // The oldest exit goes: a long-running agent stays bounded.
-                    if let Some((&old, _)) = self.exited.iter().min_by_key(|(_, &t)| t) {
-                        self.exited.remove(&old);
-                    }
-                }
+                self.process_exit(pid, ev.ts_ns);
                 Ok(())
             }
             EventKind::AllocFailed if ev.flags & F_OOM_AMEND != 0 && !self.seen(pid) => {
@@ -611,100 +639,11 @@ impl State {
                 Ok(())
             }
             EventKind::AllocFailed => {
-                if let Some(free) = ev.device_free() {
-                    self.devices.entry(device).or_default().free = Some(free);
-                }
-                if ev.rc != RC_OUT_OF_MEMORY {
-                    self.failed_call_count += 1;
-                    if self.failed_calls.len() < KEPT_ANOMALIES {
-                        let (ts_ns, requested, rc, op) = (ev.ts_ns, ev.requested, ev.rc, ev.failed_op());
-                        self.failed_calls.push(FailedCall { ts_ns, pid, device, requested, rc, op });
-                    }
-                    return;
-                }
-                let figures = match self.spaces.get(&(pid, device)) {
-                    Some(s) => s.map.figures(),
-                    None if self.spaces.len() >= MAX_SPACES => Figures::default(),
-                    None => self.space(pid, device).map.figures(),
-                };
-                let space_framework = self.spaces.get(&(pid, device)).and_then(|s| s.framework);
-                let framework =
-                    if ev.failed_op() == Some(EventKind::BlockAlloc) { Some(Framework::from_flags(ev.flags)) } else { space_framework };
-                let traced = figures.reserved + figures.unmapped_physical;
-                let (device_free, device_free_source, device_free_age_ns) = match ev.device_free() {
-                    Some(free) => (Some(free), DeviceFreeSource::FailureEvent, Some(0)),
-                    None => match self.reading_before(pid, device, ev.ts_ns, traced) {
-                        Some((free, age)) => (Some(free), DeviceFreeSource::ProcessReading, Some(age)),
-                        None => (None, DeviceFreeSource::NotMeasured, None),
-                    },
-                };
-                if device_free_source != DeviceFreeSource::FailureEvent {
-                    if self.awaiting.back().is_some_and(|&b| self.ooms[b].ts_ns > ev.ts_ns) {
-                        self.awaiting_unordered = true;
-                    }
-                    self.awaiting.push_back(self.ooms.len());
-                }
-                let block = ev.failed_op() == Some(EventKind::BlockAlloc);
-                let driver_failures_before = if block {
-                    self.driver_failures.remove(&(pid, device)).unwrap_or(0)
-                } else {
-                    *self.driver_failures.entry((pid, device)).or_default() += 1;
-                    0
-                };
-                let allocator_oom = ev.flags & F_ALLOCATOR_OOM != 0;
-                let pending = if block {
-                    self.pending_allowed.remove(&(pid, device)).filter(|&(t, _)| t.abs_diff(ev.ts_ns) <= AMEND_WINDOW_NS).map(|(_, a)| a)
-                } else {
-                    None
-                };
-                self.ooms.push(OomRecord {
-                    allowed: (ev.flags & F_ALLOWED_KNOWN != 0).then_some(ev.size).or(pending).or_else(|| {
-                        if block {
-                            self.allowed_of(pid, device)
-                        } else {
-                            None
-                        }
-                    }),
-                    allocator_oom,
-                    allocator_reserved: (allocator_oom && ev.handle != 0).then_some(ev.handle),
-                    driver_failures_before,
-                    device_total: self.devices.get(&device).and_then(|d| d.total),
-                    framework,
-                    ts_ns: ev.ts_ns,
-                    pid,
-                    device,
-                    requested: ev.requested,
-                    rc: ev.rc,
-                    op: ev.failed_op(),
-                    device_free,
-                    device_free_source,
-                    device_free_age_ns,
-                    device_free_after_ns: None,
-                    figures,
-                    shared: crate::ingest::holders::Shared {
-                        holders: crate::ingest::holders::Holders::traced(self, pid, device),
-                        limit: None,
-                    },
-                    outcome: OomOutcome::Pending,
-                    tid: ev.tid,
-                    partial: self.partial.get(&pid).copied(),
-                    event: self.events - 1,
-                });
-                self.on_failure(self.ooms.len() - 1, ev);
+                self.apply_failure(ev, pid, device);
                 Ok(())
             }
             _ if ev.rc != 0 && ev.flags & F_FAILED != 0 && is_release(kind) => {
-                // The failed twin of a release: the driver kept the memory. If the state refused
-                // the release too (the program's bad argument), that was no lost event.
-                self.failed_releases += 1;
-                if let Some(r) = self
-                    .refused_release
-                    .remove(&pid)
-                    .filter(|r| r.kind == kind && r.key == release_key(kind, ev) && ev.ts_ns.saturating_sub(r.ts_ns) <= TWIN_WINDOW_NS)
-                {
-                    self.anomaly_count = self.anomaly_count.saturating_sub(1);
-                    self.anomalies.retain(|a| !(a.pid == pid && a.index == r.index));
-                }
+                self.failed_release(ev, pid, kind);
                 Ok(())
             }
             _ if ev.rc != 0 => Ok(()), // a failed call changes nothing; sources send AllocFailed for OOMs
@@ -717,83 +656,7 @@ impl State {
                 Ok(())
             }
             _ if self.spaces.len() >= MAX_SPACES && !self.spaces.contains_key(&(pid, device)) => Err(Anomaly::TooManySpaces(MAX_SPACES)),
-            _ => {
-                let s = self.space(pid, device);
-                let m = &mut s.map;
-                let r = match kind {
-                    EventKind::MemAlloc => m.driver_alloc(ev.addr, ev.size, SegmentKind::Driver, framework, ev.stream),
-                    EventKind::MemAllocPitch => m.driver_alloc(ev.addr, ev.size, SegmentKind::Pitch, framework, ev.stream),
-                    EventKind::MemAllocManaged => m.driver_alloc(ev.addr, ev.size, SegmentKind::Managed, framework, ev.stream),
-                    EventKind::MemFree | EventKind::PoolFree => {
-                        s.frees += 1;
-                        m.driver_free(ev.addr)
-                    }
-                    EventKind::AddressReserve => m.reserve(ev.addr, ev.size),
-                    EventKind::AddressFree => m.reserve_free(ev.addr),
-                    EventKind::PhysCreate => {
-                        m.phys_create(ev.handle, ev.size);
-                        Ok(())
-                    }
-                    EventKind::PhysRelease => m.phys_release(ev.handle),
-                    // A captured map is one driver call (unmapped only whole); a snapshot's map
-                    // entry, or a rebuilt one, may be many.
-                    EventKind::Map if ev.flags & (F_SRC_SHIM | F_SRC_EBPF) == 0 => m.map_pages(ev.addr, ev.size, framework),
-                    EventKind::Map => m.map(ev.addr, ev.size, framework),
-                    EventKind::Unmap => m.unmap(ev.addr, ev.size),
-                    EventKind::PoolAlloc => m.pool_alloc(ev.addr, ev.size, ev.handle, ev.stream),
-                    EventKind::PoolTrim => {
-                        m.pool_trim(ev.handle, ev.size);
-                        Ok(())
-                    }
-                    EventKind::PoolReserved => {
-                        m.pool_reserved(ev.handle, ev.size);
-                        Ok(())
-                    }
-                    EventKind::BlockAlloc => {
-                        let known = (ev.flags & F_BLOCK_SIZE_KNOWN != 0).then_some(ev.size);
-                        let framework = Framework::from_flags(ev.flags);
-                        s.framework.get_or_insert(framework);
-                        m.block_alloc_by(ev.addr, ev.requested, known, framework).map(|size| {
-                            s.allocs += 1;
-                            s.block_sizes.record(size);
-                        })
-                    }
-                    EventKind::Adopt if ev.addr == 0 => {
-                        s.framework.get_or_insert(Framework::from_flags(ev.flags));
-                        m.note_framework();
-                        Ok(())
-                    }
-                    EventKind::Adopt => m.adopt_at(ev.addr),
-                    EventKind::BlockFree => {
-                        s.frees += 1;
-                        m.block_free(ev.addr).map(|_| ())
-                    }
-                    _ => Err(Anomaly::NotAMapEvent(ev.kind)),
-                };
-                m.debug_check();
-                if r.is_ok() {
-                    s.owners.apply(kind, ev);
-                }
-                let segment = r.is_ok()
-                    && matches!(
-                        kind,
-                        EventKind::MemAlloc | EventKind::MemAllocPitch | EventKind::MemAllocManaged | EventKind::PoolAlloc | EventKind::Map
-                    );
-                if segment {
-                    s.allocs += 1;
-                    s.segment_sizes.record(ev.size);
-                }
-                if segment || kind == EventKind::PhysCreate {
-                    self.driver_failures.remove(&(pid, device));
-                }
-                if r.is_ok() && oom_rule::is_release(kind) {
-                    self.releases += 1;
-                }
-                if r.is_ok() && oom_rule::is_driver_alloc(kind) {
-                    self.on_driver_alloc(ev);
-                }
-                r
-            }
+            _ => self.apply_to_map(ev, pid, device, kind, framework),
         };
         if let Err(a) = result {
             self.note_anomaly(pid, device, a);
@@ -802,6 +665,97 @@ impl State {
                 self.refused_release.insert(pid, RefusedRelease { kind, key: release_key(kind, ev), index, ts_ns: ev.ts_ns });
             }
         }
+    }
+
+    /// Drops from the OOMs awaiting a later device-free reading those whose window has closed by
+    /// `ts_ns` (in order while the OOMs came in time order, else by a scan of them all).
+    fn close_awaiting(&mut self, ts_ns: u64) {
+        if self.awaiting.is_empty() {
+            return;
+        }
+        let ooms = &self.ooms;
+        let open = |i: usize| ts_ns <= ooms[i].ts_ns.saturating_add(READING_WINDOW_NS);
+        if self.awaiting_unordered {
+            self.awaiting.retain(|&i| open(i));
+        } else {
+            while self.awaiting.front().is_some_and(|&i| !open(i)) {
+                self.awaiting.pop_front();
+            }
+        }
+        if self.awaiting.is_empty() {
+            self.awaiting_unordered = false;
+        }
+    }
+
+    /// A device's total and free bytes, and a process's own reading of them.
+    fn apply_device_info(&mut self, ev: &Event, pid: u32, device: i16) {
+        let d = self.devices.entry(device).or_default();
+        if ev.size > 0 {
+            d.total = Some(ev.size);
+        }
+        if let Some(free) = ev.device_free() {
+            d.free = Some(free);
+            if pid != 0 {
+                self.reading(pid, device, ev.ts_ns, free, ev.size, ev.flags & F_SRC_NVML != 0);
+            }
+        }
+    }
+
+    /// A process's exit: its pending release and undecided OOMs settled, its exit time kept (the
+    /// oldest of [`EXITED_KEPT`] forgotten).
+    fn process_exit(&mut self, pid: u32, ts_ns: u64) {
+        self.refused_release.remove(&pid);
+        self.settle_pid(pid);
+        self.exited.insert(pid, ts_ns);
+        if self.exited.len() > EXITED_KEPT {
+            // The oldest exit goes: a long-running agent stays bounded.
+            if let Some((&old, _)) = self.exited.iter().min_by_key(|(_, &t)| t) {
+                self.exited.remove(&old);
+            }
+        }
+    }
+
+    /// The failed twin of a release: the driver kept the memory. If the state refused the
+    /// release too (the program's bad argument), that was no lost event: its anomaly is taken back.
+    fn failed_release(&mut self, ev: &Event, pid: u32, kind: EventKind) {
+        self.failed_releases += 1;
+        if let Some(r) = self
+            .refused_release
+            .remove(&pid)
+            .filter(|r| r.kind == kind && r.key == release_key(kind, ev) && ev.ts_ns.saturating_sub(r.ts_ns) <= TWIN_WINDOW_NS)
+        {
+            self.anomaly_count = self.anomaly_count.saturating_sub(1);
+            self.anomalies.retain(|a| !(a.pid == pid && a.index == r.index));
+        }
+    }
+
+    /// An event that changes the address map of (pid, device), and what the state counts of it:
+    /// sizes, driver failures cleared by a success, releases, the OOM rule's driver allocations.
+    fn apply_to_map(&mut self, ev: &Event, pid: u32, device: i16, kind: EventKind, framework: bool) -> Result<(), Anomaly> {
+        let s = self.space(pid, device);
+        let r = s.apply_map_event(ev, kind, framework);
+        if r.is_ok() {
+            s.owners.apply(kind, ev);
+        }
+        let segment = r.is_ok()
+            && matches!(
+                kind,
+                EventKind::MemAlloc | EventKind::MemAllocPitch | EventKind::MemAllocManaged | EventKind::PoolAlloc | EventKind::Map
+            );
+        if segment {
+            s.allocs += 1;
+            s.segment_sizes.record(ev.size);
+        }
+        if segment || kind == EventKind::PhysCreate {
+            self.driver_failures.remove(&(pid, device));
+        }
+        if r.is_ok() && oom_rule::is_release(kind) {
+            self.releases += 1;
+        }
+        if r.is_ok() && oom_rule::is_driver_alloc(kind) {
+            self.on_driver_alloc(ev);
+        }
+        r
     }
 
     /// Whether an XLA BFC chunk event belongs to a device pool (and is applied to the map): its

@@ -208,7 +208,8 @@ impl Builder {
             + vec_bytes(&self.recorded_entry)
             + (self.live.capacity() as u64) * 16;
         let n = self.requests.len() as u64;
-        if let Err(over) = crate::budget::charge(file, || format!("the request stream of {}+ requests", crate::budget::grouped(n)), bytes) {
+        if let Err(over) = crate::budget::charge(file, || format!("the request stream of {}+ requests", crate::units::thousands(n)), bytes)
+        {
             self.over = Some(over.to_string());
         }
     }
@@ -460,83 +461,13 @@ impl EventPasses for RecordPasses<'_> {
 /// passes over it; its own settings are the process's first settings event.
 pub fn from_passes(src: &dyn EventPasses) -> Result<RequestStream, StreamError> {
     // pass 1: the busiest (process, device), whether its blocks are sampled, how many events
-    let mut counts: BTreeMap<(u32, i16), (usize, bool)> = BTreeMap::new();
-    let mut total = 0usize;
-    src.pass(&mut |i, e, _| {
-        total = i + 1;
-        if e.kind == EventKind::BlockAlloc as u16 {
-            let c = counts.entry((e.pid, e.device)).or_default();
-            c.0 += 1;
-            c.1 |= e.flags & crate::event::F_BLOCK_SIZE_KNOWN != 0;
-        }
-        true
-    })?;
-    let Some((&(pid, device), &(_, sampled))) = counts.iter().max_by_key(|(_, &(n, _))| n) else {
-        return Err(StreamError::Truncated(
-            "the record holds no caching-allocator block events (BlockAlloc); record the program with gpufrag run --record, which sees PyTorch's blocks".into(),
-        ));
-    };
-    if sampled {
-        return Err(StreamError::Sampled);
-    }
+    let (pid, device, total) = busiest(src)?;
     // pass 2: segments that ever held a block, or that the allocator claimed, are the
     // allocator's; the process's settings events; whether the shim wrote it
-    let mut framework: Vec<(u64, u64)> = Vec::new();
-    let mut segs: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut first_block: Option<usize> = None;
-    let mut stated_texts: Vec<Vec<u8>> = Vec::new();
-    let mut sees_ipc = false;
-    src.pass(&mut |i, e, text| {
-        if e.pid != pid {
-            return true;
-        }
-        sees_ipc |= e.flags & crate::event::F_SRC_SHIM != 0;
-        if e.kind == EventKind::AllocSettings as u16 {
-            stated_texts.push(text.to_vec());
-        }
-        if e.device != device {
-            return true;
-        }
-        match EventKind::from_u16(e.kind) {
-            Some(EventKind::MemAlloc) => {
-                segs.insert(e.addr, e.size);
-                if e.flags & F_FRAMEWORK_OWNED != 0 {
-                    framework.push((e.addr, e.size));
-                }
-            }
-            Some(EventKind::BlockAlloc) | Some(EventKind::Adopt) => {
-                if e.kind == EventKind::BlockAlloc as u16 && first_block.is_none() {
-                    first_block = Some(i);
-                }
-                if let Some((&a, &s)) = segs.range(..=e.addr).next_back() {
-                    if a + s > e.addr {
-                        framework.push((a, s));
-                    }
-                }
-            }
-            _ => {}
-        }
-        true
-    })?;
-    drop(segs);
-    framework.sort_unstable();
-    framework.dedup();
+    let Claimed { framework, first_block, stated_texts, sees_ipc } = claimed(src, pid, device)?;
     let is_framework = |addr: u64| framework.binary_search_by(|&(a, _)| a.cmp(&addr)).is_ok();
-    // pass 3 (up to the first block): a malloc makes at most one cudaMalloc before its block: two
-    // framework segments before the first block mean the blocks were written after the driver
-    // calls, not between them
-    let first_block = first_block.unwrap_or(0);
-    let mut before = 0usize;
-    src.pass(&mut |i, e, _| {
-        if i >= first_block {
-            return false;
-        }
-        if e.pid == pid && e.device == device && e.kind == EventKind::MemAlloc as u16 && is_framework(e.addr) {
-            before += 1;
-        }
-        true
-    })?;
-    let interleaved = before < 2;
+    // pass 3 (up to the first block)
+    let interleaved = interleaved(src, pid, device, first_block.unwrap_or(0), &is_framework)?;
     // pass 4: the requests
     let mut unattributed: Vec<DeviceOp> = Vec::new();
     let mut b = Builder { budget_file: Some(src.name().to_path_buf()), ..Builder::default() };
@@ -607,6 +538,118 @@ pub fn from_passes(src: &dyn EventPasses) -> Result<RequestStream, StreamError> 
         ));
         s.unattributed = unattributed;
     }
+    settings_notes(&mut s, own.as_ref(), &stated, pid, expandable);
+    Ok(s)
+}
+
+/// [`from_passes`]'s first pass: the (process, device) with the most block allocations and the
+/// number of events; an error where there are none, or where their sizes are sampled.
+fn busiest(src: &dyn EventPasses) -> Result<(u32, i16, usize), StreamError> {
+    let mut counts: BTreeMap<(u32, i16), (usize, bool)> = BTreeMap::new();
+    let mut total = 0usize;
+    src.pass(&mut |i, e, _| {
+        total = i + 1;
+        if e.kind == EventKind::BlockAlloc as u16 {
+            let c = counts.entry((e.pid, e.device)).or_default();
+            c.0 += 1;
+            c.1 |= e.flags & crate::event::F_BLOCK_SIZE_KNOWN != 0;
+        }
+        true
+    })?;
+    let Some((&(pid, device), &(_, sampled))) = counts.iter().max_by_key(|(_, &(n, _))| n) else {
+        return Err(StreamError::Truncated(
+            "the record holds no caching-allocator block events (BlockAlloc); record the program with gpufrag run --record, which sees PyTorch's blocks".into(),
+        ));
+    };
+    if sampled {
+        return Err(StreamError::Sampled);
+    }
+    Ok((pid, device, total))
+}
+
+/// What [`from_passes`]'s second pass finds of the simulated (process, device).
+struct Claimed {
+    /// The allocator's segments (address, size), sorted: those that ever held a block, or that
+    /// the allocator claimed.
+    framework: Vec<(u64, u64)>,
+    /// The index of its first block allocation.
+    first_block: Option<usize>,
+    /// The texts of the process's settings events, in order.
+    stated_texts: Vec<Vec<u8>>,
+    /// Whether the shim wrote its events (it sees legacy IPC exports).
+    sees_ipc: bool,
+}
+
+/// [`from_passes`]'s second pass: which segments are the allocator's, and the process's settings.
+fn claimed(src: &dyn EventPasses, pid: u32, device: i16) -> Result<Claimed, StreamError> {
+    let mut framework: Vec<(u64, u64)> = Vec::new();
+    let mut segs: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut first_block: Option<usize> = None;
+    let mut stated_texts: Vec<Vec<u8>> = Vec::new();
+    let mut sees_ipc = false;
+    src.pass(&mut |i, e, text| {
+        if e.pid != pid {
+            return true;
+        }
+        sees_ipc |= e.flags & crate::event::F_SRC_SHIM != 0;
+        if e.kind == EventKind::AllocSettings as u16 {
+            stated_texts.push(text.to_vec());
+        }
+        if e.device != device {
+            return true;
+        }
+        match EventKind::from_u16(e.kind) {
+            Some(EventKind::MemAlloc) => {
+                segs.insert(e.addr, e.size);
+                if e.flags & F_FRAMEWORK_OWNED != 0 {
+                    framework.push((e.addr, e.size));
+                }
+            }
+            Some(EventKind::BlockAlloc) | Some(EventKind::Adopt) => {
+                if e.kind == EventKind::BlockAlloc as u16 && first_block.is_none() {
+                    first_block = Some(i);
+                }
+                if let Some((&a, &s)) = segs.range(..=e.addr).next_back() {
+                    if a + s > e.addr {
+                        framework.push((a, s));
+                    }
+                }
+            }
+            _ => {}
+        }
+        true
+    })?;
+    framework.sort_unstable();
+    framework.dedup();
+    Ok(Claimed { framework, first_block, stated_texts, sees_ipc })
+}
+
+/// [`from_passes`]'s third pass, up to the first block: a malloc makes at most one cudaMalloc
+/// before its block: two framework segments before the first block mean the blocks were written
+/// after the driver calls, not between them (false).
+fn interleaved(
+    src: &dyn EventPasses,
+    pid: u32,
+    device: i16,
+    first_block: usize,
+    is_framework: &dyn Fn(u64) -> bool,
+) -> Result<bool, StreamError> {
+    let mut before = 0usize;
+    src.pass(&mut |i, e, _| {
+        if i >= first_block {
+            return false;
+        }
+        if e.pid == pid && e.device == device && e.kind == EventKind::MemAlloc as u16 && is_framework(e.addr) {
+            before += 1;
+        }
+        true
+    })?;
+    Ok(before < 2)
+}
+
+/// The notes on the simulated process's settings: its own (or the defaults taken for it), and
+/// how often they changed at run time.
+fn settings_notes(s: &mut RequestStream, own: Option<&AllocConf>, stated: &[&str], pid: u32, expandable: bool) {
     match own {
         Some(c) => s.notes.push(format!("the record's own settings: {:?} (its settings event at the process's start)", c.conf)),
         None => s.notes.push(format!(
@@ -621,7 +664,6 @@ pub fn from_passes(src: &dyn EventPasses) -> Result<RequestStream, StreamError> 
             stated[1..].join("; ")
         ));
     }
-    Ok(s)
 }
 
 /// One event of the simulated process turned into requests (the body of [`from_passes`]'s last

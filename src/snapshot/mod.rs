@@ -326,12 +326,7 @@ mod tests {
 
     #[test]
     fn deeply_nested_pickles_fail_cleanly() {
-        // 100,000 nested empty lists: `]` pushes a list, `a` appends the top into the one below.
-        let depth = 100_000;
-        let mut p = vec![0x80, 4];
-        p.extend(vec![b']'; depth]);
-        p.extend(vec![b'a'; depth - 1]);
-        p.push(b'.');
+        let p = pickle::nested_lists(100_000);
         let e = from_bytes(&p, Path::new("deep.pickle")).expect_err("not a snapshot");
         assert!(matches!(e.kind(), SnapshotErrorKind::NotASnapshot(_)), "{e}");
     }

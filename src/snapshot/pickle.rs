@@ -895,6 +895,17 @@ impl<'a> Vm<'a, '_> {
     }
 }
 
+/// A protocol-4 pickle of `depth` empty lists nested in one another (`]` pushes a list, `a`
+/// appends the top into the one below): how deep a pickle may go without costing stack.
+#[cfg(test)]
+pub(super) fn nested_lists(depth: usize) -> Vec<u8> {
+    let mut p = vec![0x80, 4];
+    p.extend(vec![b']'; depth]);
+    p.extend(vec![b'a'; depth - 1]);
+    p.push(b'.');
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1014,11 +1025,7 @@ mod tests {
     #[test]
     fn a_million_nested_lists_cost_no_stack() {
         let depth = 1_000_000;
-        let mut p = vec![0x80, 4];
-        p.extend(vec![b']'; depth]);
-        p.extend(vec![b'a'; depth - 1]);
-        p.push(b'.');
-        let pk = dec(&p).expect("decode");
+        let pk = dec(&nested_lists(depth)).expect("decode");
         assert_eq!(pk.containers.len(), depth);
     }
 }
