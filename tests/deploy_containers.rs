@@ -18,6 +18,7 @@
 //! builds the image) their absence fails the test.
 
 mod export_support;
+mod pod_resources_support;
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
 mod tool_support;
@@ -399,6 +400,11 @@ const FRAG_REQUESTED: u64 = 2_684_354_560;
 /// The agent as an operator starts it: a clean environment, only the driver named, its summary
 /// written to `summary` when it stops.
 fn start_driver_only_agent(summary: &Path, extra: &[&str]) -> (std::process::Child, support::Lines) {
+    start_agent_with_env(summary, extra, &[])
+}
+
+/// [`start_driver_only_agent`] with `env` set too.
+fn start_agent_with_env(summary: &Path, extra: &[&str], env: &[(&str, &str)]) -> (std::process::Child, support::Lines) {
     let lib = std::fs::canonicalize(simcuda_dir().join("libcuda.so.1")).expect("simcuda built").display().to_string();
     let mut agent = Command::new(gpufrag())
         .args(["agent", "--keep-exited", "--summary-json"])
@@ -407,6 +413,7 @@ fn start_driver_only_agent(summary: &Path, extra: &[&str]) -> (std::process::Chi
         .args(extra)
         .env_clear()
         .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -541,6 +548,101 @@ fn a_container_with_a_pods_oci_annotations_is_named_from_them_not_from_its_envir
     // too, but only this one names a pod
     let n = notes(&s);
     assert!(n.iter().any(|l| l.contains("config.json read for ") && l.contains(", 1 naming a pod")), "{n:#?}");
+}
+
+/// Must show (issue 26, item 4): the agent given a stand-in kubelet pod-resources socket (a
+/// grpcio server, tests/pod_resources_support): a container annotated as a pod's gets the GPUs the
+/// socket lists for it, and a container with no annotations (its environment claiming another
+/// pod) is named after the one container on the node that was given the GPU it uses; the summary
+/// says which source named each.
+#[test]
+fn the_pod_resources_socket_names_a_container_by_its_gpu_and_gives_each_its_gpus() {
+    if let Some((what, how)) = missing() {
+        tool_support::missing(&what, &how);
+        return;
+    }
+    let Some(py) = pod_resources_support::python() else {
+        tool_support::missing("grpcio and protobuf for Python", pod_resources_support::INSTALL);
+        return;
+    };
+    let uuids = uuids();
+    assert_eq!(uuids.len(), 4, "{uuids:?}");
+    let dir = std::env::temp_dir().join(format!("gf-podres-agent-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let pods = format!(
+        r#"[{{"name": "trainer-7", "namespace": "ml-team", "containers": [{{"name": "main", "devices": [{{"resource_name": "nvidia.com/gpu", "device_ids": ["{}"]}}]}}]}},
+            {{"name": "eval-3", "namespace": "research", "containers": [{{"name": "worker", "devices": [{{"resource_name": "nvidia.com/gpu", "device_ids": ["{}"]}}]}}]}}]"#,
+        uuids[0], uuids[1]
+    );
+    let (_server, sock) = pod_resources_support::serve(&py, &dir, &pods, &[]);
+    let names = [format!("gpufrag-podres-a-{}", std::process::id()), format!("gpufrag-podres-b-{}", std::process::id())];
+    let _cleanup = Cleanup { containers: names.to_vec(), image: String::new() };
+    let state = unique("container-state");
+    std::fs::create_dir_all(&state).expect("state");
+    let summary = unique("container-podres.json");
+    let nvml = std::fs::canonicalize(simcuda_dir().join("libnvidia-ml.so.1")).expect("simcuda built").display().to_string();
+    let sock_s = sock.display().to_string();
+    let state_s = state.display().to_string();
+    let (agent, err) = start_agent_with_env(
+        &summary,
+        &["--pod-resources-socket", &sock_s, "--nvml-lib", &nvml],
+        &[("SIMCUDA_DEVICES", "4"), ("SIMCUDA_STATE_DIR", &state_s)],
+    );
+    let annotated = [
+        "--annotation",
+        "io.kubernetes.pod.name=trainer-7",
+        "--annotation",
+        "io.kubernetes.pod.namespace=ml-team",
+        "--annotation",
+        "io.kubernetes.container.name=main",
+        "-e",
+        "SIMCUDA_DEVICES=4",
+        "-e",
+        "CUDA_VISIBLE_DEVICES=0",
+    ];
+    let plain = ["-e", "SIMCUDA_DEVICES=4", "-e", "CUDA_VISIBLE_DEVICES=1", "-e", "K8S_POD_NAME=claims-this"];
+    let mut ids = Vec::new();
+    for (name, extra) in names.iter().zip([&annotated[..], &plain[..]]) {
+        let a = workload_container(name, &state, extra, &["frag-oom"]);
+        let argv: Vec<&str> = a.iter().map(String::as_str).collect();
+        ids.push(podman_ok(&argv));
+        let code = podman_ok(&["wait", name]);
+        assert_eq!(code, "0", "{name}: {}", logs(name));
+    }
+    let (s, alog) = stop_agent(agent, err, &summary);
+    let n = notes(&s);
+    let of = |id: &str| -> Value {
+        let p: Vec<&Value> =
+            s["processes"].as_array().expect("processes").iter().filter(|p| p["container_id"].as_str() == Some(id)).collect();
+        assert_eq!(p.len(), 1, "one process of container {id}: {:#}\n{n:#?}\n{alog}", s["processes"]);
+        p[0].clone()
+    };
+    let who = |p: &Value| {
+        (
+            p["k8s_namespace_name"].as_str().map(String::from),
+            p["k8s_pod_name"].as_str().map(String::from),
+            p["k8s_container_name"].as_str().map(String::from),
+            p["identity_source"].as_str().map(String::from),
+            p["assigned_gpus"].clone(),
+            p["hw_id"].as_str().map(String::from),
+        )
+    };
+    let s_ = |v: &str| Some(v.to_string());
+    assert_eq!(
+        who(&of(&ids[0])),
+        (s_("ml-team"), s_("trainer-7"), s_("main"), s_("oci-annotations"), serde_json::json!([uuids[0]]), s_(&uuids[0])),
+        "{n:#?}"
+    );
+    assert_eq!(
+        who(&of(&ids[1])),
+        (s_("research"), s_("eval-3"), s_("worker"), s_("pod-resources"), serde_json::json!([uuids[1]]), s_(&uuids[1])),
+        "{n:#?}"
+    );
+    let line = n.iter().find(|l| l.starts_with(&format!("pod-resources socket {sock_s}: "))).unwrap_or_else(|| panic!("{n:#?}"));
+    assert!(line.contains("(the last: 2 container(s), 2 with GPUs), 0 call(s) failed"), "{line}");
+    assert!(!n.iter().any(|l| l.contains("GPU not assigned") || l.contains("pod-resources ambiguous")), "{n:#?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Must show (issue 26): the agent killed while it holds a new container's first exec (a hold

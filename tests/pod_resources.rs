@@ -14,14 +14,14 @@
 //! /opt/gpufrag-ci/podres; `$PODRES_PYTHON` names another interpreter); under CI=true their
 //! absence fails the test.
 
+mod pod_resources_support;
 mod tool_support;
 
 use gpufrag::attribution::gpu::NodeGpus;
 use gpufrag::attribution::pods::{PodNames, SOURCE_OCI};
 use gpufrag::attribution::{podres, Attribution, GapKind, ProcRead};
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use pod_resources_support::{python, serve, INSTALL};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,51 +32,12 @@ const GPU: [&str; 4] = [
     "GPU-6a5e2b1c-0000-4000-8000-00000000000d",
 ];
 
-fn python() -> Option<PathBuf> {
-    let candidates: Vec<PathBuf> = std::env::var_os("PODRES_PYTHON")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([PathBuf::from("/opt/gpufrag-ci/podres/bin/python"), PathBuf::from("python3")])
-        .collect();
-    candidates.into_iter().find(|p| Command::new(p).args(["-c", "import grpc, google.protobuf"]).output().is_ok_and(|o| o.status.success()))
-}
-
 fn dir(name: &str) -> PathBuf {
     // Short: a Unix socket's path is at most 107 bytes.
     let d = std::env::temp_dir().join(format!("gf-podres-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("dir");
     d
-}
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The stand-in kubelet serving `pods` (JSON) on `dir/kubelet.sock`.
-fn serve(py: &Path, dir: &Path, pods: &str, extra: &[&str]) -> (Server, PathBuf) {
-    let file = dir.join("pods.json");
-    std::fs::write(&file, pods).expect("pods");
-    let sock = dir.join("kubelet.sock");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pod_resources_support/server.py");
-    let mut child = Command::new(py)
-        .arg(script)
-        .arg(&sock)
-        .arg(&file)
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("the stand-in server");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("READY");
-    assert_eq!(line.trim(), "READY", "the stand-in did not start");
-    (Server(child), sock)
 }
 
 fn four() -> NodeGpus {
@@ -147,7 +108,7 @@ const PODS: &str = r#"[
 #[test]
 fn names_and_gpus_come_from_a_stand_in_pod_resources_socket() {
     let Some(py) = python() else {
-        tool_support::missing("grpcio and protobuf for Python", "bash scripts/setup.sh (or pip install grpcio protobuf)");
+        tool_support::missing("grpcio and protobuf for Python", INSTALL);
         return;
     };
     let d = dir("names");
@@ -313,7 +274,7 @@ fn an_absent_socket_falls_back_to_annotations_then_environment() {
 #[test]
 fn an_oversized_answer_is_refused() {
     let Some(py) = python() else {
-        tool_support::missing("grpcio and protobuf for Python", "bash scripts/setup.sh (or pip install grpcio protobuf)");
+        tool_support::missing("grpcio and protobuf for Python", INSTALL);
         return;
     };
     let d = dir("huge");
