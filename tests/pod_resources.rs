@@ -140,6 +140,11 @@ fn names_and_gpus_come_from_a_stand_in_pod_resources_socket() {
     place(&mut a, 105, read(None, &[("CUDA_VISIBLE_DEVICES", "2")], None), "2");
     // 106: annotated as a container the kubelet does not list.
     place(&mut a, 106, read(Some('6'), &[], Some(("ml", "gone-1", "main"))), "0");
+    // 108: a container whose environment could not be read: its ordinal 0 is taken as GPU a at
+    // its face (GPU a is ml/trainer-0/main's alone), which names no container.
+    let mut unread = read(Some('8'), &[], None);
+    unread.environ = Err("No such process (os error 3)".into());
+    place(&mut a, 108, unread, "0");
     let changed = a.refresh_pods();
     let mut pids: Vec<u32> = changed.iter().map(|(p, _)| *p).collect();
     pids.sort();
@@ -157,6 +162,7 @@ fn names_and_gpus_come_from_a_stand_in_pod_resources_socket() {
     assert_eq!(who(&mut a, 104), (s("ml"), s("trainer-0"), s("main"), Some("oci-annotations"), gpus(&[GPU[0], GPU[1]])));
     assert_eq!(who(&mut a, 105), (None, None, None, None, None), "a host process");
     assert_eq!(who(&mut a, 106).4, None, "unlisted: no GPUs assigned");
+    assert_eq!(who(&mut a, 108), (None, None, None, None, None), "a GPU taken at its face names no container");
     let c = a.gap_counts();
     assert_eq!(
         (c.get(&GapKind::PodAmbiguous), c.get(&GapKind::GpuNotAssigned), c.get(&GapKind::PodUnlisted)),

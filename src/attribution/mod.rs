@@ -199,6 +199,9 @@ struct Known {
     limits: crate::limits::ProcessLimits,
     /// Its GPUs were placed anew since the pod-resources table was last matched against it.
     dirty: bool,
+    /// The ordinals placed on the word of its environment or its driver (not taken at their
+    /// face for want of either): only these name a container by its GPU.
+    sure: BTreeSet<i16>,
     /// The pod-resources table's generation when it was identified.
     seen_gen: u64,
     /// What the pod-resources matching already counted of it (ambiguous, unlisted, a GPU not
@@ -387,6 +390,7 @@ impl Attribution {
             placed: BTreeMap::new(),
             limits,
             dirty: false,
+            sure: BTreeSet::new(),
             seen_gen,
             pods_noted: BTreeSet::new(),
         };
@@ -448,8 +452,9 @@ impl Attribution {
         k.dirty = false;
         let used: BTreeSet<String> = k
             .placed
-            .values()
-            .filter_map(|&d| uuids.as_ref()?.get(usize::try_from(d).ok()?).cloned())
+            .iter()
+            .filter(|(o, _)| k.sure.contains(o))
+            .filter_map(|(_, &d)| uuids.as_ref()?.get(usize::try_from(d).ok()?).cloned())
             .filter(|u| u.starts_with("GPU-") || u.starts_with("MIG-"))
             .collect();
         let id = &k.identity;
@@ -557,6 +562,7 @@ impl Attribution {
             None => Err(None),
             Some(env) => self.gpus.resolve(env, ordinal).map_err(Some),
         };
+        let sure = placed.is_ok();
         let d = match placed {
             Ok(g) => i16::try_from(g.index).unwrap_or(ordinal),
             Err(why) => {
@@ -568,6 +574,9 @@ impl Attribution {
         };
         if let Some(k) = self.known.get_mut(&pid) {
             k.placed.insert(ordinal, d);
+            if sure {
+                k.sure.insert(ordinal);
+            }
             k.dirty = true;
         }
         d
@@ -588,7 +597,7 @@ impl Attribution {
             Some(g) => {
                 let d = i16::try_from(g.index).unwrap_or(ordinal);
                 if let Some(k) = self.known.get_mut(&pid) {
-                    k.dirty |= k.placed.insert(ordinal, d) != Some(d);
+                    k.dirty |= k.placed.insert(ordinal, d) != Some(d) || k.sure.insert(ordinal);
                 }
             }
             None => {
