@@ -59,6 +59,13 @@ if ! [ -x "$kv_venv/bin/kubernetes-validate" ]; then
   $SUDO python3 -m venv "$kv_venv"
   $SUDO "$kv_venv/bin/pip" install -q kubernetes-validate
 fi
+# grpcio and protobuf for the stand-in kubelet pod-resources server of tests/pod_resources.rs
+# (tests/pod_resources_support/server.py; the test finds this interpreter, or $PODRES_PYTHON).
+pr_venv=$ci/podres
+if ! "$pr_venv/bin/python" -c 'import grpc, google.protobuf' 2>/dev/null; then
+  $SUDO python3 -m venv "$pr_venv"
+  $SUDO "$pr_venv/bin/pip" install -q grpcio protobuf
+fi
 # kustomize, to build every kustomization under deploy/ (tests/export_deploy.rs): the kustomize
 # library as the PyPI package pykustomize ships it (no kustomize binary is packaged for Debian 12
 # or reachable as a release download), behind scripts/kustomize.py as bin/kustomize. pykustomize

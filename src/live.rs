@@ -672,9 +672,20 @@ impl Live {
 
     /// Gives every observer the current state.
     pub fn tick(&mut self) {
+        self.refresh_pods();
         self.report_new_ooms();
         for o in self.observers.iter_mut() {
             o.tick(&self.state);
+        }
+    }
+
+    /// What the kubelet's pod-resources socket said since the last tick, matched against the
+    /// processes: their identities as it names them or gives them GPUs.
+    fn refresh_pods(&mut self) {
+        for (pid, id) in self.attribution.refresh_pods() {
+            if self.state.identities.contains_key(&pid) {
+                self.state.identities.insert(pid, id);
+            }
         }
     }
 
@@ -780,6 +791,7 @@ impl Live {
         for w in &self.warnings {
             s.notes.push(w.clone());
         }
+        self.refresh_pods();
         s.notes.extend(self.attribution.notes());
         s.notes.extend(self.holder_reader.notes());
         s.notes.extend(self.foresight.summary_notes(&self.state));

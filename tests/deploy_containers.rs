@@ -18,6 +18,7 @@
 //! builds the image) their absence fails the test.
 
 mod export_support;
+mod pod_resources_support;
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
 mod tool_support;
@@ -399,6 +400,11 @@ const FRAG_REQUESTED: u64 = 2_684_354_560;
 /// The agent as an operator starts it: a clean environment, only the driver named, its summary
 /// written to `summary` when it stops.
 fn start_driver_only_agent(summary: &Path, extra: &[&str]) -> (std::process::Child, support::Lines) {
+    start_agent_with_env(summary, extra, &[])
+}
+
+/// [`start_driver_only_agent`] with `env` set too.
+fn start_agent_with_env(summary: &Path, extra: &[&str], env: &[(&str, &str)]) -> (std::process::Child, support::Lines) {
     let lib = std::fs::canonicalize(simcuda_dir().join("libcuda.so.1")).expect("simcuda built").display().to_string();
     let mut agent = Command::new(gpufrag())
         .args(["agent", "--keep-exited", "--summary-json"])
@@ -407,6 +413,7 @@ fn start_driver_only_agent(summary: &Path, extra: &[&str]) -> (std::process::Chi
         .args(extra)
         .env_clear()
         .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -541,6 +548,181 @@ fn a_container_with_a_pods_oci_annotations_is_named_from_them_not_from_its_envir
     // too, but only this one names a pod
     let n = notes(&s);
     assert!(n.iter().any(|l| l.contains("config.json read for ") && l.contains(", 1 naming a pod")), "{n:#?}");
+}
+
+/// Must show (issue 26, item 4): the agent given a stand-in kubelet pod-resources socket (a
+/// grpcio server, tests/pod_resources_support): a container annotated as a pod's gets the GPUs the
+/// socket lists for it, and a container with no annotations (its environment claiming another
+/// pod) is named after the one container on the node that was given the GPU it uses (its
+/// CUDA_VISIBLE_DEVICES places its device 0 on GPU 1); the summary says which source named each.
+#[test]
+fn the_pod_resources_socket_names_a_container_by_its_gpu_and_gives_each_its_gpus() {
+    if let Some((what, how)) = missing() {
+        tool_support::missing(&what, &how);
+        return;
+    }
+    let Some(py) = pod_resources_support::python() else {
+        tool_support::missing("grpcio and protobuf for Python", pod_resources_support::INSTALL);
+        return;
+    };
+    let uuids = uuids();
+    assert_eq!(uuids.len(), 4, "{uuids:?}");
+    let dir = std::env::temp_dir().join(format!("gf-podres-agent-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let pods = format!(
+        r#"[{{"name": "trainer-7", "namespace": "ml-team", "containers": [{{"name": "main", "devices": [{{"resource_name": "nvidia.com/gpu", "device_ids": ["{}"]}}]}}]}},
+            {{"name": "eval-3", "namespace": "research", "containers": [{{"name": "worker", "devices": [{{"resource_name": "nvidia.com/gpu", "device_ids": ["{}"]}}]}}]}}]"#,
+        uuids[0], uuids[1]
+    );
+    let (_server, sock) = pod_resources_support::serve(&py, &dir, &pods, &[]);
+    let names = [format!("gpufrag-podres-a-{}", std::process::id()), format!("gpufrag-podres-b-{}", std::process::id())];
+    let _cleanup = Cleanup { containers: names.to_vec(), image: String::new() };
+    let state = unique("container-state");
+    std::fs::create_dir_all(&state).expect("state");
+    let summary = unique("container-podres.json");
+    let nvml = std::fs::canonicalize(simcuda_dir().join("libnvidia-ml.so.1")).expect("simcuda built").display().to_string();
+    let sock_s = sock.display().to_string();
+    let state_s = state.display().to_string();
+    let (agent, err) = start_agent_with_env(
+        &summary,
+        &["--pod-resources-socket", &sock_s, "--nvml-lib", &nvml],
+        &[("SIMCUDA_DEVICES", "4"), ("SIMCUDA_STATE_DIR", &state_s)],
+    );
+    let annotated = [
+        "--annotation",
+        "io.kubernetes.pod.name=trainer-7",
+        "--annotation",
+        "io.kubernetes.pod.namespace=ml-team",
+        "--annotation",
+        "io.kubernetes.container.name=main",
+        "-e",
+        "SIMCUDA_DEVICES=4",
+        "-e",
+        "CUDA_VISIBLE_DEVICES=0",
+    ];
+    let plain = ["-e", "SIMCUDA_DEVICES=4", "-e", "CUDA_VISIBLE_DEVICES=1", "-e", "K8S_POD_NAME=claims-this"];
+    // `hold`: one allocation, then it waits on its stdin (kept open by -i) while the agent reads
+    // who it is; the agent stops first, the containers are removed after.
+    let mut ids = Vec::new();
+    for (name, extra) in names.iter().zip([&annotated[..], &plain[..]]) {
+        let mut extra = extra.to_vec();
+        extra.push("-i");
+        let a = workload_container(name, &state, &extra, &["hold"]);
+        let argv: Vec<&str> = a.iter().map(String::as_str).collect();
+        ids.push(podman_ok(&argv));
+        assert!(wait_log(name, "READY", Duration::from_secs(60)), "{name}: {}", logs(name));
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    let (s, alog) = stop_agent(agent, err, &summary);
+    let n = notes(&s);
+    let of = |id: &str| -> Value {
+        let p: Vec<&Value> =
+            s["processes"].as_array().expect("processes").iter().filter(|p| p["container_id"].as_str() == Some(id)).collect();
+        assert_eq!(p.len(), 1, "one process of container {id}: {:#}\n{n:#?}\n{alog}", s["processes"]);
+        p[0].clone()
+    };
+    let who = |p: &Value| {
+        (
+            p["k8s_namespace_name"].as_str().map(String::from),
+            p["k8s_pod_name"].as_str().map(String::from),
+            p["k8s_container_name"].as_str().map(String::from),
+            p["identity_source"].as_str().map(String::from),
+            p["assigned_gpus"].clone(),
+            p["hw_id"].as_str().map(String::from),
+        )
+    };
+    let s_ = |v: &str| Some(v.to_string());
+    assert_eq!(
+        who(&of(&ids[0])),
+        (s_("ml-team"), s_("trainer-7"), s_("main"), s_("oci-annotations"), serde_json::json!([uuids[0]]), s_(&uuids[0])),
+        "{n:#?}"
+    );
+    assert_eq!(
+        who(&of(&ids[1])),
+        (s_("research"), s_("eval-3"), s_("worker"), s_("pod-resources"), serde_json::json!([uuids[1]]), s_(&uuids[1])),
+        "{n:#?}"
+    );
+    let line = n.iter().find(|l| l.starts_with(&format!("pod-resources socket {sock_s}: "))).unwrap_or_else(|| panic!("{n:#?}"));
+    assert!(line.contains("(the last: 2 container(s), 2 with GPUs), 0 call(s) failed"), "{line}");
+    assert!(!n.iter().any(|l| l.contains("GPU not assigned") || l.contains("pod-resources ambiguous")), "{n:#?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Must show (issue 26, item 4, bad input): a pod-resources socket that accepts and never
+/// answers: each call is given up at its bound (1 s) and counted, the container starts and runs
+/// as it does without the socket, and its names come from its annotations.
+#[test]
+fn a_pod_resources_socket_that_never_answers_never_stalls_a_container_start() {
+    if let Some((what, how)) = missing() {
+        tool_support::missing(&what, &how);
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("gf-podres-hang-agent-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let sock = dir.join("kubelet.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    // Accepts every connection and holds it open, never a byte back.
+    let held = std::thread::spawn(move || {
+        let mut conns = Vec::new();
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok((c, _)) = listener.accept() {
+                conns.push(c);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        conns.len()
+    });
+    let name = format!("gpufrag-podres-hang-{}", std::process::id());
+    let _cleanup = Cleanup { containers: vec![name.clone()], image: String::new() };
+    let state = unique("container-state");
+    std::fs::create_dir_all(&state).expect("state");
+    let summary = unique("container-podres-hang.json");
+    let sock_s = sock.display().to_string();
+    let (agent, err) = start_driver_only_agent(&summary, &["--pod-resources-socket", &sock_s]);
+    let extra = [
+        "--annotation",
+        "io.kubernetes.pod.name=trainer-9",
+        "--annotation",
+        "io.kubernetes.pod.namespace=ml-team",
+        "--annotation",
+        "io.kubernetes.container.name=main",
+    ];
+    let a = workload_container(&name, &state, &extra, &["frag-oom"]);
+    let argv: Vec<&str> = a.iter().map(String::as_str).collect();
+    let t = Instant::now();
+    let id = podman_ok(&argv);
+    let code = podman_ok(&["wait", &name]);
+    let took = t.elapsed();
+    assert_eq!(code, "0", "{}", logs(&name));
+    // Past the start's nudge and its 1 s bound: that call is over and counted.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (s, alog) = stop_agent(agent, err, &summary);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let accepted = held.join().expect("listener");
+    let n = notes(&s);
+    let p: Vec<&Value> =
+        s["processes"].as_array().expect("processes").iter().filter(|p| p["container_id"].as_str() == Some(id.as_str())).collect();
+    assert_eq!(p.len(), 1, "{:#}\n{alog}", s["processes"]);
+    assert_eq!(
+        (p[0]["k8s_pod_name"].as_str(), p[0]["identity_source"].as_str(), p[0].get("assigned_gpus")),
+        (Some("trainer-9"), Some("oci-annotations"), None),
+        "{n:#?}"
+    );
+    let line =
+        n.iter().find(|l| l.starts_with(&format!("pod-resources socket {sock_s}: 0 answer(s), "))).unwrap_or_else(|| panic!("{n:#?}"));
+    let failed: u64 = line.split(" call(s) failed (").next().and_then(|h| h.rsplit(' ').next()).and_then(|v| v.parse().ok()).expect(line);
+    assert!(
+        failed >= 2 && line.contains(&format!("({failed} with no answer within 1000 ms")),
+        "the start's call and the new container's: {line}"
+    );
+    assert!(accepted as u64 >= failed, "{accepted} connections for {failed} calls");
+    eprintln!("container start to exit {took:?} with the socket hanging; {line}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Must show (issue 26): the agent killed while it holds a new container's first exec (a hold

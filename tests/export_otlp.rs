@@ -183,3 +183,90 @@ fn export_resumes_by_itself_when_the_collector_comes_up() {
     drop(rotel);
     cleanup(&dir);
 }
+
+/// Issue 26, item 5: per-process series arrive at a real collector under one OTLP resource per
+/// process, carrying that process's `process.pid`, `container.id` and `k8s.*` (what a
+/// collector's k8sattributes processor matches on), while the device series stay under the
+/// node's resource, with none of them.
+#[test]
+fn each_process_arrives_under_a_resource_of_its_own_with_its_container_and_pod() {
+    use gpufrag::attribution::Identity;
+    use gpufrag::observe::Observer;
+    let Some(bin) = require("rotel-agent", rotel_agent(), "pip install rotel") else { return };
+    let dir = temp_dir("otlp-resources");
+    let (grpc, http) = (free_port(), free_port());
+    let rotel = Rotel::start(&bin, &dir, grpc, http);
+    let (one, two) = (stand_in_process(), stand_in_process());
+    let who = [
+        (one.child.id(), "a".repeat(64), "0b8e3c1a-1111-4a5b-8c7d-000000000001", "trainer-0", "ml", "main"),
+        (two.child.id(), "b".repeat(64), "0b8e3c1a-2222-4a5b-8c7d-000000000002", "eval-3", "research", "worker"),
+    ];
+    let (log, lines) = log_sink();
+    let mut exporter =
+        export::exporter_from_args(&args(format!("http://127.0.0.1:{grpc}"), Protocol::Grpc, Duration::from_millis(500)), log).unwrap();
+    let mut state = gpufrag::ingest::State::default();
+    for (pid, ctr, uid, pod, ns, c) in &who {
+        state.identities.insert(
+            *pid,
+            Arc::new(Identity {
+                exe: "sleep".into(),
+                container_id: Some(ctr.clone()),
+                container_runtime: Some("containerd"),
+                pod_uid: Some(uid.to_string()),
+                pod_name: Some(pod.to_string()),
+                namespace: Some(ns.to_string()),
+                container_name: Some(c.to_string()),
+                identity_source: Some("pod-resources"),
+                assigned_gpus: None,
+            }),
+        );
+        for e in frag_oom_events(*pid) {
+            state.apply(&e);
+            exporter.event(&state, &e);
+        }
+    }
+    exporter.tick(&state);
+    std::thread::sleep(Duration::from_millis(1200));
+    exporter.tick(&state);
+    state.settle_all();
+    exporter.finish(&state);
+    let pids: Vec<String> = who.iter().map(|w| w.0.to_string()).collect();
+    let got = rotel.wait_for(Duration::from_secs(10), |g| {
+        pids.iter().all(|p| !points(g, "gpufrag.process.memory.reserved", &[("process.pid", p)]).is_empty())
+            && !points(g, "gpufrag.memory.reserved", &[]).is_empty()
+    });
+    let mut resources = std::collections::BTreeSet::new();
+    for (pid, ctr, uid, pod, ns, c) in &who {
+        let pid_s = pid.to_string();
+        let mine: Vec<&Received> = got.iter().filter(|r| r.attrs.get("process.pid") == Some(&pid_s)).collect();
+        assert!(mine.iter().any(|r| r.metric == "gpufrag.process.memory.reserved") && mine.iter().any(|r| r.metric == "gpufrag.ooms"));
+        for r in &mine {
+            let res = |k: &str| r.resource.get(k).map(String::as_str);
+            assert_eq!(
+                (
+                    res("process.pid"),
+                    res("container.id"),
+                    res("k8s.pod.uid"),
+                    res("k8s.pod.name"),
+                    res("k8s.namespace.name"),
+                    res("k8s.container.name")
+                ),
+                (Some(pid_s.as_str()), Some(ctr.as_str()), Some(*uid), Some(*pod), Some(*ns), Some(*c)),
+                "{}: resource {:?}",
+                r.metric,
+                r.resource
+            );
+            assert_eq!(res("service.name"), Some("gpufrag"), "the node's attributes too: {:?}", r.resource);
+            resources.insert(format!("{:?}", r.resource));
+        }
+    }
+    assert_eq!(resources.len(), 2, "one resource per process: {resources:#?}");
+    for r in points(&got, "gpufrag.memory.reserved", &[]) {
+        for k in ["process.pid", "container.id", "k8s.pod.name", "k8s.namespace.name", "k8s.container.name", "k8s.pod.uid"] {
+            assert!(!r.resource.contains_key(k), "a device series under a process's resource: {:?}", r.resource);
+        }
+    }
+    assert!(lines.lock().unwrap().is_empty(), "no failure was expected: {:?}", lines.lock().unwrap());
+    drop(rotel);
+    cleanup(&dir);
+}

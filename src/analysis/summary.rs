@@ -181,10 +181,15 @@ pub struct ProcessSummary {
     /// `k8s.container.name`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub k8s_container_name: Option<String>,
-    /// Which source named its pod and container: `oci-annotations` (the runtime's config of the
+    /// Which source named its pod and container: `pod-resources` (the kubelet's socket: the one
+    /// container given the GPU it uses), `oci-annotations` (the runtime's config of the
     /// container, read as it started), `environment` (the container's own variables).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity_source: Option<String>,
+    /// The GPUs (UUIDs) the kubelet's pod-resources socket lists for its container; absent when
+    /// the socket is not read or does not list it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assigned_gpus: Option<Vec<String>>,
     /// The process ended (a `ProcessExit` was seen); its figures are its last. Left out while
     /// it runs.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -418,6 +423,7 @@ impl Summary {
                 p.k8s_namespace_name = id.namespace.clone();
                 p.k8s_container_name = id.container_name.clone();
                 p.identity_source = id.identity_source.map(String::from);
+                p.assigned_gpus = id.assigned_gpus.clone();
             }
         }
         for o in &mut self.ooms {
@@ -508,6 +514,7 @@ fn device_and_process_summaries(state: &State) -> (Vec<DeviceSummary>, Vec<Proce
                 k8s_namespace_name: None,
                 k8s_container_name: None,
                 identity_source: None,
+                assigned_gpus: None,
                 exited: state.exited.contains_key(&s.pid),
                 owners: owner_bytes(&s.owners),
             });

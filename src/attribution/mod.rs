@@ -17,10 +17,12 @@
 pub mod cgroup;
 pub mod gpu;
 pub mod oci;
+pub mod podres;
+pub mod podres_api;
 pub mod pods;
 
 use gpu::{NodeGpus, VisibleEnv};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::Read;
 #[cfg(test)]
 use std::path::Path;
@@ -51,9 +53,13 @@ pub struct Identity {
     pub namespace: Option<String>,
     /// `k8s.container.name`.
     pub container_name: Option<String>,
-    /// Which source named its pod and container ([`pods::SOURCE_OCI`]: the runtime's OCI
-    /// annotations; [`pods::SOURCE_ENV`]: the container's own environment), `None` when none did.
+    /// Which source named its pod and container ([`pods::SOURCE_PODRES`]: the kubelet's
+    /// pod-resources socket; [`pods::SOURCE_OCI`]: the runtime's OCI annotations;
+    /// [`pods::SOURCE_ENV`]: the container's own environment), `None` when none did.
     pub identity_source: Option<&'static str>,
+    /// The GPUs (UUIDs) the kubelet's pod-resources socket lists for its container, `None` when
+    /// the socket is not read or does not list the container ([`podres`]).
+    pub assigned_gpus: Option<Vec<String>>,
 }
 
 impl Identity {
@@ -103,6 +109,13 @@ pub enum GapKind {
     NvmlAbsent,
     /// A sharing layer's limit variable did not parse (`crate::limits`): no limit is assumed.
     LimitUnreadable,
+    /// A container process the pod-resources socket could not name: the GPUs it uses were given
+    /// to more than one container (or its pod's name is another container's).
+    PodAmbiguous,
+    /// A container named by its annotations that the pod-resources socket does not list.
+    PodUnlisted,
+    /// A process uses a GPU the pod-resources socket did not give its container.
+    GpuNotAssigned,
 }
 
 impl GapKind {
@@ -116,6 +129,9 @@ impl GapKind {
             GapKind::GpuUnresolved => "GPU unresolved",
             GapKind::NvmlAbsent => "NVML absent",
             GapKind::LimitUnreadable => "sharing limit unreadable",
+            GapKind::PodAmbiguous => "pod-resources ambiguous",
+            GapKind::PodUnlisted => "pod-resources unlisted",
+            GapKind::GpuNotAssigned => "GPU not assigned",
         }
     }
 }
@@ -181,6 +197,36 @@ struct Known {
     placed: BTreeMap<i16, i16>,
     /// The sharing layers' limits its environment sets (`crate::limits`).
     limits: crate::limits::ProcessLimits,
+    /// Its GPUs were placed anew since the pod-resources table was last matched against it.
+    dirty: bool,
+    /// The ordinals placed on the word of its environment or its driver (not taken at their
+    /// face for want of either): only these name a container by its GPU.
+    sure: BTreeSet<i16>,
+    /// The pod-resources table's generation when it was identified.
+    seen_gen: u64,
+    /// What the pod-resources matching already counted of it (ambiguous, unlisted, a GPU not
+    /// assigned): each once.
+    pods_noted: BTreeSet<String>,
+}
+
+/// How many distinct errors of the pod-resources socket are kept verbatim (all are counted).
+const KEPT_SOCKET_ERRORS: usize = 3;
+
+/// The most container ids kept to tell a new container (a nudge of the socket's watch) from one
+/// seen before; past it the set starts again (a few extra calls).
+const CONTAINERS_SEEN_MAX: usize = 4096;
+
+/// The kubelet's pod-resources socket as read for this node ([`podres::Watch`]).
+struct PodsLink {
+    watch: podres::Watch,
+    /// The latest answer.
+    table: Option<Arc<podres::Assignments>>,
+    /// Answers received (the table's generation).
+    generation: u64,
+    failures: u64,
+    timeouts: u64,
+    errors: Vec<String>,
+    containers_seen: HashSet<String>,
 }
 
 /// Reads and keeps who each live process is.
@@ -191,6 +237,8 @@ pub struct Attribution {
     prefetched: HashMap<u32, ProcRead>,
     gaps: BTreeMap<GapKind, u64>,
     kept: Vec<String>,
+    /// The pod-resources socket, when read; else why not (a note), when it was asked for.
+    pods: Option<Result<PodsLink, String>>,
 }
 
 impl Attribution {
@@ -203,6 +251,7 @@ impl Attribution {
             prefetched: HashMap::new(),
             gaps: BTreeMap::new(),
             kept: Vec::new(),
+            pods: None,
         };
         if a.gpus.uuids.is_none() {
             a.gap(GapKind::NvmlAbsent, 0, "NVML absent: GPUs are known by index only (hw.id gpu-N), and a CUDA_VISIBLE_DEVICES entry given as a UUID cannot be placed".into());
@@ -322,9 +371,164 @@ impl Attribution {
                 Ok(ns) => id.namespace = ns,
             }
         }
+        let mut seen_gen = 0;
+        if let (Some(Ok(link)), Some(c)) = (&mut self.pods, &id.container_id) {
+            seen_gen = link.generation;
+            if !link.containers_seen.contains(c) {
+                // A container not seen before: the kubelet may list it now.
+                if link.containers_seen.len() >= CONTAINERS_SEEN_MAX {
+                    link.containers_seen.clear();
+                }
+                link.containers_seen.insert(c.clone());
+                link.watch.nudge();
+            }
+        }
         let identity = Arc::new(id);
-        self.known.insert(pid, Known { identity: identity.clone(), env: visible, placed: BTreeMap::new(), limits });
-        identity
+        let known = Known {
+            identity: identity.clone(),
+            env: visible,
+            placed: BTreeMap::new(),
+            limits,
+            dirty: false,
+            sure: BTreeSet::new(),
+            seen_gen,
+            pods_noted: BTreeSet::new(),
+        };
+        self.known.insert(pid, known);
+        self.match_pods(pid).unwrap_or(identity)
+    }
+
+    /// Reads the kubelet's pod-resources socket from now on (`Ok`: its watch), or says why it is
+    /// not read (`Err`: a note for the summary).
+    pub fn set_pod_resources(&mut self, watch: Result<podres::Watch, String>) {
+        self.pods = Some(watch.map(|watch| PodsLink {
+            watch,
+            table: None,
+            generation: 0,
+            failures: 0,
+            timeouts: 0,
+            errors: Vec::new(),
+            containers_seen: HashSet::new(),
+        }));
+    }
+
+    /// Takes what the pod-resources socket's watch said since the last call and matches its
+    /// latest table against the processes it may name or give GPUs to (all of them on a new
+    /// table, else those whose GPUs were placed since): the identities that changed, for the
+    /// pipeline to put in place of the old. Cheap: no I/O, the table's lookups only.
+    pub fn refresh_pods(&mut self) -> Vec<(u32, Arc<Identity>)> {
+        let Some(Ok(link)) = &mut self.pods else { return Vec::new() };
+        let mut fresh = false;
+        for u in link.watch.drain() {
+            match u {
+                podres::Update::Answer(table, _) => {
+                    link.table = Some(table);
+                    link.generation += 1;
+                    fresh = true;
+                }
+                podres::Update::Failed { error, timed_out } => {
+                    link.failures += 1;
+                    link.timeouts += u64::from(timed_out);
+                    if link.errors.len() < KEPT_SOCKET_ERRORS && !link.errors.contains(&error) {
+                        link.errors.push(error);
+                    }
+                }
+            }
+        }
+        let pids: Vec<u32> = self.known.iter().filter(|(_, k)| fresh || k.dirty).map(|(&p, _)| p).collect();
+        pids.into_iter().filter_map(|pid| self.match_pods(pid).map(|id| (pid, id))).collect()
+    }
+
+    /// Matches `pid` against the latest pod-resources table: a container its annotations named
+    /// gets its GPUs; a container process nothing on the node named is named after the one
+    /// container the GPUs it uses were given to (none when more than one: counted); a GPU it
+    /// uses that its container was not given is counted. The new identity when it changed.
+    fn match_pods(&mut self, pid: u32) -> Option<Arc<Identity>> {
+        let Some(Ok(link)) = &self.pods else { return None };
+        let table = link.table.clone()?;
+        let generation = link.generation;
+        let uuids = self.gpus.uuids.clone();
+        let k = self.known.get_mut(&pid)?;
+        k.dirty = false;
+        let used: BTreeSet<String> = k
+            .placed
+            .iter()
+            .filter(|(o, _)| k.sure.contains(o))
+            .filter_map(|(_, &d)| uuids.as_ref()?.get(usize::try_from(d).ok()?).cloned())
+            .filter(|u| u.starts_with("GPU-") || u.starts_with("MIG-"))
+            .collect();
+        let id = &k.identity;
+        let mut new = (**id).clone();
+        let mut notes: Vec<(GapKind, String, String)> = Vec::new();
+        let key = match (&id.namespace, &id.pod_name, &id.container_name) {
+            (Some(ns), Some(p), Some(c)) => Some(podres::ContainerKey { namespace: ns.clone(), pod: p.clone(), container: c.clone() }),
+            _ => None,
+        };
+        let by_node = matches!(id.identity_source, Some(pods::SOURCE_OCI) | Some(pods::SOURCE_PODRES));
+        match key.filter(|_| by_node) {
+            Some(key) => match table.gpus_of(&key) {
+                Some(g) => new.assigned_gpus = Some(g.to_vec()),
+                // Only a table read after the process was first seen can say it is not listed.
+                None if generation > k.seen_gen => notes.push((
+                    GapKind::PodUnlisted,
+                    "unlisted".into(),
+                    format!(
+                        "container {key} (named by its {}) is not listed by the pod-resources socket: its GPUs assigned are unknown",
+                        id.identity_source.unwrap_or("")
+                    ),
+                )),
+                None => {}
+            },
+            None if id.container_id.is_some() && !used.is_empty() => {
+                let mut holders: Vec<&podres::ContainerKey> = used.iter().flat_map(|u| table.holders(u)).collect();
+                holders.sort();
+                holders.dedup();
+                match holders.as_slice() {
+                    [] => {}
+                    [one] => {
+                        new.namespace = Some(one.namespace.clone());
+                        new.pod_name = Some(one.pod.clone());
+                        new.container_name = Some(one.container.clone());
+                        new.identity_source = Some(pods::SOURCE_PODRES);
+                        new.assigned_gpus = table.gpus_of(one).map(<[String]>::to_vec);
+                    }
+                    many => notes.push((
+                        GapKind::PodAmbiguous,
+                        "ambiguous".into(),
+                        format!(
+                            "the GPU(s) it uses ({}) were given to {} containers ({}): not named by the pod-resources socket",
+                            used.iter().cloned().collect::<Vec<_>>().join(", "),
+                            many.len(),
+                            many.iter().take(4).map(|k| k.to_string()).collect::<Vec<_>>().join(", ")
+                        ),
+                    )),
+                }
+            }
+            None => {}
+        }
+        if let Some(assigned) = &new.assigned_gpus {
+            for u in used.iter().filter(|u| !assigned.contains(u)) {
+                notes.push((
+                    GapKind::GpuNotAssigned,
+                    format!("gpu {u}"),
+                    format!(
+                        "uses GPU {u}, which the pod-resources socket did not give its container (given: {})",
+                        if assigned.is_empty() { "none".to_string() } else { assigned.join(", ") }
+                    ),
+                ));
+            }
+        }
+        let notes: Vec<(GapKind, String)> =
+            notes.into_iter().filter(|(_, tag, _)| k.pods_noted.insert(tag.clone())).map(|(g, _, t)| (g, t)).collect();
+        let changed = new != **id;
+        if changed {
+            k.identity = Arc::new(new);
+        }
+        let out = changed.then(|| k.identity.clone());
+        for (g, t) in notes {
+            self.gap(g, pid, t);
+        }
+        out
     }
 
     /// Who `pid` is, read now if it was not yet.
@@ -358,6 +562,7 @@ impl Attribution {
             None => Err(None),
             Some(env) => self.gpus.resolve(env, ordinal).map_err(Some),
         };
+        let sure = placed.is_ok();
         let d = match placed {
             Ok(g) => i16::try_from(g.index).unwrap_or(ordinal),
             Err(why) => {
@@ -369,6 +574,10 @@ impl Attribution {
         };
         if let Some(k) = self.known.get_mut(&pid) {
             k.placed.insert(ordinal, d);
+            if sure {
+                k.sure.insert(ordinal);
+            }
+            k.dirty = true;
         }
         d
     }
@@ -388,7 +597,7 @@ impl Attribution {
             Some(g) => {
                 let d = i16::try_from(g.index).unwrap_or(ordinal);
                 if let Some(k) = self.known.get_mut(&pid) {
-                    k.placed.insert(ordinal, d);
+                    k.dirty |= k.placed.insert(ordinal, d) != Some(d) || k.sure.insert(ordinal);
                 }
             }
             None => {
@@ -434,11 +643,34 @@ impl Attribution {
 
     /// The notes for the summary: one line of counts, then the first gaps.
     pub fn notes(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        match &self.pods {
+            None => {}
+            Some(Err(why)) => out.push(why.clone()),
+            Some(Ok(link)) => {
+                let last = link
+                    .table
+                    .as_ref()
+                    .map_or_else(String::new, |t| format!(" (the last: {} container(s), {} with GPUs)", t.containers(), t.with_gpus()));
+                let mut line = format!(
+                    "pod-resources socket {}: {} answer(s){last}, {} call(s) failed ({} with no answer within {} ms; each call bounded, off the pipeline's path)",
+                    link.watch.socket.display(),
+                    link.generation,
+                    link.failures,
+                    link.timeouts,
+                    link.watch.timeout.as_millis()
+                );
+                if !link.errors.is_empty() {
+                    line.push_str(&format!("; first errors: {}", link.errors.join("; ")));
+                }
+                out.push(line);
+            }
+        }
         if self.gaps.is_empty() {
-            return Vec::new();
+            return out;
         }
         let counts: Vec<String> = self.gaps.iter().map(|(k, n)| format!("{} {n}", k.name())).collect();
-        let mut out = vec![format!("attribution gaps (what could not be known of processes and GPUs): {}", counts.join(", "))];
+        out.push(format!("attribution gaps (what could not be known of processes and GPUs): {}", counts.join(", ")));
         out.extend(self.kept.iter().map(|k| format!("attribution: {k}")));
         out
     }

@@ -17,6 +17,9 @@ pub const MAX_CONTAINERS: usize = 4096;
 
 /// `identity_source` when the runtime's annotations named the process.
 pub const SOURCE_OCI: &str = "oci-annotations";
+/// `identity_source` when the kubelet's pod-resources socket did (the one container on the node
+/// that was given the GPU the process uses: [`super::podres`]).
+pub const SOURCE_PODRES: &str = "pod-resources";
 /// `identity_source` when the container's environment did.
 pub const SOURCE_ENV: &str = "environment";
 

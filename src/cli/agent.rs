@@ -38,6 +38,15 @@ pub struct Args {
     /// node's usual library and Python roots, which are always scanned). Repeatable.
     #[arg(long = "lib-root", value_name = "DIR")]
     pub lib_roots: Vec<std::path::PathBuf>,
+    /// The kubelet's pod-resources socket, read for each container's pod, namespace, container
+    /// name and assigned GPUs (a bounded call off the event path: at start, on a new container,
+    /// every 30 s); `none`, or a socket absent at start, turns it off (the names then come from
+    /// the runtime's annotations, else the container's environment).
+    #[arg(long, value_name = "PATH", default_value = crate::attribution::podres::DEFAULT_SOCKET)]
+    pub pod_resources_socket: std::path::PathBuf,
+    /// Testing: each pod-resources call's bound, in milliseconds.
+    #[arg(long, hide = true, value_name = "MS", default_value_t = 1000)]
+    pub pod_resources_timeout_ms: u64,
     /// Testing: never answer the hold of an executable whose path contains this (only the
     /// timeout, or the agent's end, releases it).
     #[arg(long, hide = true, value_name = "TEXT")]
@@ -74,6 +83,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if let (Some(path), Some(max)) = (&args.out.record, args.record_max_bytes) {
         live.cap_record(path, max)?;
     }
+    live.attribution.set_pod_resources(pod_resources(args));
     if let Some(gate) = &args.attach_gate {
         while !gate.exists() {
             std::thread::sleep(Duration::from_millis(20));
@@ -89,4 +99,22 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         live,
         LoopOptions { summary_json: args.out.summary_json.as_deref(), quiet: args.out.quiet, source: "agent".into(), duration },
     )
+}
+
+/// The pod-resources socket's watch, or why it is off.
+fn pod_resources(args: &Args) -> Result<crate::attribution::podres::Watch, String> {
+    use crate::attribution::podres;
+    let path = &args.pod_resources_socket;
+    if path.as_os_str() == "none" {
+        return Err("pod-resources socket: off (--pod-resources-socket none): pods are named from the runtime's annotations, else the container's environment".into());
+    }
+    if std::fs::symlink_metadata(path).is_err() {
+        return Err(format!(
+            "pod-resources socket {}: absent at start, not read: pods are named from the runtime's annotations, else the container's environment, and no GPUs assigned are known",
+            path.display()
+        ));
+    }
+    let timeout = Duration::from_millis(args.pod_resources_timeout_ms.clamp(1, 60_000));
+    podres::Watch::start(path.clone(), timeout, podres::ANSWER_MAX, podres::REFRESH_INTERVAL)
+        .map_err(|e| format!("pod-resources socket {}: its thread could not start: {e}", path.display()))
 }
