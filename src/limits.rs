@@ -13,9 +13,15 @@
 //!   `LD_PRELOAD` (HAMi-core is `libvgpu.so`); a quota variable without a preload that could
 //!   enforce it is still read, and the library is said to be unknown.
 //!
-//! A value that does not parse is a counted note and no limit (never a guessed one). MIG is not
-//! here: a MIG instance is a device of its own, placed by its `MIG-…` UUID
-//! (`crate::attribution::gpu`), and its memory is the instance's.
+//! - **MIG**: a MIG instance is a device of its own, placed by its `MIG-…` UUID
+//!   (`crate::attribution::gpu`, `crate::attribution::mig`); its memory (NVML's total on its
+//!   handle) is the limit of every process on it ([`Limit::mig`]). Unlike the two above it is
+//!   shared by the instance's processes: an OOM there is judged with what the instance held
+//!   (its memory less the free bytes the driver reported at the failure), not with the
+//!   process's bytes alone ([`LimitHit::judge_oom`]).
+//!
+//! A value that does not parse is a counted note and no limit (never a guessed one); a MIG UUID
+//! with no instance NVML lists is a counted note too, and no limit.
 
 use crate::units::human_bytes;
 use serde::{Deserialize, Serialize};
@@ -24,9 +30,10 @@ use std::collections::{BTreeMap, HashMap};
 /// A sharing layer that limits a process's device memory.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limit {
-    /// `mps` or `quota`.
+    /// `mps`, `quota` or `mig`.
     pub layer: String,
-    /// The variable that set it (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, `CUDA_DEVICE_MEMORY_LIMIT_0`).
+    /// The variable that set it (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, `CUDA_DEVICE_MEMORY_LIMIT_0`);
+    /// for MIG, the instance's UUID (`MIG-…`).
     pub variable: String,
     /// For a quota: the library enforcing it (`HAMi-core (libvgpu.so)`, the preload's file
     /// name, or `unknown`).
@@ -34,13 +41,28 @@ pub struct Limit {
     pub library: Option<String>,
     /// The limit, bytes.
     pub bytes: u64,
+    /// For MIG: the UUID of the GPU the instance is a slice of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
 }
 
 impl Limit {
-    /// `the MPS pinned memory limit (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) of 4.00 GiB`.
+    /// The limit of MIG instance `uuid` of GPU `parent`, whose memory is `bytes`.
+    pub fn mig(uuid: &str, parent: &str, bytes: u64) -> Limit {
+        Limit { layer: "mig".into(), variable: uuid.into(), library: None, bytes, parent: Some(parent.into()) }
+    }
+
+    /// `the MPS pinned memory limit (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) of 4.00 GiB`;
+    /// `the MIG instance MIG-… (4.00 GiB of GPU-…)`.
     pub fn name(&self) -> String {
         match self.layer.as_str() {
             "mps" => format!("the MPS pinned memory limit ({}) of {}", self.variable, human_bytes(self.bytes)),
+            "mig" => format!(
+                "the MIG instance {} ({} of {})",
+                self.variable,
+                human_bytes(self.bytes),
+                self.parent.as_deref().unwrap_or("its GPU")
+            ),
             _ => format!(
                 "the quota of {} ({} through {})",
                 human_bytes(self.bytes),
@@ -71,6 +93,19 @@ impl LimitHit {
         LimitHit { limit: limit.clone(), used, requested, over: used.saturating_add(requested).saturating_sub(limit.bytes) }
     }
 
+    /// Judges an OOM: a request of `requested` bytes by a process holding `reserved` (its traced
+    /// bytes), with `device_free` the free bytes the driver reported at the failure. A per-process
+    /// layer (MPS, a quota) counts the process's bytes; a MIG instance, shared by its processes,
+    /// counts what it held: its memory less the free bytes (at least the process's own), or the
+    /// process's bytes when the free bytes are unknown.
+    pub fn judge_oom(limit: &Limit, reserved: u64, device_free: Option<u64>, requested: u64) -> LimitHit {
+        let used = match (limit.layer.as_str(), device_free) {
+            ("mig", Some(free)) => limit.bytes.saturating_sub(free).max(reserved),
+            _ => reserved,
+        };
+        LimitHit::judge(limit, used, requested)
+    }
+
     /// Whether the request passed the limit.
     pub fn hit(&self) -> bool {
         self.over > 0
@@ -78,6 +113,15 @@ impl LimitHit {
 
     /// The explanation of an OOM at the limit.
     pub fn explanation(&self) -> String {
+        if self.limit.layer == "mig" {
+            return format!(
+                "the request passed {}: the instance's processes held {} and this one asked {}, {} over the limit; the instance's own memory was the limit, not the whole GPU's",
+                self.limit.name(),
+                human_bytes(self.used),
+                human_bytes(self.requested),
+                human_bytes(self.over)
+            );
+        }
         format!(
             "the request passed {}: the process held {} and asked {}, {} over the limit; the device itself was not the limit",
             self.limit.name(),
@@ -94,6 +138,11 @@ impl LimitHit {
                 "raise {} for this client (it needs at least {}), or need less: a smaller batch or sequence, activation checkpointing",
                 self.limit.variable,
                 human_bytes(self.used.saturating_add(self.requested))
+            ),
+            "mig" => format!(
+                "run on a larger MIG instance (a profile with at least {} of memory, or the whole GPU {}), or need less: a smaller batch or sequence, activation checkpointing",
+                human_bytes(self.used.saturating_add(self.requested)),
+                self.limit.parent.as_deref().unwrap_or("it is a slice of")
             ),
             _ => format!(
                 "ask for a larger GPU memory share (the quota behind {}; it needs at least {}), or need less: a smaller batch or sequence, activation checkpointing",
@@ -168,7 +217,13 @@ impl ProcessLimits {
                 match parsed {
                     Some((ordinal, bytes)) => out.add(
                         Some(ordinal),
-                        Limit { layer: "mps".into(), variable: "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), library: None, bytes },
+                        Limit {
+                            layer: "mps".into(),
+                            variable: "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(),
+                            library: None,
+                            bytes,
+                            parent: None,
+                        },
                     ),
                     None => out.bad.push(format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={v:?}: {pair:?} is not ORDINAL=SIZE")),
                 }
@@ -178,7 +233,8 @@ impl ProcessLimits {
         let quota = |key: &str, ordinal: Option<i16>, out: &mut ProcessLimits| {
             if let Some(v) = env.get(key) {
                 match hami_size(v) {
-                    Some(bytes) => out.add(ordinal, Limit { layer: "quota".into(), variable: key.into(), library: library.clone(), bytes }),
+                    Some(bytes) => out
+                        .add(ordinal, Limit { layer: "quota".into(), variable: key.into(), library: library.clone(), bytes, parent: None }),
                     None => out.bad.push(format!("{key}={v:?} is not a size (digits, then k, m or g)")),
                 }
             }
@@ -279,7 +335,8 @@ mod tests {
 
     #[test]
     fn a_request_past_the_limit_is_judged_by_it() {
-        let lim = Limit { layer: "mps".into(), variable: "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), library: None, bytes: 4 * GIB };
+        let lim =
+            Limit { layer: "mps".into(), variable: "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), library: None, bytes: 4 * GIB, parent: None };
         let h = LimitHit::judge(&lim, 3 * GIB, 2 * GIB);
         assert!(h.hit());
         assert_eq!(h.over, GIB);
@@ -288,5 +345,24 @@ mod tests {
             "the request passed the MPS pinned memory limit (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) of 4.00 GiB: the process held 3.00 GiB and asked 2.00 GiB, 1024.00 MiB over the limit; the device itself was not the limit"
         );
         assert!(!LimitHit::judge(&lim, GIB, GIB).hit());
+    }
+
+    #[test]
+    fn a_mig_instance_is_judged_by_what_the_instance_held() {
+        let lim = Limit::mig("MIG-aaaaaaaa-0000-4000-8000-000000000001", "GPU-00000001-0000-4000-8000-000000000000", 4 * GIB);
+        assert_eq!(
+            lim.name(),
+            "the MIG instance MIG-aaaaaaaa-0000-4000-8000-000000000001 (4.00 GiB of GPU-00000001-0000-4000-8000-000000000000)"
+        );
+        // This process holds 1 GiB; the instance has 512 MiB free: others hold 2.5 GiB.
+        let h = LimitHit::judge_oom(&lim, GIB, Some(512 << 20), GIB);
+        assert_eq!((h.used, h.over), (4 * GIB - (512 << 20), 512 << 20), "{h:?}");
+        assert!(h.explanation().contains("the instance's processes held 3.50 GiB"), "{}", h.explanation());
+        assert!(h.fix().starts_with("run on a larger MIG instance"), "{}", h.fix());
+        // Free unknown: the process's own bytes; a per-process layer ignores the free bytes.
+        assert_eq!(LimitHit::judge_oom(&lim, GIB, None, GIB).over, 0);
+        let mps =
+            Limit { layer: "mps".into(), variable: "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), library: None, bytes: 4 * GIB, parent: None };
+        assert_eq!(LimitHit::judge_oom(&mps, 3 * GIB, Some(0), 2 * GIB).used, 3 * GIB);
     }
 }

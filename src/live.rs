@@ -233,8 +233,10 @@ impl Live {
             // sharing layer's limit the process runs under (crate::limits).
             if let Some(o) = self.state.ooms.last_mut() {
                 self.holder_reader.add(&mut o.shared.holders, o.pid, o.device);
-                o.shared.limit =
-                    self.attribution.limit_on(o.pid, o.device).map(|l| crate::limits::LimitHit::judge(&l, o.figures.reserved, o.requested));
+                o.shared.limit = self
+                    .attribution
+                    .limit_on(o.pid, o.device)
+                    .map(|l| crate::limits::LimitHit::judge_oom(&l, o.figures.reserved, o.device_free, o.requested));
             }
         }
         self.foresight.observe(&self.state, e);

@@ -41,7 +41,7 @@ fn dir(name: &str) -> PathBuf {
 }
 
 fn four() -> NodeGpus {
-    NodeGpus { uuids: Some(GPU.iter().map(|s| s.to_string()).collect()) }
+    NodeGpus { uuids: Some(GPU.iter().map(|s| s.to_string()).collect()), ..Default::default() }
 }
 
 /// A process in container `ctr` (containerd's cgroup form), with `env`, and what the runtime's

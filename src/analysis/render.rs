@@ -114,7 +114,11 @@ fn render_ooms(s: &Summary, explain: bool) -> String {
     let _ = writeln!(out, "gpufrag: {} ({} events, {exact})", s.source, s.events);
     for d in &s.devices {
         out.push('\n');
-        device(&mut out, d, &format!("device {}", d.device));
+        let title = match (&d.hw_id, &d.mig_parent) {
+            (Some(mig), Some(gpu)) => format!("device {} (MIG instance {mig} of {gpu})", d.device),
+            _ => format!("device {}", d.device),
+        };
+        device(&mut out, d, &title);
     }
     if s.processes.len() > 1 {
         for p in &s.processes {

@@ -6,10 +6,17 @@
 
 use super::{OomInputs, Verdict};
 use crate::ingest::OomRecord;
+use crate::limits::LimitHit;
+
+/// The limit `o` is judged against, judged with the OOM's final figures (a MIG instance's
+/// device free may arrive after the failure was applied: `crate::limits::LimitHit::judge_oom`).
+pub fn limit(o: &OomRecord) -> Option<LimitHit> {
+    o.shared.limit.as_ref().map(|l| LimitHit::judge_oom(&l.limit, o.figures.reserved, o.device_free, o.requested))
+}
 
 /// The verdict of `o`.
 pub fn verdict(o: &OomRecord) -> Verdict {
-    match &o.shared.limit {
+    match &limit(o) {
         Some(l) if l.hit() => Verdict::SharingLimit,
         _ => OomInputs::of(o).verdict(),
     }
@@ -17,7 +24,7 @@ pub fn verdict(o: &OomRecord) -> Verdict {
 
 /// The explanation of `o` (`inputs`: its numbers).
 pub fn explanation(o: &OomRecord, inputs: &OomInputs) -> String {
-    let base = match &o.shared.limit {
+    let base = match &limit(o) {
         Some(l) if l.hit() => l.explanation(),
         _ => inputs.explanation(),
     };
@@ -27,7 +34,7 @@ pub fn explanation(o: &OomRecord, inputs: &OomInputs) -> String {
 /// The fix of `o`: the limit's, or the allocator's with the largest holder first when the
 /// memory was missing (a true OOM).
 pub fn fix(o: &OomRecord, inputs: &OomInputs) -> String {
-    match &o.shared.limit {
+    match &limit(o) {
         Some(l) if l.hit() => l.fix(),
         _ if inputs.verdict() == Verdict::TrueOom => o.shared.holders.fix(inputs.fix()),
         _ => inputs.fix(),

@@ -94,9 +94,14 @@ pub struct DeviceSummary {
     /// process's CUDA ordinal placed through its `CUDA_VISIBLE_DEVICES` and
     /// `NVIDIA_VISIBLE_DEVICES`; in a snapshot, PyTorch's device index.
     pub device: i16,
-    /// The GPU's UUID (`hw.id`), when the live front end knew it (NVML).
+    /// The GPU's UUID (`hw.id`), when the live front end knew it (NVML); a MIG instance's own
+    /// `MIG-…` UUID when the device is one (`crate::attribution::mig`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hw_id: Option<String>,
+    /// When the device is a MIG instance: the UUID of the GPU it is a slice of (its figures,
+    /// device free and total included, are the instance's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_parent: Option<String>,
     /// Bytes held from the driver.
     pub reserved: u64,
     /// Bytes in live framework blocks (every segment's bytes where no framework is seen).
@@ -370,6 +375,7 @@ fn device_summary(
     DeviceSummary {
         device,
         hw_id: None,
+        mig_parent: None,
         reserved: f.reserved,
         allocated: f.allocated,
         framework_reserved: f.framework_reserved,
@@ -399,11 +405,14 @@ impl Summary {
     /// node GPUs) to the figures: the live front ends call this; a replayed record has neither.
     pub fn attribute(&mut self, state: &State, attribution: &crate::attribution::Attribution) {
         let uuid = |d: i16| attribution.gpu_uuid(d).map(str::to_string);
+        let parent = |d: i16| attribution.mig_parent(d).map(str::to_string);
         for d in &mut self.devices {
             d.hw_id = uuid(d.device);
+            d.mig_parent = parent(d.device);
         }
         for p in &mut self.processes {
             p.figures.hw_id = uuid(p.figures.device);
+            p.figures.mig_parent = parent(p.figures.device);
         }
         for o in &mut self.ooms {
             o.hw_id = uuid(o.device);
@@ -564,7 +573,7 @@ impl OomSummary {
             hw_id: None,
             container_id: None,
             holders: o.shared.holders.clone(),
-            limit: o.shared.limit.clone(),
+            limit: super::sharing::limit(o),
             missing: o.partial.map(crate::ingest::Partial::missing),
             event: Some(o.event),
         }

@@ -10,12 +10,14 @@
 //! `CUDA_VISIBLE_DEVICES` or the container toolkit made the process see.
 //!
 //! What cannot be known is said: an unreadable `/proc` entry, a cgroup path of an unknown form,
-//! a container whose root is gone, NVML absent, a MIG instance. Each is counted by kind, the
+//! a container whose root is gone, NVML absent, a MIG UUID NVML lists no instance for. Each is
+//! counted by kind, the
 //! first few are kept with their pid, and the summary lists them as gaps; nothing is guessed
 //! (a device that cannot be placed keeps its ordinal, and says so).
 
 pub mod cgroup;
 pub mod gpu;
+pub mod mig;
 pub mod oci;
 pub mod podres;
 pub mod podres_api;
@@ -116,6 +118,11 @@ pub enum GapKind {
     PodUnlisted,
     /// A process uses a GPU the pod-resources socket did not give its container.
     GpuNotAssigned,
+    /// A MIG UUID names no instance NVML lists (or NVML could not list them): the device's
+    /// memory and limit are unknown.
+    MigUnmatched,
+    /// NVML's MIG instances could not all be read ([`mig`]).
+    MigUnreadable,
 }
 
 impl GapKind {
@@ -132,6 +139,8 @@ impl GapKind {
             GapKind::PodAmbiguous => "pod-resources ambiguous",
             GapKind::PodUnlisted => "pod-resources unlisted",
             GapKind::GpuNotAssigned => "GPU not assigned",
+            GapKind::MigUnmatched => "MIG instance unmatched",
+            GapKind::MigUnreadable => "MIG instances unreadable",
         }
     }
 }
@@ -255,6 +264,9 @@ impl Attribution {
         };
         if a.gpus.uuids.is_none() {
             a.gap(GapKind::NvmlAbsent, 0, "NVML absent: GPUs are known by index only (hw.id gpu-N), and a CUDA_VISIBLE_DEVICES entry given as a UUID cannot be placed".into());
+        }
+        for p in a.gpus.mig_problems.clone() {
+            a.gap(GapKind::MigUnreadable, 0, format!("{p} (a process on such an instance is not placed and its limit is unknown)"));
         }
         a
     }
@@ -567,7 +579,8 @@ impl Attribution {
             Ok(g) => i16::try_from(g.index).unwrap_or(ordinal),
             Err(why) => {
                 if let Some(why) = why {
-                    self.gap(GapKind::GpuUnresolved, pid, format!("CUDA ordinal {ordinal}: {why}; its figures are filed under device {ordinal}, and its device free is not that GPU's"));
+                    let kind = if matches!(why, gpu::Unresolved::Mig(..)) { GapKind::MigUnmatched } else { GapKind::GpuUnresolved };
+                    self.gap(kind, pid, format!("CUDA ordinal {ordinal}: {why}; its figures are filed under device {ordinal}, and its device free is not that GPU's"));
                 }
                 ordinal
             }
@@ -608,16 +621,36 @@ impl Attribution {
         }
     }
 
-    /// The tightest sharing-layer limit (`crate::limits`) `pid` runs under on node GPU
-    /// `device`: that of the CUDA ordinal placed there.
+    /// The tightest sharing-layer limit (`crate::limits`) `pid` runs under on node device
+    /// `device`: that of the CUDA ordinal placed there, or, on a MIG instance, the instance's
+    /// memory (`crate::limits::Limit::mig`) when it is tighter.
     pub fn limit_on(&self, pid: u32, device: i16) -> Option<crate::limits::Limit> {
         let k = self.known.get(&pid)?;
-        k.placed.iter().filter(|(_, &d)| d == device).find_map(|(&o, _)| k.limits.on(o)).cloned()
+        let own = k.placed.iter().filter(|(_, &d)| d == device).find_map(|(&o, _)| k.limits.on(o)).cloned();
+        let mig = self.mig_limit(device);
+        match (own, mig) {
+            (Some(a), Some(b)) => Some(if b.bytes < a.bytes { b } else { a }),
+            (a, b) => a.or(b),
+        }
     }
 
-    /// The UUID of node GPU `index`, when NVML gave one.
+    /// The limit a MIG instance's memory sets on node device `device`, when it is an instance
+    /// whose memory NVML gave.
+    pub fn mig_limit(&self, device: i16) -> Option<crate::limits::Limit> {
+        let m = self.gpus.mig(u32::try_from(device).ok()?)?;
+        let parent = self.gpus.uuid(m.parent).unwrap_or("its GPU").to_string();
+        Some(crate::limits::Limit::mig(&m.uuid, &parent, m.total?))
+    }
+
+    /// The UUID of node device `index` (a GPU's or a MIG instance's), when NVML gave one.
     pub fn gpu_uuid(&self, index: i16) -> Option<&str> {
-        self.gpus.uuids.as_ref()?.get(usize::try_from(index).ok()?).map(String::as_str)
+        self.gpus.uuid(u32::try_from(index).ok()?)
+    }
+
+    /// The UUID of the GPU that node device `index` is a MIG instance of, when it is one.
+    pub fn mig_parent(&self, index: i16) -> Option<&str> {
+        let m = self.gpus.mig(u32::try_from(index).ok()?)?;
+        self.gpus.uuid(m.parent)
     }
 
     /// Forgets `pid` (its process exited): the next process with that pid is read afresh.
@@ -691,11 +724,11 @@ pub fn parse_environ(bytes: &[u8]) -> HashMap<String, String> {
 /// The node's GPUs from NVML (`lib`: a path, `none` for no NVML, default `libnvidia-ml.so.1`).
 pub fn node_gpus(lib: Option<&str>) -> NodeGpus {
     let nvml = match lib {
-        Some("none") => return NodeGpus { uuids: None },
+        Some("none") => return NodeGpus::default(),
         Some(path) => nvml_wrapper::Nvml::builder().lib_path(std::ffi::OsStr::new(path)).init(),
         None => nvml_wrapper::Nvml::init(),
     };
-    let Ok(nvml) = nvml else { return NodeGpus { uuids: None } };
+    let Ok(nvml) = nvml else { return NodeGpus::default() };
     let n = nvml.device_count().unwrap_or(0);
     let mut uuids = Vec::new();
     for i in 0..n {
@@ -704,7 +737,8 @@ pub fn node_gpus(lib: Option<&str>) -> NodeGpus {
             Err(_) => uuids.push(format!("gpu-{i}")),
         }
     }
-    NodeGpus { uuids: Some(uuids) }
+    let (migs, mig_problems) = mig::read(&nvml, n);
+    NodeGpus { uuids: Some(uuids), migs, mig_problems }
 }
 
 /// A `/proc`-like directory for tests: `pid/{cgroup,environ,comm}` written from the arguments.
@@ -735,7 +769,7 @@ mod tests {
     const ID: &str = "2327a2aec169e25cf05f2a901486b7463fdb513ae097fc0ae6a3ca94381ddc40";
 
     fn four() -> NodeGpus {
-        NodeGpus { uuids: Some((0..4).map(|i| format!("GPU-{i:08x}-0000-4000-8000-000000000000")).collect()) }
+        NodeGpus { uuids: Some((0..4).map(|i| format!("GPU-{i:08x}-0000-4000-8000-000000000000")).collect()), ..NodeGpus::default() }
     }
 
     fn tmp(name: &str) -> PathBuf {
@@ -799,7 +833,8 @@ mod tests {
         assert_eq!(c.get(&GapKind::EnvironUnreadable), Some(&2), "{c:?}");
         assert_eq!(c.get(&GapKind::CgroupUnknown), Some(&1), "{c:?}");
         assert_eq!(c.get(&GapKind::RootVanished), Some(&1), "{c:?}");
-        assert_eq!(c.get(&GapKind::GpuUnresolved), Some(&1), "{c:?}");
+        assert_eq!(c.get(&GapKind::MigUnmatched), Some(&1), "a MIG UUID NVML lists no instance for: {c:?}");
+        assert!(a.limit_on(9, 0).is_none(), "and no limit invented");
         assert!(a.notes()[0].starts_with("attribution gaps"), "{:?}", a.notes());
     }
 
@@ -807,7 +842,7 @@ mod tests {
     fn without_nvml_indices_still_place_and_the_gap_is_said() {
         let d = tmp("nonvml");
         fake_proc(&d, 5, Some("0::/\n"), Some(&[("CUDA_VISIBLE_DEVICES", "3")])).unwrap();
-        let mut a = Attribution::new(&d, NodeGpus { uuids: None });
+        let mut a = Attribution::new(&d, NodeGpus::default());
         assert_eq!(a.node_device(5, 0), 3);
         assert_eq!(a.gap_counts().get(&GapKind::NvmlAbsent), Some(&1));
     }

@@ -10,6 +10,11 @@
 //! another of its ordinals, it is d's. The placer says so as a `DeviceUuid` event (flagged
 //! `F_SRC_NVML`), which the pipeline takes over the process's environment; otherwise the
 //! environment stays the fallback.
+//!
+//! MIG (`crate::attribution::mig`): the instances are walked once when NVML is opened, in the
+//! attribution's order, so node device `n + k` (n GPUs) is instance k here too. A process on an
+//! instance is looked for on the instance's handle (its own process list and memory), and a GPU
+//! in MIG mode is not itself a place a process is put: its instances are.
 
 use crate::event::{Event, EventKind, F_SRC_EBPF, F_SRC_NVML};
 use nvml_wrapper::enums::device::UsedGpuMemory;
@@ -19,12 +24,45 @@ use std::collections::{BTreeMap, HashMap};
 /// A loaded NVML.
 pub struct DeviceMonitor {
     nvml: Nvml,
+    /// NVML's GPU count when opened.
+    gpus: u32,
+    /// The MIG instances, (GPU, MIG index), in node order (instance k is node device gpus + k).
+    migs: Vec<(u32, u32)>,
 }
 
 impl DeviceMonitor {
+    fn new(nvml: Nvml) -> DeviceMonitor {
+        let gpus = nvml.device_count().unwrap_or(0);
+        let migs =
+            crate::attribution::mig::walk(&crate::attribution::mig::Wrapper(&nvml), gpus).0.into_iter().map(|(g, k, _)| (g, k)).collect();
+        DeviceMonitor { nvml, gpus, migs }
+    }
+
     /// Loads NVML; the error says why not (no driver, no library).
     pub fn open() -> Result<DeviceMonitor, String> {
-        Nvml::init().map(|nvml| DeviceMonitor { nvml }).map_err(|e| format!("NVML unavailable: {e}"))
+        Nvml::init().map(DeviceMonitor::new).map_err(|e| format!("NVML unavailable: {e}"))
+    }
+
+    /// The handle of node device `index`: a GPU, or a MIG instance's handle.
+    fn handle(&self, index: u32) -> Result<nvml_wrapper::Device<'_>, String> {
+        match index.checked_sub(self.gpus) {
+            None => self.nvml.device_by_index(index).map_err(|e| format!("NVML device {index}: {e}")),
+            Some(k) => {
+                let &(g, m) = self.migs.get(k as usize).ok_or_else(|| format!("device {index} is no NVML device nor MIG instance"))?;
+                self.nvml
+                    .device_by_index(g)
+                    .and_then(|d| d.mig_device_by_index(m))
+                    .map_err(|e| format!("NVML MIG instance {m} of GPU {g}: {e}"))
+            }
+        }
+    }
+
+    /// The node devices a process may be placed on: GPUs not in MIG mode, and every instance.
+    fn places(&self) -> Vec<u32> {
+        (0..self.gpus)
+            .filter(|g| !self.migs.iter().any(|(p, _)| p == g))
+            .chain((0..self.migs.len() as u32).map(|k| self.gpus + k))
+            .collect()
     }
 
     /// NVML at `lib` (`None`: the default `libnvidia-ml.so.1`; `none`: no NVML).
@@ -34,7 +72,7 @@ impl DeviceMonitor {
             Some(path) => Nvml::builder()
                 .lib_path(std::ffi::OsStr::new(path))
                 .init()
-                .map(|nvml| DeviceMonitor { nvml })
+                .map(DeviceMonitor::new)
                 .map_err(|e| format!("NVML unavailable at {path}: {e}")),
             None => DeviceMonitor::open(),
         }
@@ -44,7 +82,7 @@ impl DeviceMonitor {
     /// cannot say, as under MIG without privileges), or NVML's error.
     pub fn processes_on(&self, index: i16) -> crate::ingest::holders::NvmlList {
         let i = u32::try_from(index).map_err(|_| format!("device {index} is no NVML index"))?;
-        let dev = self.nvml.device_by_index(i).map_err(|e| format!("NVML device {i}: {e}"))?;
+        let dev = self.handle(i)?;
         let procs = dev.running_compute_processes().map_err(|e| format!("NVML running processes of device {i}: {e}"))?;
         Ok(procs.into_iter().map(|p| (p.pid, if let UsedGpuMemory::Used(b) = p.used_gpu_memory { Some(b) } else { None })).collect())
     }
@@ -52,9 +90,8 @@ impl DeviceMonitor {
     /// Used bytes per (pid, device) as NVML reports them, for every compute process.
     pub fn process_used(&self) -> BTreeMap<(u32, i16), u64> {
         let mut out = BTreeMap::new();
-        let n = self.nvml.device_count().unwrap_or(0);
-        for i in 0..n {
-            let Ok(dev) = self.nvml.device_by_index(i) else { continue };
+        for i in self.places() {
+            let Ok(dev) = self.handle(i) else { continue };
             let Ok(procs) = dev.running_compute_processes() else { continue };
             for p in procs {
                 if let UsedGpuMemory::Used(b) = p.used_gpu_memory {
@@ -65,11 +102,12 @@ impl DeviceMonitor {
         out
     }
 
-    /// The GPUs NVML lists `pid` on (running compute processes), as (index, UUID).
+    /// The node devices NVML lists `pid` on (running compute processes: GPUs, MIG instances),
+    /// as (node index, UUID).
     pub fn gpus_of(&self, pid: u32) -> Vec<(u32, String)> {
         let mut out = Vec::new();
-        for i in 0..self.nvml.device_count().unwrap_or(0) {
-            let Ok(dev) = self.nvml.device_by_index(i) else { continue };
+        for i in self.places() {
+            let Ok(dev) = self.handle(i) else { continue };
             let Ok(procs) = dev.running_compute_processes() else { continue };
             if procs.iter().any(|p| p.pid == pid) {
                 if let Ok(u) = dev.uuid() {
@@ -80,16 +118,16 @@ impl DeviceMonitor {
         out
     }
 
-    /// (total, free) bytes of device `index`.
+    /// (total, free) bytes of node device `index` (a MIG instance's own).
     pub fn device_memory(&self, index: i16) -> Option<(u64, u64)> {
-        let dev = self.nvml.device_by_index(u32::try_from(index).ok()?).ok()?;
+        let dev = self.handle(u32::try_from(index).ok()?).ok()?;
         let m = dev.memory_info().ok()?;
         Some((m.total, m.free))
     }
 
-    /// Number of devices.
+    /// Number of node devices: the GPUs, then the MIG instances.
     pub fn device_count(&self) -> u32 {
-        self.nvml.device_count().unwrap_or(0)
+        self.gpus + self.migs.len() as u32
     }
 }
 

@@ -28,10 +28,11 @@ pub struct Config {
     pub slack: u64,
     /// `SIMCUDA_STATE_DIR` (default `/tmp/simcuda-$UID`): holds the state file shared by processes.
     pub state_dir: PathBuf,
-    /// The physical devices this process sees, in ordinal order: all of them in the driver's
-    /// enumeration order, or what `CUDA_VISIBLE_DEVICES` lists (see [`visible_devices`]). The
-    /// driver's ordinal N is physical device `visible[N]`; NVML ignores the variable and always
-    /// lists every device in PCI order (physical index order), as the real one does.
+    /// The memory domains this process sees, in ordinal order: every GPU in the driver's
+    /// enumeration order (a GPU in MIG mode through its first instance), or what
+    /// `CUDA_VISIBLE_DEVICES` lists (see [`visible_domains`]). The driver's ordinal N is domain
+    /// `visible[N]` (a GPU `< devices`, else a MIG instance: `crate::mig`); NVML ignores the
+    /// variable and always lists every GPU in PCI order (physical index order), as the real one does.
     pub visible: Vec<u32>,
     /// `SIMCUDA_FASTEST_FIRST` (a permutation of the physical indices, `3,1,0,2`): the order in
     /// which the driver enumerates devices when `CUDA_DEVICE_ORDER` is unset or `FASTEST_FIRST`,
@@ -47,6 +48,9 @@ pub struct Config {
     pub own_limit: Vec<Option<u64>>,
     /// Whether `own_limit` comes from the quota preload (its `cuMemGetInfo` shows the quota).
     pub quota_preloaded: bool,
+    /// `SIMCUDA_MIG` (`crate::mig`): the MIG instances the GPUs are split into; instance k is
+    /// memory domain `devices + k`. A GPU with instances is in MIG mode.
+    pub mig: Vec<crate::mig::MigInstance>,
 }
 
 impl Config {
@@ -78,6 +82,10 @@ impl Config {
         if total < GRANULARITY || reserve >= total {
             return Err(format!("SIMCUDA_MEM ({total} bytes) must be at least 2 MiB and above SIMCUDA_RESERVE ({reserve} bytes)"));
         }
+        let mig = match get("SIMCUDA_MIG") {
+            None => Vec::new(),
+            Some(v) => crate::mig::parse(&v, devices, total - reserve).map_err(|e| format!("SIMCUDA_MIG={v}: {e}"))?,
+        };
         let state_dir = match get("SIMCUDA_STATE_DIR") {
             Some(d) if !d.is_empty() => PathBuf::from(d),
             _ => {
@@ -96,10 +104,10 @@ impl Config {
             _ => (0..devices).collect(),
         };
         let visible = match get("CUDA_VISIBLE_DEVICES") {
-            None => order,
-            Some(v) => visible_devices_in(&v, &order),
+            None => order.iter().map(|&g| first_domain(g, devices, &mig)).collect(),
+            Some(v) => visible_domains(&v, &order, devices, &mig),
         };
-        let mut own_limit = vec![None; devices as usize];
+        let mut own_limit = vec![None; (devices as usize) + mig.len()];
         let mut tighten = |ordinal: usize, v: &str, key: &str| match parse_size(v) {
             Ok(b) if b > 0 => {
                 if let Some(&p) = visible.get(ordinal) {
@@ -128,7 +136,7 @@ impl Config {
                 }
             }
         }
-        Ok(Config { devices, total, reserve, slack, state_dir, visible, fastest_first, own_limit, quota_preloaded })
+        Ok(Config { devices, total, reserve, slack, state_dir, visible, fastest_first, own_limit, quota_preloaded, mig })
     }
 
     /// What `cuMemGetInfo` reports as total: the device less the driver's reserve.
@@ -140,13 +148,94 @@ impl Config {
     pub fn allocation_limit(&self) -> u64 {
         self.usable().saturating_sub(self.slack)
     }
+
+    /// How many memory domains there are: the GPUs, then the MIG instances.
+    pub fn domains(&self) -> u32 {
+        self.devices + self.mig.len() as u32
+    }
+
+    /// The MIG instance that memory domain `d` is, if it is one.
+    pub fn mig_of(&self, d: u32) -> Option<&crate::mig::MigInstance> {
+        d.checked_sub(self.devices).and_then(|k| self.mig.get(k as usize))
+    }
+
+    /// The domains of GPU `gpu`'s MIG instances, in their index order (empty: not in MIG mode).
+    pub fn instances_of(&self, gpu: u32) -> Vec<u32> {
+        (0..self.mig.len() as u32).filter(|&k| self.mig[k as usize].parent == gpu).map(|k| self.devices + k).collect()
+    }
+
+    /// NVML's total of domain `d`: a GPU's `SIMCUDA_MEM`, an instance's own size.
+    pub fn domain_total(&self, d: u32) -> u64 {
+        self.mig_of(d).map_or(self.total, |m| m.size)
+    }
+
+    /// The driver's reserve on domain `d` (an instance has none of its own).
+    pub fn domain_reserve(&self, d: u32) -> u64 {
+        if self.mig_of(d).is_some() {
+            0
+        } else {
+            self.reserve
+        }
+    }
+
+    /// What `cuMemGetInfo` reports as total on domain `d`.
+    pub fn domain_usable(&self, d: u32) -> u64 {
+        self.domain_total(d) - self.domain_reserve(d)
+    }
+
+    /// The most bytes all processes together may hold on domain `d` (usable − slack).
+    pub fn domain_allocation_limit(&self, d: u32) -> u64 {
+        self.domain_usable(d).saturating_sub(self.slack)
+    }
+
+    /// The UUID bytes `cuDeviceGetUuid` gives for domain `d` (an instance's MIG UUID).
+    pub fn domain_uuid(&self, d: u32) -> [u8; 16] {
+        self.mig_of(d).map_or_else(|| crate::device_uuid(d), |m| crate::mig::uuid(m.parent, m.index))
+    }
+
+    /// Domain `d`'s UUID as NVML prints it.
+    pub fn domain_uuid_string(&self, d: u32) -> String {
+        self.mig_of(d).map_or_else(|| crate::device_uuid_string(d), |m| crate::mig::uuid_string(m.parent, m.index))
+    }
+}
+
+/// The domain CUDA reaches GPU `gpu` through: the GPU itself, or, in MIG mode, its first instance.
+fn first_domain(gpu: u32, devices: u32, mig: &[crate::mig::MigInstance]) -> u32 {
+    mig.iter().position(|m| m.parent == gpu).map_or(gpu, |k| devices + k as u32)
+}
+
+/// [`visible_devices_in`] with MIG: an entry naming a GPU in MIG mode reaches its first instance,
+/// and `MIG-<uuid>` (or a unique prefix of it) names an instance. The old form
+/// `MIG-GPU-<uuid>/<gi>/<ci>` is not modelled (the list ends there, as at any unknown entry).
+pub fn visible_domains(value: &str, order: &[u32], devices: u32, mig: &[crate::mig::MigInstance]) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in value.split(',') {
+        let e = entry.trim();
+        let found = match e.strip_prefix("MIG-") {
+            Some(rest) if !rest.is_empty() && !rest.starts_with("GPU-") => {
+                let want = rest.to_ascii_lowercase();
+                let hits: Vec<u32> = (0..mig.len())
+                    .filter(|&k| crate::mig::uuid_string(mig[k].parent, mig[k].index)["MIG-".len()..].starts_with(&want))
+                    .map(|k| devices + k as u32)
+                    .collect();
+                (hits.len() == 1).then(|| hits[0])
+            }
+            Some(_) => None,
+            None => visible_devices_in(e, order).first().map(|&g| first_domain(g, devices, mig)),
+        };
+        match found {
+            Some(d) if !out.contains(&d) => out.push(d),
+            _ => break,
+        }
+    }
+    out
 }
 
 /// The physical devices a `CUDA_VISIBLE_DEVICES` value makes visible, in order, the way the CUDA
 /// driver reads it: comma-separated entries, each a device index (`2`) or a UUID as NVML prints
 /// it (`GPU-5ec1...`, or any unique prefix of it, `GPU-` optional). The list ends at the first
-/// entry that names no device, names one twice, or is a form the stand-in does not model (a MIG
-/// instance, `MIG-...`); an empty value hides every device.
+/// entry that names no device, names one twice, or is a form this reader does not take (a MIG
+/// instance, `MIG-...`: [`visible_domains`] takes those); an empty value hides every device.
 pub fn visible_devices(value: &str, devices: u32) -> Vec<u32> {
     visible_devices_in(value, &(0..devices).collect::<Vec<u32>>())
 }
@@ -258,6 +347,28 @@ mod tests {
         assert_eq!(visible_devices(&uuid[..12], 4), vec![3], "a unique prefix names the device");
         assert_eq!(visible_devices(&uuid["GPU-".len()..], 4), vec![3], "GPU- is optional");
         assert_eq!(visible_devices(&format!("MIG-{}", &uuid[4..]), 4), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn mig_instances_are_domains_of_their_own() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            Config::from_lookup(move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())).expect("valid")
+        };
+        let c = env(&[("SIMCUDA_DEVICES", "2"), ("SIMCUDA_MIG", "1:4GiB+2GiB")]);
+        assert_eq!(c.domains(), 4);
+        assert_eq!(c.visible, vec![0, 2], "GPU 1 in MIG mode is reached through its first instance");
+        assert_eq!((c.domain_total(2), c.domain_usable(2), c.domain_total(3)), (4 << 30, 4 << 30, 2 << 30));
+        assert_eq!(c.domain_usable(0), (16 << 30) - (615 << 20));
+        assert_eq!(c.instances_of(1), vec![2, 3]);
+        let second = crate::mig::uuid_string(1, 1);
+        let v = visible_domains(&second, &[0, 1], 2, &c.mig);
+        assert_eq!(v, vec![3], "a MIG UUID names its instance");
+        assert_eq!(visible_domains(&second[..12], &[0, 1], 2, &c.mig), vec![3], "a unique prefix");
+        assert_eq!(visible_domains(&format!("{second},0"), &[0, 1], 2, &c.mig), vec![3, 0]);
+        assert_eq!(visible_domains("MIG-00000000-dead-beef-0000-000000000000", &[0, 1], 2, &c.mig), Vec::<u32>::new(), "no such instance");
+        assert_eq!(visible_domains(&format!("MIG-{}/1/0", crate::device_uuid_string(1)), &[0, 1], 2, &c.mig), Vec::<u32>::new());
+        assert_eq!(c.domain_uuid_string(3), second);
+        assert!(Config::from_lookup(|k| (k == "SIMCUDA_MIG").then(|| "0:20GiB".to_string())).is_err(), "does not fit");
     }
 
     #[test]

@@ -1,14 +1,19 @@
 //! Shared pieces of the simcuda stand-ins (driver, runtime, NVML): the configuration read from
 //! `SIMCUDA_*` environment variables (`config`), the state file through which processes share a
 //! simulated device's physical memory (`state`), the CUDA C types and result codes with their real
-//! layouts and values (`ffi`), and the per-device identity (UUID, name) that the driver and NVML
-//! must agree on.
+//! layouts and values (`ffi`), the MIG instances a GPU may be split into (`mig`), and the
+//! per-device identity (UUID, name) that the driver and NVML must agree on.
 
 pub mod config;
 pub mod ffi;
+pub mod mig;
 pub mod state;
 
 pub use config::{parse_size, Config, GRANULARITY, MAX_DEVICES};
+
+/// The most memory domains (GPUs and MIG instances) a machine has: every per-domain table of the
+/// driver and NVML is this long.
+pub const MAX_DOMAINS: u32 = MAX_DEVICES + mig::MAX_INSTANCES;
 
 /// The name every simulated device reports (cuDeviceGetName, nvmlDeviceGetName).
 pub const DEVICE_NAME: &str = "NVIDIA H200 (simcuda)";
@@ -18,7 +23,11 @@ pub const DRIVER_VERSION: i32 = 13000;
 
 /// The 16 bytes of device `index`'s UUID: stable per index, random-looking, RFC 4122 version 4.
 pub fn device_uuid(index: u32) -> [u8; 16] {
-    let mut state = 0x5ec1_c0da_0000_0000_u64 ^ u64::from(index);
+    uuid_from_seed(0x5ec1_c0da_0000_0000_u64 ^ u64::from(index))
+}
+
+/// 16 random-looking bytes from `seed`, marked RFC 4122 version 4.
+fn uuid_from_seed(mut state: u64) -> [u8; 16] {
     let mut out = [0u8; 16];
     for half in out.chunks_mut(8) {
         half.copy_from_slice(&splitmix64(&mut state).to_be_bytes());
@@ -30,9 +39,13 @@ pub fn device_uuid(index: u32) -> [u8; 16] {
 
 /// Device `index`'s UUID as NVML prints it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
 pub fn device_uuid_string(index: u32) -> String {
-    let b = device_uuid(index);
+    uuid_text("GPU-", &device_uuid(index))
+}
+
+/// `PREFIXxxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+fn uuid_text(prefix: &str, b: &[u8; 16]) -> String {
     let hex = |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
-    format!("GPU-{}-{}-{}-{}-{}", hex(0..4), hex(4..6), hex(6..8), hex(8..10), hex(10..16))
+    format!("{prefix}{}-{}-{}-{}-{}", hex(0..4), hex(4..6), hex(6..8), hex(8..10), hex(10..16))
 }
 
 fn splitmix64(state: &mut u64) -> u64 {

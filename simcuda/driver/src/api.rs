@@ -68,7 +68,7 @@ fn device_uuid(uuid: *mut CUuuid, dev: CUdevice) -> Result<(), CUresult> {
     initialized()?;
     let d = check_device(dev)?;
     // SAFETY: out-pointer from the caller, null checked by put.
-    unsafe { put(uuid, CUuuid { bytes: simcuda_core::device_uuid(d) }) }
+    unsafe { put(uuid, CUuuid { bytes: config()?.domain_uuid(d) }) }
 }
 
 #[no_mangle]
@@ -85,9 +85,9 @@ pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) ->
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
     entry("cuDeviceTotalMem_v2", || {
         initialized()?;
-        check_device(dev)?;
+        let d = check_device(dev)?;
         // SAFETY: out-pointer from the caller, null checked by put.
-        unsafe { put(bytes, config()?.usable() as usize) }
+        unsafe { put(bytes, config()?.domain_usable(d) as usize) }
     })
 }
 

@@ -27,7 +27,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use simcuda_core::ffi::*;
 use simcuda_core::state::{self, SharedState};
-use simcuda_core::{Config, MAX_DEVICES};
+use simcuda_core::{Config, MAX_DOMAINS};
 
 use model::Model;
 
@@ -38,10 +38,10 @@ static INIT_LOCK: Mutex<()> = Mutex::new(());
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
 /// `SIMCUDA_TRACE=1`: every call is printed on stderr with its result.
 static TRACE: AtomicBool = AtomicBool::new(false);
-static PRIMARY_REFS: [AtomicU32; MAX_DEVICES as usize] = [const { AtomicU32::new(0) }; MAX_DEVICES as usize];
+static PRIMARY_REFS: [AtomicU32; MAX_DOMAINS as usize] = [const { AtomicU32::new(0) }; MAX_DOMAINS as usize];
 
 /// The primary contexts: a CUcontext is the address of one of these bytes.
-static CONTEXTS: [u8; MAX_DEVICES as usize] = [0; MAX_DEVICES as usize];
+static CONTEXTS: [u8; MAX_DOMAINS as usize] = [0; MAX_DOMAINS as usize];
 
 thread_local! {
     /// The calling thread's current context: 0 = none, else device + 1.
@@ -135,8 +135,9 @@ extern "C" fn on_unload() {
 static ON_UNLOAD: extern "C" fn() = on_unload;
 
 /// The physical device behind CUDA ordinal `dev` (`CUDA_VISIBLE_DEVICES` remaps ordinals: with
-/// `CUDA_VISIBLE_DEVICES=2` ordinal 0 is physical device 2). Everything below the API works on
-/// physical devices; what the API hands back (`cuCtxGetDevice`) is the ordinal again.
+/// `CUDA_VISIBLE_DEVICES=2` ordinal 0 is physical device 2): a memory domain, a GPU or a MIG
+/// instance (`simcuda_core::mig`). Everything below the API works on domains; what the API hands
+/// back (`cuCtxGetDevice`) is the ordinal again.
 fn check_device(dev: CUdevice) -> Result<u32> {
     let cfg = config()?;
     usize::try_from(dev).ok().and_then(|d| cfg.visible.get(d).copied()).ok_or(CUDA_ERROR_INVALID_DEVICE)

@@ -99,7 +99,7 @@ fn new_pool_key() -> usize {
 
 impl Model {
     pub fn new(cfg: &'static Config, shared: &'static SharedState, pid: u32, start_time: u64) -> Model {
-        let devices = (0..cfg.devices)
+        let devices = (0..cfg.domains())
             .map(|d| Device {
                 va: VaSpace::new(device_va_base(d), DEVICE_VA_SPAN),
                 small: SmallPages::default(),
@@ -150,7 +150,7 @@ impl Model {
                 return Err(CUDA_ERROR_OUT_OF_MEMORY);
             }
         }
-        let limit = self.cfg.allocation_limit();
+        let limit = self.cfg.domain_allocation_limit(dev);
         if self.shared.try_charge(slot, dev, bytes, limit)
             || (self.shared.reap_dead() > 0 && self.shared.try_charge(slot, dev, bytes, limit))
         {
@@ -186,7 +186,7 @@ impl Model {
     /// `(free, total)` as cuMemGetInfo reports them for `dev`, after reaping dead processes.
     pub fn mem_info(&self, dev: u32) -> (u64, u64) {
         self.shared.reap_dead();
-        let usable = self.cfg.usable();
+        let usable = self.cfg.domain_usable(dev);
         let free = usable.saturating_sub(self.shared.device_used(dev));
         match (self.cfg.quota_preloaded, self.cfg.own_limit.get(dev as usize).copied().flatten(), self.devices[dev as usize].slot) {
             // HAMi-core's cuMemGetInfo: the quota is the total, what is left of it the free.

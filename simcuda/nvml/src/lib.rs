@@ -6,6 +6,17 @@
 //! total = `SIMCUDA_MEM`, reserved = `SIMCUDA_RESERVE`, used = what processes hold,
 //! free = total − reserved − used (what cuMemGetInfo reports as free); the v1 struct's `used`
 //! counts the reserve too, as NVML documents ("sum of reserved and allocated").
+//!
+//! MIG (`SIMCUDA_MIG`, `simcuda_core::mig`): a GPU split into instances reports MIG mode enabled
+//! (`nvmlDeviceGetMigMode`), `nvmlDeviceGetMaxMigDeviceCount` 7 (0 when not in MIG mode), and a
+//! handle per instance (`nvmlDeviceGetMigDeviceHandleByIndex`: `NVML_ERROR_NOT_FOUND` where no
+//! instance is at the index), which `nvmlDeviceIsMigDeviceHandle` tells apart and
+//! `nvmlDeviceGetDeviceHandleFromMigDeviceHandle` leads back to the GPU. On an instance's handle
+//! `nvmlDeviceGetUUID` is its `MIG-…` UUID, the memory info is the instance's (total = its size,
+//! no reserve) and the process list is of the processes on it, their GPU instance id set (compute
+//! instance 0). The GPU's own handle counts every instance's processes and used memory. MIG
+//! handles are not counted by `nvmlDeviceGetCount` nor reached by `nvmlDeviceGetHandleByIndex`,
+//! as in NVML; `nvmlDeviceGetHandleByUUID` takes a MIG UUID too.
 
 #![allow(non_snake_case, non_camel_case_types, non_upper_case_globals, clippy::missing_safety_doc)]
 
@@ -14,7 +25,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 use simcuda_core::state::SharedState;
-use simcuda_core::{device_uuid_string, write_c_string, Config, DEVICE_NAME, DRIVER_VERSION, MAX_DEVICES};
+use simcuda_core::{write_c_string, Config, DEVICE_NAME, DRIVER_VERSION, MAX_DOMAINS};
 
 pub type nvmlReturn_t = c_int;
 pub type nvmlDevice_t = *mut c_void;
@@ -77,13 +88,19 @@ const _: () = assert!(std::mem::size_of::<nvmlMemory_v2_t>() == 40);
 const _: () = assert!(std::mem::size_of::<nvmlProcessInfo_t>() == 24);
 const _: () = assert!(std::mem::size_of::<nvmlProcessInfo_v1_t>() == 16);
 
-/// No MIG: instance ids read as NVML's "not available".
+/// Not in MIG mode: instance ids read as NVML's "not available".
 const NOT_AVAILABLE: c_uint = 0xFFFF_FFFF;
+
+/// `NVML_DEVICE_MIG_ENABLE` / `NVML_DEVICE_MIG_DISABLE`.
+pub const NVML_DEVICE_MIG_ENABLE: c_uint = 1;
+pub const NVML_DEVICE_MIG_DISABLE: c_uint = 0;
+/// What `nvmlDeviceGetMaxMigDeviceCount` reports for a GPU in MIG mode (the H200's seven slices).
+const MAX_MIG_DEVICES: c_uint = simcuda_core::mig::MAX_PER_GPU;
 
 static INIT_COUNT: AtomicU32 = AtomicU32::new(0);
 static SYSTEM: OnceLock<Result<(Config, SharedState), String>> = OnceLock::new();
 /// Device handles: an nvmlDevice_t is the address of one of these bytes.
-static DEVICES: [u8; MAX_DEVICES as usize] = [0; MAX_DEVICES as usize];
+static DEVICES: [u8; MAX_DOMAINS as usize] = [0; MAX_DOMAINS as usize];
 
 type Result<T, E = nvmlReturn_t> = std::result::Result<T, E>;
 
@@ -103,10 +120,17 @@ fn system() -> Result<&'static (Config, SharedState)> {
     SYSTEM.get().and_then(|s| s.as_ref().ok()).ok_or(NVML_ERROR_UNINITIALIZED)
 }
 
+/// The memory domain (a GPU, or a MIG instance: `simcuda_core::mig`) a handle is.
 fn device_index(device: nvmlDevice_t) -> Result<u32> {
     let (cfg, _) = system()?;
     let off = (device as usize).checked_sub(DEVICES.as_ptr() as usize).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
-    u32::try_from(off).ok().filter(|&i| i < cfg.devices).ok_or(NVML_ERROR_INVALID_ARGUMENT)
+    u32::try_from(off).ok().filter(|&i| i < cfg.domains()).ok_or(NVML_ERROR_INVALID_ARGUMENT)
+}
+
+/// The GPU a handle is (not a MIG instance's).
+fn gpu_index(device: nvmlDevice_t) -> Result<u32> {
+    let (cfg, _) = system()?;
+    device_index(device).ok().filter(|&i| i < cfg.devices).ok_or(NVML_ERROR_INVALID_ARGUMENT)
 }
 
 fn handle_of(index: u32) -> nvmlDevice_t {
@@ -272,7 +296,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: 
         }
         // SAFETY: a NUL-terminated string per the C contract.
         let wanted = unsafe { CStr::from_ptr(uuid) }.to_string_lossy();
-        let index = (0..cfg.devices).find(|&i| device_uuid_string(i) == wanted).ok_or(NVML_ERROR_NOT_FOUND)?;
+        let index = (0..cfg.domains()).find(|&i| cfg.domain_uuid_string(i) == wanted).ok_or(NVML_ERROR_NOT_FOUND)?;
         // SAFETY: out-pointer from the caller.
         unsafe { put(device, handle_of(index)) }
     })
@@ -281,7 +305,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint) -> nvmlReturn_t {
     nvml("nvmlDeviceGetIndex", || {
-        let i = device_index(device)?;
+        let i = gpu_index(device)?;
         // SAFETY: out-pointer from the caller.
         unsafe { put(index, i) }
     })
@@ -291,8 +315,9 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_
 pub unsafe extern "C" fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> nvmlReturn_t {
     nvml("nvmlDeviceGetUUID", || {
         let i = device_index(device)?;
+        let (cfg, _) = system()?;
         // SAFETY: the caller's buffer of `length` bytes.
-        unsafe { put_str(&device_uuid_string(i), uuid, length) }
+        unsafe { put_str(&cfg.domain_uuid_string(i), uuid, length) }
     })
 }
 
@@ -310,8 +335,9 @@ fn memory(device: nvmlDevice_t) -> Result<(u64, u64, u64, u64)> {
     let i = device_index(device)?;
     let (cfg, shared) = system()?;
     shared.reap_dead();
-    let used = shared.device_used(i);
-    Ok((cfg.total, cfg.reserve, cfg.usable().saturating_sub(used), used))
+    // A GPU in MIG mode: its own memory is what its instances hold.
+    let used: u64 = std::iter::once(i).chain(cfg.instances_of(i)).map(|d| shared.device_used(d)).sum();
+    Ok((cfg.domain_total(i), cfg.domain_reserve(i), cfg.domain_usable(i).saturating_sub(used), used))
 }
 
 #[no_mangle]
@@ -341,14 +367,20 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory
 
 /// The compute processes of `device` into `infos` (capacity `*infoCount`), NVML's way: when they
 /// do not fit, `*infoCount` becomes the number needed and the result NVML_ERROR_INSUFFICIENT_SIZE.
-fn processes<T>(device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut T, make: impl Fn(u32, u64) -> T) -> Result<()> {
+/// `make(pid, used, GPU instance id)`: the id is `None` off MIG.
+fn processes<T>(device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut T, make: impl Fn(u32, u64, Option<u32>) -> T) -> Result<()> {
     let i = device_index(device)?;
-    let (_, shared) = system()?;
+    let (cfg, shared) = system()?;
     if infoCount.is_null() {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
     shared.reap_dead();
-    let procs = shared.processes(i);
+    // An instance's own processes; a GPU in MIG mode lists those of all its instances.
+    let gi = |d: u32| cfg.mig_of(d).map(|m| m.index);
+    let procs: Vec<(u32, u64, Option<u32>)> = std::iter::once(i)
+        .chain(cfg.instances_of(i))
+        .flat_map(|d| shared.processes(d).into_iter().map(move |p| (p.pid, p.used, gi(d))))
+        .collect();
     // SAFETY: non-null in/out count per the C contract.
     let capacity = unsafe { infoCount.read() } as usize;
     // SAFETY: as above.
@@ -358,13 +390,14 @@ fn processes<T>(device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut T, mak
     }
     for (k, p) in procs.iter().enumerate() {
         // SAFETY: infos holds `capacity` >= procs.len() entries per the C contract.
-        unsafe { infos.add(k).write(make(p.pid, p.used)) };
+        unsafe { infos.add(k).write(make(p.0, p.1, p.2)) };
     }
     Ok(())
 }
 
-fn info_v3(pid: u32, used: u64) -> nvmlProcessInfo_t {
-    nvmlProcessInfo_t { pid, usedGpuMemory: used, gpuInstanceId: NOT_AVAILABLE, computeInstanceId: NOT_AVAILABLE }
+fn info_v3(pid: u32, used: u64, gi: Option<u32>) -> nvmlProcessInfo_t {
+    let (gpuInstanceId, computeInstanceId) = gi.map_or((NOT_AVAILABLE, NOT_AVAILABLE), |g| (g, 0));
+    nvmlProcessInfo_t { pid, usedGpuMemory: used, gpuInstanceId, computeInstanceId }
 }
 
 #[no_mangle]
@@ -392,7 +425,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
     infos: *mut nvmlProcessInfo_v1_t,
 ) -> nvmlReturn_t {
     nvml("nvmlDeviceGetComputeRunningProcesses", || {
-        processes(device, infoCount, infos, |pid, used| nvmlProcessInfo_v1_t { pid, usedGpuMemory: used })
+        processes(device, infoCount, infos, |pid, used, _| nvmlProcessInfo_v1_t { pid, usedGpuMemory: used })
     })
 }
 
@@ -418,4 +451,74 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
     _infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
     nvml("nvmlDeviceGetMPSComputeRunningProcesses_v3", || no_processes(device, infoCount))
+}
+
+// ---- MIG ----
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(device: nvmlDevice_t, currentMode: *mut c_uint, pendingMode: *mut c_uint) -> nvmlReturn_t {
+    nvml("nvmlDeviceGetMigMode", || {
+        let g = gpu_index(device).map_err(|_| NVML_ERROR_NOT_SUPPORTED)?;
+        let (cfg, _) = system()?;
+        let mode = if cfg.instances_of(g).is_empty() { NVML_DEVICE_MIG_DISABLE } else { NVML_DEVICE_MIG_ENABLE };
+        // SAFETY: out-pointers from the caller.
+        unsafe {
+            put(currentMode, mode)?;
+            put(pendingMode, mode)
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(device: nvmlDevice_t, count: *mut c_uint) -> nvmlReturn_t {
+    nvml("nvmlDeviceGetMaxMigDeviceCount", || {
+        let g = gpu_index(device)?;
+        let (cfg, _) = system()?;
+        let n = if cfg.instances_of(g).is_empty() { 0 } else { MAX_MIG_DEVICES };
+        // SAFETY: out-pointer from the caller.
+        unsafe { put(count, n) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: nvmlDevice_t,
+    index: c_uint,
+    migDevice: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    nvml("nvmlDeviceGetMigDeviceHandleByIndex", || {
+        let g = gpu_index(device)?;
+        let (cfg, _) = system()?;
+        let instances = cfg.instances_of(g);
+        if instances.is_empty() {
+            return Err(NVML_ERROR_NOT_SUPPORTED);
+        }
+        if index >= MAX_MIG_DEVICES {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let d = instances.into_iter().find(|&d| cfg.mig_of(d).is_some_and(|m| m.index == index)).ok_or(NVML_ERROR_NOT_FOUND)?;
+        // SAFETY: out-pointer from the caller.
+        unsafe { put(migDevice, handle_of(d)) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(migDevice: nvmlDevice_t, device: *mut nvmlDevice_t) -> nvmlReturn_t {
+    nvml("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", || {
+        let d = device_index(migDevice)?;
+        let (cfg, _) = system()?;
+        let m = cfg.mig_of(d).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+        // SAFETY: out-pointer from the caller.
+        unsafe { put(device, handle_of(m.parent)) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(device: nvmlDevice_t, isMigDevice: *mut c_uint) -> nvmlReturn_t {
+    nvml("nvmlDeviceIsMigDeviceHandle", || {
+        let d = device_index(device)?;
+        let (cfg, _) = system()?;
+        // SAFETY: out-pointer from the caller.
+        unsafe { put(isMigDevice, c_uint::from(cfg.mig_of(d).is_some())) }
+    })
 }

@@ -16,7 +16,7 @@ use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr};
 use std::sync::OnceLock;
 
 use simcuda_core::ffi::*;
-use simcuda_core::MAX_DEVICES;
+use simcuda_core::MAX_DOMAINS;
 
 use driver::{driver, Driver, RUNTIME_VERSION};
 pub use errors::*;
@@ -56,8 +56,8 @@ thread_local! {
 }
 
 /// Each device's primary context, retained once per process on first use.
-static PRIMARY: [OnceLock<std::result::Result<usize, cudaError_t>>; MAX_DEVICES as usize] =
-    [const { OnceLock::new() }; MAX_DEVICES as usize];
+static PRIMARY: [OnceLock<std::result::Result<usize, cudaError_t>>; MAX_DOMAINS as usize] =
+    [const { OnceLock::new() }; MAX_DOMAINS as usize];
 
 type Result<T> = std::result::Result<T, cudaError_t>;
 

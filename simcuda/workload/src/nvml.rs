@@ -3,7 +3,9 @@
 //! `cuDeviceGetUuid_v2`, to compare UUIDs). Per device it prints
 //! `RESULT test=nvml device=I uuid=.. driver_uuid_match=0|1 total=.. reserved=.. free=.. used=.. v1_free=.. v1_used=.. processes=K count_query_rc=R`
 //! then `PROCESS device=I pid=P used=BYTES` for each compute process and
-//! `INFO device=I name=NAME` (the name may contain spaces, so it ends its line); last
+//! `INFO device=I name=NAME` (the name may contain spaces, so it ends its line); for a GPU in
+//! MIG mode, `MIG device=I index=K uuid=MIG-.. total=.. free=.. used=.. parent_match=0|1
+//! is_mig=0|1 processes=N` per instance (through NVML's MIG handles); last
 //! `INFO driver_version=VERSION` (`nvmlSystemGetDriverVersion`).
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
@@ -78,6 +80,11 @@ pub fn nvml() -> Outcome {
     let mem_v2 = nvml_fn!(lib, "nvmlDeviceGetMemoryInfo_v2", unsafe extern "C" fn(Device, *mut MemoryV2) -> c_int);
     let procs =
         nvml_fn!(lib, "nvmlDeviceGetComputeRunningProcesses_v3", unsafe extern "C" fn(Device, *mut c_uint, *mut ProcessInfo) -> c_int);
+    let mig_mode = nvml_fn!(lib, "nvmlDeviceGetMigMode", unsafe extern "C" fn(Device, *mut c_uint, *mut c_uint) -> c_int);
+    let mig_max = nvml_fn!(lib, "nvmlDeviceGetMaxMigDeviceCount", unsafe extern "C" fn(Device, *mut c_uint) -> c_int);
+    let mig_by_index = nvml_fn!(lib, "nvmlDeviceGetMigDeviceHandleByIndex", unsafe extern "C" fn(Device, c_uint, *mut Device) -> c_int);
+    let mig_parent = nvml_fn!(lib, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", unsafe extern "C" fn(Device, *mut Device) -> c_int);
+    let is_mig = nvml_fn!(lib, "nvmlDeviceIsMigDeviceHandle", unsafe extern "C" fn(Device, *mut c_uint) -> c_int);
     // SAFETY: every call below gets valid out-pointers and buffers of the lengths passed.
     unsafe {
         nvml_ok("nvmlInit_v2", init())?;
@@ -124,6 +131,34 @@ pub fn nvml() -> Outcome {
                 println!("PROCESS device={i} pid={} used={}", p.pid, p.used_gpu_memory);
             }
             println!("INFO device={i} name={}", CStr::from_ptr(nbuf.as_ptr()).to_string_lossy());
+            let (mut current, mut pending, mut max) = (0, 0, 0);
+            nvml_ok("nvmlDeviceGetMigMode", mig_mode(dev, &mut current, &mut pending))?;
+            nvml_ok("nvmlDeviceGetMaxMigDeviceCount", mig_max(dev, &mut max))?;
+            for k in 0..if current == 1 { max } else { 0 } {
+                let mut m = std::ptr::null_mut();
+                match mig_by_index(dev, k, &mut m) {
+                    0 => {}
+                    6 => continue, // NVML_ERROR_NOT_FOUND: no instance at this index
+                    rc => return Err(format!("nvmlDeviceGetMigDeviceHandleByIndex failed: NVML error {rc}")),
+                }
+                let mut ubuf = [0 as c_char; 96];
+                nvml_ok("nvmlDeviceGetUUID", uuid(m, ubuf.as_mut_ptr(), ubuf.len() as c_uint))?;
+                let mut mm = Memory::default();
+                nvml_ok("nvmlDeviceGetMemoryInfo", mem_v1(m, &mut mm))?;
+                let (mut parent, mut flag) = (std::ptr::null_mut(), 0);
+                nvml_ok("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", mig_parent(m, &mut parent))?;
+                nvml_ok("nvmlDeviceIsMigDeviceHandle", is_mig(m, &mut flag))?;
+                let mut n: c_uint = 0;
+                let _ = procs(m, &mut n, std::ptr::null_mut());
+                println!(
+                    "MIG device={i} index={k} uuid={} total={} free={} used={} parent_match={} is_mig={flag} processes={n}",
+                    CStr::from_ptr(ubuf.as_ptr()).to_string_lossy(),
+                    mm.total,
+                    mm.free,
+                    mm.used,
+                    u8::from(parent == dev)
+                );
+            }
         }
         let mut vbuf = [0 as c_char; 96];
         nvml_ok("nvmlSystemGetDriverVersion", driver(vbuf.as_mut_ptr(), vbuf.len() as c_uint))?;

@@ -1,7 +1,9 @@
 //! The stand-ins across processes: NVML in one process sees what another holds (and forgets a
 //! process that died without freeing), a forked child allocates on its own and its `exec`
 //! releases what it held, and an LD_PRELOAD interposer of `cuMemAlloc_v2` alone sees none of a
-//! `cudaMalloc` workload's calls (the runtime fetches the driver through cuGetProcAddress).
+//! `cudaMalloc` workload's calls (the runtime fetches the driver through cuGetProcAddress). MIG
+//! instances hold their own memory: what one holds leaves another's room as it was, and NVML's
+//! MIG handles show each instance's memory and processes.
 
 mod common;
 
@@ -131,4 +133,39 @@ fn an_interposer_of_cu_mem_alloc_v2_sees_no_cuda_malloc() {
     assert_eq!(calls(&["routes", "runtime", "getproc", "entrypoint", "dlsym"]), 0);
     // A direct call through the dynamic linker: seen, so the interposer itself works.
     assert_eq!(calls(&["routes", "direct"]), 2);
+}
+
+#[test]
+fn mig_instances_hold_their_own_memory_and_nvml_shows_each() {
+    let sim = Sim::new("mig", "1GiB", "64MiB").env("SIMCUDA_MIG", "0:256MiB+512MiB");
+    let out = sim.run(&["nvml"]);
+    let migs = lines(&out, "MIG");
+    assert_eq!(migs.len(), 2, "{out}");
+    let uuid = |k: usize| migs[k]["uuid"].clone();
+    assert!(uuid(0).starts_with("MIG-") && uuid(0) != uuid(1), "{out}");
+    assert_fields(&migs[1], &[("index", 1), ("total", 512 * MIB), ("free", 512 * MIB), ("parent_match", 1), ("is_mig", 1)]);
+    // 200 MiB held on the 512 MiB instance.
+    let mut c = sim.cmd(&["hold", "200MiB"]);
+    let mut holder = c.env("CUDA_VISIBLE_DEVICES", uuid(1)).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("spawn hold");
+    let mut line = String::new();
+    BufReader::new(holder.stdout.as_mut().expect("piped")).read_line(&mut line).expect("READY line");
+    assert!(line.starts_with("READY "), "{line}");
+    let out = sim.run(&["nvml"]);
+    let migs = lines(&out, "MIG");
+    assert_fields(&migs[0], &[("used", 0), ("free", 256 * MIB), ("processes", 0)]);
+    assert_fields(&migs[1], &[("used", 200 * MIB), ("free", 312 * MIB), ("processes", 1)]);
+    assert_fields(&lines(&out, "RESULT")[0], &[("used", 200 * MIB), ("processes", 1)]);
+    // The other instance's room is untouched: all of it but the slack, and not a byte more.
+    let basic = |size: &str| {
+        let o = sim.cmd(&["basic", size]).env("CUDA_VISIBLE_DEVICES", uuid(0)).output().expect("basic");
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
+    };
+    let fits = basic("252MiB");
+    assert_fields(&lines(&fits, "RESULT")[0], &[("rc", 0), ("device_free", 4 * MIB)]);
+    assert!(basic("253MiB").contains("cudaErrorMemoryAllocation"), "past the instance's 256 MiB less the slack");
+    let unknown =
+        sim.cmd(&["basic", "1MiB"]).env("CUDA_VISIBLE_DEVICES", "MIG-00000000-0000-4000-8000-000000000000").output().expect("basic");
+    assert!(!unknown.status.success(), "a MIG UUID naming no instance leaves no device");
+    drop(holder.stdin.take());
+    assert!(holder.wait().expect("wait").success());
 }

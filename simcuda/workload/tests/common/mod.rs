@@ -22,8 +22,17 @@ pub fn stage_dir() -> PathBuf {
     dir
 }
 
-const VARS: [&str; 7] =
-    ["SIMCUDA_DEVICES", "SIMCUDA_MEM", "SIMCUDA_RESERVE", "SIMCUDA_SLACK", "SIMCUDA_STATE_DIR", "SIMCUDA_TRACE", "LD_PRELOAD"];
+const VARS: [&str; 9] = [
+    "SIMCUDA_DEVICES",
+    "SIMCUDA_MEM",
+    "SIMCUDA_RESERVE",
+    "SIMCUDA_SLACK",
+    "SIMCUDA_STATE_DIR",
+    "SIMCUDA_TRACE",
+    "SIMCUDA_MIG",
+    "CUDA_VISIBLE_DEVICES",
+    "LD_PRELOAD",
+];
 
 /// A simulated machine: a fresh state directory plus `SIMCUDA_*` settings.
 pub struct Sim {
