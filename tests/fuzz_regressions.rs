@@ -89,6 +89,20 @@ fn fuzz_regression_record_owner_sizes_past_2_64_read_saturated_never_wrapped() {
     assert!(saturated_at.is_some(), "no owner's sum read 2^64 - 1 over the {} events", rec.events.len());
 }
 
+// An allowed-limit OOM whose reserved + requested passes 2^64: the fix's sum overflowed (a panic
+// under overflow checks, a wrapped "allows at least 1684300900.39 GiB" without), while the
+// explanation beside it capped the same sum. Found by the record target in its 30-minute run.
+#[test]
+fn fuzz_regression_record_allowed_limit_fix_caps_its_sum_as_the_explanation_does() {
+    let state = record(include_bytes!("../fuzz/regressions/record_allowed_limit_fix_sum_past_2_64.rec"));
+    let s = gpufrag::analysis::summary::Summary::from_state(&state, "regression");
+    let o = s.ooms.iter().find(|o| o.allowed.is_some()).expect("an allowed-limit OOM");
+    // The explanation's "... would make S, D over": the fix asks for the same S.
+    let made = o.explanation.split("would make ").nth(1).and_then(|t| t.split(',').next()).expect("the explanation's sum");
+    let want = format!("allows at least {made} ");
+    assert!(o.fix.contains(&want), "want {want:?} in the fix {:?}; the explanation: {:?}", o.fix, o.explanation);
+}
+
 // Memo-shared containers: 8 KB naming 2,000 segments of 2,000 blocks each (4 million blocks) were
 // expanded in full (21 KB took 2.2 GB). Refused with an error naming the file and the offset.
 #[test]

@@ -355,7 +355,8 @@ impl OomInputs {
     pub fn fix(&self) -> String {
         let h = human_bytes;
         if let Some(limit) = self.allowed_limit() {
-            let need = self.reserved + self.requested;
+            // The same capped sum the explanation prints (a record's sizes are its own to claim).
+            let need = self.allowed_sums().0;
             return match (limit, self.device_total.filter(|&t| t > 0)) {
                 (Some(a), Some(t)) => format!(
                     "raise the cap: torch.cuda.set_per_process_memory_fraction({:.4}) or more allows the {} this request needs ({} now: {:.4}); or make the run fit under the allowed {} (gpufrag whatif FILE --memory-limit {a} simulates the allocator settings under this cap)",
