@@ -207,8 +207,9 @@ mod tests {
         }
     }
 
-    /// One test per runtime layout kept in tests/fixtures/cgroup (real files, read on the
-    /// machines named in its README).
+    /// One test per runtime layout kept in tests/fixtures/cgroup. Two are real files read on
+    /// the CI machine (`podman-cgroupfs-hybrid.txt`, `host-hybrid-plain.txt`); the others are
+    /// synthetic: they reproduce the path forms the runtimes document (its README says which).
     macro_rules! layout {
         ($name:ident, $file:literal, $id:expr, $runtime:expr, $pod:expr) => {
             #[test]
