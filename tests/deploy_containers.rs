@@ -835,7 +835,10 @@ fn the_hold_delay_per_container_start_is_measured() {
     // were missed (issue 26: 0-2 of 10 on this VM, see docs/benchmarks.md) is counted and
     // printed, never a failed config.
     assert!(configs.contains("; 0 not read"), "no config failed to read: {configs}\n{n:#?}\n{alog}");
-    assert!(rootfs.contains(&format!("scanned {N} ")), "every start's rootfs held and scanned: {rootfs}\n{n:#?}");
+    // At least the N started here: the agent is node-wide, and a container another test of this
+    // file starts meanwhile is held and scanned too.
+    let scanned: usize = rootfs.split("scanned ").nth(1).and_then(|t| t.split(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(0);
+    assert!(scanned >= N, "every start's rootfs held and scanned ({scanned} of at least {N}): {rootfs}\n{n:#?}");
     eprintln!(
         "podman run --rm /bin/true, N={N}: without the agent mean {:.1} ms (median {:.1}, max {:.1}); under the agent mean {:.1} ms (median {:.1}, max {:.1}); {rootfs}; {configs}; {unread}",
         bare.0, bare.1, bare.2, held.0, held.1, held.2
