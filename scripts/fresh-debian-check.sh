@@ -24,13 +24,29 @@ PY
 )
 [ ${#cmds[@]} -eq 2 ] || { echo "fresh-debian-check: README's quick start should hold two commands, found ${#cmds[@]}" >&2; exit 1; }
 rustup_home=${RUSTUP_HOME:-$HOME/.rustup}; cargo_home=${CARGO_HOME:-$HOME/.cargo}
+# A network that inspects TLS with its own authority (as this repository's build machines do) needs
+# that authority inside the container too: the host's bundle is passed to apt's, pip's and cargo's
+# clients. A machine on an open network needs none of it; nothing else of the host is passed.
+ca=()
+if [ -r /etc/ssl/certs/ca-certificates.crt ]; then
+  ca=(-v /etc/ssl/certs/ca-certificates.crt:/opt/host-ca.crt:ro -e PIP_CERT=/opt/host-ca.crt
+      -e SSL_CERT_FILE=/opt/host-ca.crt -e REQUESTS_CA_BUNDLE=/opt/host-ca.crt -e CARGO_HTTP_CAINFO=/opt/host-ca.crt)
+fi
 run() {
-  podman run --rm --privileged --network host \
-    -v "$clone/gpufrag:/src" -w /src \
+  # The host's hard open-files limit bounds the container's (podman's default exceeds it on some
+  # hosts); a larger process limit is refused there too (root in the privileged container is not bound
+  # by it: CAP_SYS_RESOURCE).
+  podman --runtime runc run --rm --privileged --network host \
+    --ulimit "nofile=$(ulimit -Hn):$(ulimit -Hn)" --ulimit nproc=1000:1000 \
+    -v "$clone/gpufrag:/src" -w /src -v "$clone/containers:/var/lib/containers" \
     -v "$rustup_home:/opt/rustup:ro" -v "$cargo_home/bin:/opt/cargo/bin:ro" -v "$cargo_home/registry:/opt/cargo/registry" \
+    "${ca[@]}" \
     -e RUSTUP_HOME=/opt/rustup -e CARGO_HOME=/opt/cargo -e PATH=/opt/cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     "$image" bash -c "$1"
 }
+# The tests' own containers (podman inside this one) keep their storage on a folder of the host:
+# podman's overlay driver refuses a graph root on the container's overlayfs.
+mkdir -p "$clone/containers"
 # Both commands run in one container, one after the other, so the second finds what the first
 # installed (as on a real machine).
 set +e
