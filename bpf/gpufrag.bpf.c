@@ -820,14 +820,23 @@ static __always_inline __s16 announced_device(long device)
 	return device >= 0 && device < 32768 ? (__s16)device : -1;
 }
 
-/* gpufrag:segment(addr, device): the allocator owns the segment holding addr. */
-SEC("usdt") int BPF_USDT(gf_segment, long addr, long device)
+/* The allocator field (bits 16-19 of the flags) for an annotation's allocator id, its probe's last
+ * argument: 0 (the default) outside 1-15. A probe built before the argument existed has fewer
+ * arguments, and libbpf reads a missing one as 0: the default allocator. gpufrag_wire's
+ * event::allocator_field is the same rule. */
+static __always_inline __u32 allocator_field(long allocator)
+{
+	return allocator >= 1 && allocator <= GPUFRAG_ALLOC_ID_MAX ? (__u32)allocator << GPUFRAG_ALLOC_ID_SHIFT : 0;
+}
+
+/* gpufrag:segment(addr, device, allocator): the allocator owns the segment holding addr. */
+SEC("usdt") int BPF_USDT(gf_segment, long addr, long device, long allocator)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!is_traced(id >> 32))
 		return 0;
 	note_traced(id >> 32);
-	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_ADOPT, announced_device(device), GPUFRAG_F_SRC_USDT);
+	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_ADOPT, announced_device(device), GPUFRAG_F_SRC_USDT | allocator_field(allocator));
 	if (!e)
 		return 0;
 	e->addr = (__u64)addr;
@@ -835,14 +844,14 @@ SEC("usdt") int BPF_USDT(gf_segment, long addr, long device)
 	return 0;
 }
 
-/* gpufrag:block_alloc(addr, size, requested, device) */
-SEC("usdt") int BPF_USDT(gf_block_alloc, long addr, long size, long requested, long device)
+/* gpufrag:block_alloc(addr, size, requested, device, allocator) */
+SEC("usdt") int BPF_USDT(gf_block_alloc, long addr, long size, long requested, long device, long allocator)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!addr || !is_traced(id >> 32))
 		return 0;
 	note_traced(id >> 32);
-	__u32 flags = GPUFRAG_F_SRC_USDT | (size > 0 ? GPUFRAG_F_BLOCK_SIZE_KNOWN : 0);
+	__u32 flags = GPUFRAG_F_SRC_USDT | allocator_field(allocator) | (size > 0 ? GPUFRAG_F_BLOCK_SIZE_KNOWN : 0);
 	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_BLOCK_ALLOC, announced_device(device), flags);
 	if (!e)
 		return 0;
@@ -868,15 +877,15 @@ SEC("usdt") int BPF_USDT(gf_block_free, long addr, long device)
 	return 0;
 }
 
-/* gpufrag:oom(requested, device_free, device): the allocator's request failed for good. */
-SEC("usdt") int BPF_USDT(gf_oom, long requested, long device_free, long device)
+/* gpufrag:oom(requested, device_free, device, allocator): the allocator's request failed for good. */
+SEC("usdt") int BPF_USDT(gf_oom, long requested, long device_free, long device, long allocator)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!is_traced(id >> 32))
 		return 0;
 	note_traced(id >> 32);
 	bool known = device_free != -1;
-	__u32 flags = GPUFRAG_F_SRC_USDT | GPUFRAG_F_FAILED | (known ? GPUFRAG_F_DEVICE_FREE_KNOWN : 0);
+	__u32 flags = GPUFRAG_F_SRC_USDT | GPUFRAG_F_FAILED | allocator_field(allocator) | (known ? GPUFRAG_F_DEVICE_FREE_KNOWN : 0);
 	struct gpufrag_event *e = reserve_event(id, GPUFRAG_EV_ALLOC_FAILED, announced_device(device), flags);
 	if (!e)
 		return 0;

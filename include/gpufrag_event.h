@@ -73,6 +73,10 @@ enum gpufrag_event_kind {
 #define GPUFRAG_F_OOM_AMEND         (1u << 14) /* ALLOC_FAILED that only gives its allowed bytes to its process's latest allocator OOM */
 #define GPUFRAG_F_PARTIAL           (1u << 15) /* PROCESS_EXEC: first seen after its start or probed late: what it did before is missing */
 #define GPUFRAG_F_OWNER_KNOWN       (1u << 20) /* MEM_ALLOC*, PHYS_CREATE: op = the owner (wire/src/owner.rs); the caller's return address in handle (MEM_ALLOC*) or stream (PHYS_CREATE) */
+/* block, adopt, ALLOC_FAILED of an allocator: bits 16-19 = the allocator's place in gpufrag's
+ * table (src/alloc/mod.rs REGISTRY; the GPUFRAG_ALLOCATOR_* ids of gpufrag_annotate.h), 0 = none */
+#define GPUFRAG_ALLOC_ID_SHIFT      16
+#define GPUFRAG_ALLOC_ID_MAX        15
 
 struct gpufrag_event {
 	__u64 ts_ns;       /* CLOCK_MONOTONIC (live) or the trace's own clock (import) */

@@ -252,3 +252,17 @@ print(json.dumps({
         }
     }
 }
+
+/// The allocator field as the C header gives it to the BPF program (`allocator_field` in
+/// bpf/gpufrag.bpf.c: an annotation's allocator id into bits 16-19) is the wire's.
+#[test]
+fn the_c_headers_allocator_field_is_the_wires() {
+    let header = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/gpufrag_event.h")).expect("header");
+    let def = |name: &str| -> u32 {
+        let v = header.lines().find_map(|l| l.strip_prefix("#define ")?.strip_prefix(name)).unwrap_or_else(|| panic!("no {name}"));
+        v.trim().parse().unwrap_or_else(|_| panic!("{name} is {v:?}"))
+    };
+    let (shift, max) = (def("GPUFRAG_ALLOC_ID_SHIFT"), def("GPUFRAG_ALLOC_ID_MAX"));
+    assert_eq!((shift, max << shift), (event::F_ALLOC_ID_SHIFT, event::F_ALLOC_ID_MASK), "shift {shift}, max {max}");
+    assert_eq!(event::allocator_field(i64::from(max)), event::F_ALLOC_ID_MASK);
+}

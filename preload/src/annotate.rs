@@ -10,13 +10,16 @@
 //! | `gpufrag_annotate_block_alloc_on_stream(addr, size, requested, device, stream)` | the same, with the block's `stream` |
 //! | `gpufrag_annotate_block_free(addr, device)` | `BlockFree{addr}` |
 //! | `gpufrag_annotate_oom(requested, device_free, device)` | `AllocFailed{requested, rc = 2, op = BlockAlloc}`, device free when not `UINT64_MAX` |
+//! | `gpufrag_annotate_segment_by`, `_block_alloc_by`, `_oom_by` (`..., allocator`) | the same, the allocator id in the allocator field (bits 16–19, `allocator_field`) |
 //!
+//! The plain calls name no allocator (the default, PyTorch's caching rules: what a program built
+//! before the `_by` calls meant); their signatures are an ABI and stay as they are.
 //! Like every hook they never block, never allocate and never fail; with tracing off they do
 //! nothing. `gpufrag_annotate_block_free` is recorded when it is called, so an allocator must
 //! call it before the block can be handed out again (before it returns the block to its free
 //! lists), for the same reason the shim records a `cudaFree` before making it. A device outside `i16` (or negative) is recorded as -1 (unknown).
 
-use gpufrag_wire::event::{EventKind, F_BLOCK_SIZE_KNOWN, F_DEVICE_FREE_KNOWN, F_FAILED};
+use gpufrag_wire::event::{allocator_field, EventKind, F_BLOCK_SIZE_KNOWN, F_DEVICE_FREE_KNOWN, F_FAILED};
 
 use crate::hook::{self, Call};
 
@@ -29,16 +32,29 @@ fn device(d: i32) -> i16 {
 
 #[no_mangle]
 pub extern "C" fn gpufrag_annotate_segment(addr: u64, dev: i32) {
+    gpufrag_annotate_segment_by(addr, dev, 0);
+}
+
+/// `gpufrag_annotate_segment` of the allocator `allocator` (a `GPUFRAG_ALLOCATOR_*` id).
+#[no_mangle]
+pub extern "C" fn gpufrag_annotate_segment_by(addr: u64, dev: i32, allocator: i32) {
     if let Some(g) = hook::enter() {
-        g.record(|| hook::annotation(Call { addr, ..Call::new(EventKind::Adopt, 0) }, device(dev), 0, 0, None));
+        let flags = allocator_field(allocator.into());
+        g.record(|| hook::annotation(Call { addr, ..Call::new(EventKind::Adopt, 0) }, device(dev), flags, 0, None));
     }
 }
 
 #[no_mangle]
 pub extern "C" fn gpufrag_annotate_block_alloc(addr: u64, size: u64, requested: u64, dev: i32) {
+    gpufrag_annotate_block_alloc_by(addr, size, requested, dev, 0);
+}
+
+/// `gpufrag_annotate_block_alloc` of the allocator `allocator` (a `GPUFRAG_ALLOCATOR_*` id).
+#[no_mangle]
+pub extern "C" fn gpufrag_annotate_block_alloc_by(addr: u64, size: u64, requested: u64, dev: i32, allocator: i32) {
     if let Some(g) = hook::enter() {
         g.record(|| {
-            let flags = if size > 0 { F_BLOCK_SIZE_KNOWN } else { 0 };
+            let flags = allocator_field(allocator.into()) | if size > 0 { F_BLOCK_SIZE_KNOWN } else { 0 };
             hook::annotation(Call { addr, size, requested, ..Call::new(EventKind::BlockAlloc, 0) }, device(dev), flags, 0, None)
         });
     }
@@ -66,10 +82,16 @@ pub extern "C" fn gpufrag_annotate_block_free(addr: u64, dev: i32) {
 
 #[no_mangle]
 pub extern "C" fn gpufrag_annotate_oom(requested: u64, device_free: u64, dev: i32) {
+    gpufrag_annotate_oom_by(requested, device_free, dev, 0);
+}
+
+/// `gpufrag_annotate_oom` of the allocator `allocator` (a `GPUFRAG_ALLOCATOR_*` id).
+#[no_mangle]
+pub extern "C" fn gpufrag_annotate_oom_by(requested: u64, device_free: u64, dev: i32, allocator: i32) {
     if let Some(g) = hook::enter() {
         g.record(|| {
             let known = device_free != u64::MAX;
-            let flags = F_FAILED | if known { F_DEVICE_FREE_KNOWN } else { 0 };
+            let flags = F_FAILED | allocator_field(allocator.into()) | if known { F_DEVICE_FREE_KNOWN } else { 0 };
             let c = Call { requested, ..Call::new(EventKind::AllocFailed, OUT_OF_MEMORY) };
             let free = if known { device_free } else { 0 };
             hook::annotation(c, device(dev), flags, free, Some(EventKind::BlockAlloc));

@@ -34,9 +34,16 @@ impl Framework {
         REGISTRY[self.0 as usize]
     }
 
-    /// The allocator a block or adopt event's flags name (PyTorch when none or an unknown one).
+    /// The allocator a block, adopt or allocator-OOM event's flags name (PyTorch when none or an
+    /// unknown one): the place in the allocator field (`F_ALLOC_ID_MASK`) when it holds a
+    /// registered one (what gpufrag's sources write for the later allocators, and an
+    /// annotation's allocator id, include/gpufrag_annotate.h, for any), else a model's own bits.
     pub fn from_flags(flags: u32) -> Framework {
-        let bits = flags & ALLOC_FLAGS;
+        let place = ((flags & F_ALLOC_ID_MASK) >> F_ALLOC_ID_SHIFT) as usize;
+        if place > 0 && place < REGISTRY.len() {
+            return Framework(place as u8);
+        }
+        let bits = flags & (F_ALLOC_XLA_BFC | F_ALLOC_CUPY);
         Framework::all().find(|f| f.flags() == bits).unwrap_or(Framework::PYTORCH)
     }
 
@@ -152,5 +159,22 @@ mod tests {
         assert_eq!(flags.len(), names.len(), "two allocators share flag bits");
         assert!(serde_json::from_str::<Framework>("\"tensorflow_nope\"").is_err());
         assert!(REGISTRY.len() <= 16, "the allocator field holds places 0 to 15");
+    }
+
+    /// An annotation names any allocator by its place in the allocator field (the header's
+    /// `GPUFRAG_ALLOCATOR_*` ids), the two with bits of their own included; a place no model
+    /// holds is the default, and an event without the field keeps its own bits' meaning.
+    #[test]
+    fn the_allocator_field_names_any_registered_place_and_an_unknown_one_is_pytorch() {
+        for (place, f) in Framework::all().enumerate() {
+            let field = crate::event::allocator_field(place as i64);
+            assert_eq!(Framework::from_flags(field | crate::event::F_SRC_USDT), f, "place {place}: {field:#x}");
+        }
+        for place in REGISTRY.len() as i64..16 {
+            assert_eq!(Framework::from_flags(crate::event::allocator_field(place)), Framework::PYTORCH, "unregistered place {place}");
+        }
+        assert_eq!(Framework::from_flags(F_ALLOC_XLA_BFC), Framework::XLA);
+        assert_eq!(Framework::from_flags(F_ALLOC_CUPY), Framework::CUPY);
+        assert_eq!(Framework::from_flags(F_ALLOC_XLA_BFC | F_ALLOC_CUPY), Framework::PYTORCH, "two own bits name none");
     }
 }

@@ -54,4 +54,27 @@ mod tests {
         assert_eq!(library_allocator("libtensorflow_framework.sox"), None);
         assert_eq!(library_allocator("libcudart.so.13"), None);
     }
+
+    /// The annotation header's allocator ids (an ABI: include/gpufrag_annotate.h) are the places
+    /// of the table, one per registered model under its name, and the default is PyTorch's place.
+    #[test]
+    fn the_annotation_headers_allocator_ids_are_the_registrys_places() {
+        let header = include_str!("../../include/gpufrag_annotate.h");
+        let ids: Vec<(String, usize)> = header
+            .lines()
+            .filter_map(|l| l.strip_prefix("#define GPUFRAG_ALLOCATOR_"))
+            .map(|l| {
+                let mut w = l.split_whitespace();
+                let (name, id) = (w.next().unwrap_or_default(), w.next().unwrap_or_default());
+                (name.to_ascii_lowercase(), id.parse().unwrap_or_else(|_| panic!("GPUFRAG_ALLOCATOR_{name} is not a number: {l}")))
+            })
+            .collect();
+        for (name, id) in &ids {
+            let place = if name == "default" { Some(0) } else { Framework::all().position(|f| f.name() == name) };
+            assert_eq!(place, Some(*id), "GPUFRAG_ALLOCATOR_{} is {id}; the registry's place for {name:?}: {place:?}", name.to_uppercase());
+        }
+        for f in Framework::all() {
+            assert!(ids.iter().any(|(n, _)| n == f.name()), "the header has no GPUFRAG_ALLOCATOR_{} for {f}", f.name().to_uppercase());
+        }
+    }
 }

@@ -116,6 +116,14 @@ pub trait AllocatorModel: Sync {
         false
     }
 
+    /// Whether it retries a failed upstream (driver) allocation at a smaller size before giving
+    /// up (RMM's `try_to_expand` halves down to the request): then a failed driver allocation
+    /// followed by a smaller failed one of the same thread is one of its tries, not an OOM of
+    /// its own.
+    fn retries_smaller(&self) -> bool {
+        false
+    }
+
     /// The keys of its own report (the framework's Python statistics) shown on one line, in order.
     fn report_keys(&self) -> &'static [&'static str] {
         &[]

@@ -71,6 +71,12 @@ impl AllocatorModel for RmmPool {
         block_size(requested)
     }
 
+    /// `try_to_expand`: a failed upstream allocation is retried at half the size down to the
+    /// request.
+    fn retries_smaller(&self) -> bool {
+        true
+    }
+
     /// Nothing is given back while the pool lives: all its free bytes are stranded.
     fn region_free(&self, free: u64, _live_blocks: u64) -> Option<RegionFree> {
         Some(RegionFree { stranded: free, releasable: 0 })

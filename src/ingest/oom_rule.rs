@@ -11,7 +11,8 @@
 //!   next driver allocation: one of the same size that succeeds after memory was released on the
 //!   device (PyTorch's, CuPy's and XLA's release-and-retry) makes it a [`OomOutcome::Retry`],
 //!   counted per process and never an OOM; another failure of the same size folds the earlier
-//!   one into it; anything else (another size, the process's exit, [`OOM_HOLD_NS`] of events
+//!   one into it (or of a smaller size, for an allocator that retries smaller:
+//!   `AllocatorModel::retries_smaller`, RMM's pool); anything else (another size, the process's exit, [`OOM_HOLD_NS`] of events
 //!   without a decision, the end of the trace) makes it an OOM.
 //!
 //! The rule reads only events, so a replay of a record decides as the live run did. The live
@@ -183,14 +184,17 @@ impl State {
             self.decide(index, OomOutcome::Folded);
             return;
         }
+        // The same request again, or (an allocator that retries smaller, RMM's halving growth) a
+        // smaller one: the earlier failure was a try of this one.
+        let smaller = self.ooms[index].framework.is_some_and(|f| f.model().retries_smaller());
         let same: Vec<(usize, bool)> = self
             .undecided
             .iter()
             .filter(|u| self.ooms[u.index].pid == pid && u.tid == ev.tid)
-            .map(|u| (u.index, self.ooms[u.index].requested == requested))
+            .map(|u| (u.index, self.ooms[u.index].requested == requested || (smaller && self.ooms[u.index].requested > requested)))
             .collect();
-        for (i, same_size) in same {
-            if same_size {
+        for (i, a_try) in same {
+            if a_try {
                 self.ooms[index].driver_failures_before += self.ooms[i].driver_failures_before + 1;
                 self.decide(i, OomOutcome::Folded);
             } else {
@@ -328,6 +332,28 @@ mod tests {
         let sum = Summary::from_state(&s, "t");
         assert_eq!((sum.ooms.len(), sum.retries, sum.driver_failures), (1, 0, 2));
         assert_eq!(sum.ooms[0].op, "block_alloc");
+    }
+
+    /// RMM's pool grows by retrying a failed upstream allocation at half the size down to the
+    /// request (`try_to_expand`): 64, 32, then 24 MiB fail, then its OOM. Those are its tries,
+    /// one OOM; the same failures in a process whose blocks are PyTorch's (which never retries
+    /// smaller) stay OOMs of their own, as a program that moved on to another size.
+    #[test]
+    fn an_allocator_that_retries_smaller_has_its_smaller_failures_folded_into_its_oom() {
+        let rmm = crate::alloc::Framework::by_name("rmm").expect("registered").flags();
+        for (flags, want) in [(rmm, (1, 3)), (0, (3, 1))] {
+            let mut s = State::default();
+            s.apply(&seg(MS, 5, 1 << 30, 32 * MIB));
+            s.apply(&Event { ts_ns: 2 * MS, tid: 5, addr: 1 << 30, requested: 20 * MIB, flags, ..Event::new(EventKind::BlockAlloc, 7, 0) });
+            for (i, mib) in [64, 32, 24].into_iter().enumerate() {
+                s.apply(&failed((3 + i as u64) * MS, 5, mib * MIB, EventKind::MemAlloc));
+            }
+            s.apply(&failed(7 * MS, 5, 24 * MIB, EventKind::BlockAlloc));
+            s.settle_all();
+            let sum = Summary::from_state(&s, "t");
+            assert_eq!((sum.ooms.len(), sum.driver_failures), want, "flags {flags:#x}: {:?}", s.ooms);
+            assert_eq!(sum.ooms.last().map(|o| o.op.as_str()), Some("block_alloc"));
+        }
     }
 
     /// A caught CuPy OOM under `run` was two OOMs now and then: the hook's report (its socket)

@@ -1,7 +1,8 @@
 //! Shared by the `tests/ebpf_*.rs` tests: compiles the C fixtures (a CUDA driver client and two
 //! stand-in libc10_cuda.so, one with PyTorch's USDT probes, one with its .symtab functions, each
 //! with a stand-in libc10.so beside it that exports PyTorch's OOM report and a stand-in
-//! libtorch_python.so with its memory-fraction setter), finds
+//! libtorch_python.so with its memory-fraction setter, and a C++ program with its own pool by RMM's
+//! rules, rmm_pool.cpp), finds
 //! the simcuda stand-in libcuda.so.1 next to the gpufrag binary, says whether this kernel lets us
 //! load eBPF at all (the only reason a test may skip), and drives `gpufrag attach` against a
 //! program held at a gate until the probes are in.
@@ -43,6 +44,12 @@ pub struct Fixtures {
     /// TensorFlow's framework library (`tensorflow/libtensorflow_framework.so.2`): the same BFC
     /// allocator, its symbols exported in `.dynsym` and `.symtab` stripped, as in TensorFlow's wheel.
     pub tf_lib: PathBuf,
+    /// A program with its own pool allocator by RMM's `pool_memory_resource` rules
+    /// (rmm_pool.cpp), announcing its blocks as RMM's through include/gpufrag_annotate.h.
+    pub rmm_prog: PathBuf,
+    /// The same program built against the annotation header from before the allocator id
+    /// (annotate_v1/): the plain calls, as every program built then.
+    pub rmm_prog_v1: PathBuf,
 }
 
 fn compile(cmd: &str, args: &[&str]) {
@@ -113,7 +120,16 @@ pub fn fixtures() -> &'static Fixtures {
             "c++",
             &["-O1", "-g0", "-shared", "-fPIC", "-fvisibility=default", "-s", "-o", &tf_lib.display().to_string(), &s("fake_xla_bfc.cpp")],
         );
-        Fixtures { dir, prog, usdt_lib, symbols_lib, xla_lib, tf_lib }
+        let rmm_prog = dir.join("rmm_pool");
+        let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("include").display().to_string();
+        let rmm_prog_v1 = dir.join("rmm_pool_v1");
+        for (include, out) in [(include, &rmm_prog), (s("annotate_v1"), &rmm_prog_v1)] {
+            compile(
+                "c++",
+                &["-std=c++17", "-O1", "-g", "-Wall", "-I", &include, "-o", &out.display().to_string(), &s("rmm_pool.cpp"), "-ldl"],
+            );
+        }
+        Fixtures { dir, prog, usdt_lib, symbols_lib, xla_lib, tf_lib, rmm_prog, rmm_prog_v1 }
     })
 }
 
@@ -257,11 +273,16 @@ impl Machine {
 }
 
 pub fn start_gated(args: &[&str], machine: &Machine) -> Gated {
+    start_gated_prog(&fixtures().prog, args, machine)
+}
+
+/// `prog gate FILE ARGS...` (a fixture program that takes the gate as cuda_prog does).
+pub fn start_gated_prog(prog: &Path, args: &[&str], machine: &Machine) -> Gated {
     let gate = unique("gate");
-    let mut cmd = Command::new(&fixtures().prog);
+    let mut cmd = Command::new(prog);
     cmd.arg("gate").arg(&gate).args(args).stdout(Stdio::piped()).stderr(Stdio::inherit());
     machine.env(&mut cmd);
-    let child = cmd.spawn().expect("start cuda_prog");
+    let child = cmd.spawn().unwrap_or_else(|e| panic!("start {}: {e}", prog.display()));
     Gated { child, gate, machine: machine.clone() }
 }
 
@@ -277,7 +298,12 @@ pub struct Traced {
 /// Runs `cuda_prog SCENARIO...` under `gpufrag attach` from its start: the program waits at its
 /// gate until the probes are in.
 pub fn attach_from_start(args: &[&str], devices: u32, extra: &[&str]) -> Traced {
-    let mut g = start_gated(args, &Machine::new(devices));
+    attach_prog_from_start(&fixtures().prog, args, &Machine::new(devices), extra)
+}
+
+/// [`attach_from_start`] for the fixture program `prog` on `machine`.
+pub fn attach_prog_from_start(prog: &Path, args: &[&str], machine: &Machine, extra: &[&str]) -> Traced {
+    let mut g = start_gated_prog(prog, args, machine);
     let pid = g.child.id();
     let summary = unique("summary.json");
     let record = unique("trace.rec");
@@ -296,7 +322,7 @@ pub fn attach_from_start(args: &[&str], devices: u32, extra: &[&str]) -> Traced 
     let mut stdout = String::new();
     std::io::Read::read_to_string(g.child.stdout.as_mut().expect("stdout"), &mut stdout).expect("read stdout");
     let st = wait_timeout(&mut g.child, Duration::from_secs(120));
-    assert!(st.success(), "cuda_prog {args:?} failed: {st}\n{stdout}");
+    assert!(st.success(), "{} {args:?} failed: {st}\n{stdout}", prog.display());
     let st = wait_timeout(&mut gf, Duration::from_secs(60));
     let stderr = err.rest();
     assert!(st.success(), "gpufrag attach failed: {st}\n{stderr}");

@@ -271,13 +271,27 @@ pub fn caller_address(e: &Event) -> u64 {
     }
 }
 
-/// Bits 16–19 of a block or adopt event: an allocator named by its place in gpufrag's allocator
-/// table (`REGISTRY` in src/alloc/mod.rs, places 3 to 15), for allocators registered after the ones
-/// with a bit of their own ([`F_ALLOC_XLA_BFC`], [`F_ALLOC_CUPY`]); 0 = none of them. That table is
-/// append-only for this reason.
+/// Bits 16–19 of a block, adopt or allocator `AllocFailed` event: an allocator named by its place
+/// in gpufrag's allocator table (`REGISTRY` in src/alloc/mod.rs, places 1 to 15); 0 = none. gpufrag's
+/// own sources write it for the allocators registered after the ones with a bit of their own
+/// ([`F_ALLOC_XLA_BFC`], [`F_ALLOC_CUPY`]); the annotation header's allocator ids
+/// (`GPUFRAG_ALLOCATOR_*` in include/gpufrag_annotate.h) are these places, so an annotation may
+/// name those two here too. That table is append-only for this reason.
 pub const F_ALLOC_ID_SHIFT: u32 = 16;
 /// The mask of the allocator field ([`F_ALLOC_ID_SHIFT`]).
 pub const F_ALLOC_ID_MASK: u32 = 0xF << F_ALLOC_ID_SHIFT;
+
+/// The allocator field ([`F_ALLOC_ID_MASK`]) for an annotation's allocator id (the last argument
+/// of include/gpufrag_annotate.h's `_by` calls and USDT probes): the id in bits 16–19, or 0 (the
+/// default allocator) for an id outside 1–15. The BPF program writes the same
+/// (`allocator_field` in bpf/gpufrag.bpf.c).
+pub fn allocator_field(id: i64) -> u32 {
+    if (1..=15).contains(&id) {
+        (id as u32) << F_ALLOC_ID_SHIFT
+    } else {
+        0
+    }
+}
 
 /// The wire record: 80 bytes, little-endian on every platform gpufrag runs on.
 #[repr(C)]
@@ -415,6 +429,17 @@ impl Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_annotations_allocator_id_lands_in_bits_16_to_19_and_a_bad_one_is_the_default() {
+        for id in 1..=15i64 {
+            let f = allocator_field(id);
+            assert_eq!(((f & F_ALLOC_ID_MASK) >> F_ALLOC_ID_SHIFT, f & !F_ALLOC_ID_MASK), (id as u32, 0), "id {id}: {f:#x}");
+        }
+        for id in [0, -1, 16, 255, i64::MIN, i64::MAX, 1 << 32 | 3] {
+            assert_eq!(allocator_field(id), 0, "id {id}");
+        }
+    }
 
     #[test]
     fn kinds_round_trip_and_unknown_values_decode_to_none() {
