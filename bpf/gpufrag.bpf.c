@@ -88,6 +88,7 @@ struct call {
 	__u64 arg[5];
 	__u64 entry_ns; /* when the call began: a free's event carries it (see finish_call) */
 	__u64 valid;
+	__u64 caller; /* a driver allocation's owner address (see owner_address), for its event */
 };
 
 #define FN_COUNT (FN_TORCH_FRACTION + 1)
@@ -99,8 +100,9 @@ struct thread_state {
 	struct call slot[FN_COUNT];
 	__s16 device; /* valid when device_known */
 	__u16 device_known;
-	__u32 pad;
+	__u32 rt_depth; /* runtime allocation calls (cudaMalloc family) the thread is inside */
 	__u64 last_total; /* the total of the thread's latest cuMemGetInfo (0: none since it was cleared) */
+	__u64 rt_caller; /* the return address of the outermost of them, while rt_depth > 0 */
 };
 
 /* (process, CUcontext or CUmemoryPool) -> device */
@@ -221,6 +223,36 @@ static __always_inline bool stamped_at_entry(__u32 fn)
 	       fn == FN_POOL_GET_ATTRIBUTE;
 }
 
+/* The return address of the probed function's caller, at its entry (the uprobe sits on its first
+ * instruction): on x86-64 the word at the stack pointer, on arm64 the link register. */
+static __always_inline __u64 return_address(struct pt_regs *ctx)
+{
+#if defined(__TARGET_ARCH_x86)
+	__u64 ra = 0;
+	bpf_probe_read_user(&ra, sizeof(ra), (const void *)PT_REGS_SP(ctx));
+	return ra;
+#elif defined(__TARGET_ARCH_arm64)
+	return PT_REGS_RET(ctx);
+#else
+	return 0;
+#endif
+}
+
+/* The calls whose event names its owner by an address (the consumer maps it to its file). */
+static __always_inline bool owned_call(__u32 fn)
+{
+	return fn == FN_MEM_ALLOC || fn == FN_MEM_ALLOC_PITCH || fn == FN_MEM_ALLOC_MANAGED || fn == FN_MEM_CREATE;
+}
+
+/* A driver allocation's owner address: inside a runtime allocation call (cudaMalloc and its
+ * family, probed in libcudart), the return address of the outermost one, that is the code that
+ * asked the runtime (cuBLAS's workspace, not libcudart); else the driver call's own caller. The
+ * shim's caller thunks give the same address (preload/src/caller.rs). */
+static __always_inline __u64 owner_address(struct pt_regs *ctx, struct thread_state *t)
+{
+	return t->rt_depth ? t->rt_caller : return_address(ctx);
+}
+
 static __always_inline int save_call(struct pt_regs *ctx, __u32 fn)
 {
 	__u64 id = bpf_get_current_pid_tgid();
@@ -236,6 +268,7 @@ static __always_inline int save_call(struct pt_regs *ctx, __u32 fn)
 	c->arg[3] = PT_REGS_PARM4(ctx);
 	c->arg[4] = PT_REGS_PARM5(ctx);
 	c->entry_ns = stamped_at_entry(fn) ? bpf_ktime_get_ns() : 0;
+	c->caller = owned_call(fn) ? owner_address(ctx, t) : 0;
 	c->valid = 1;
 	return 0;
 }
@@ -358,17 +391,20 @@ static __always_inline int finish_call(struct pt_regs *ctx, __u32 fn)
 	case FN_MEM_ALLOC: /* (CUdeviceptr *dptr, size_t bytesize) */
 		kind = GPUFRAG_EV_MEM_ALLOC;
 		size = requested = c->arg[1];
+		handle = c->caller; /* the owner's address rides in handle (caller_address in wire/src/event.rs) */
 		if (rc == 0)
 			addr = read_user_u64(c->arg[0]);
 		break;
 	case FN_MEM_ALLOC_MANAGED: /* (CUdeviceptr *dptr, size_t bytesize, unsigned flags) */
 		kind = GPUFRAG_EV_MEM_ALLOC_MANAGED;
 		size = requested = c->arg[1];
+		handle = c->caller;
 		if (rc == 0)
 			addr = read_user_u64(c->arg[0]);
 		break;
 	case FN_MEM_ALLOC_PITCH: /* (CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned elem) */
 		kind = GPUFRAG_EV_MEM_ALLOC_PITCH;
+		handle = c->caller;
 		requested = c->arg[2] * c->arg[3];
 		size = requested;
 		if (rc == 0) {
@@ -386,6 +422,7 @@ static __always_inline int finish_call(struct pt_regs *ctx, __u32 fn)
 		kind = GPUFRAG_EV_PHYS_CREATE;
 		size = requested = c->arg[1];
 		device = (__s16)read_user_s32(c->arg[2] + LOCATION_ID_OFFSET);
+		stream = c->caller; /* a PhysCreate's owner address rides in stream */
 		if (rc == 0)
 			handle = read_user_u64(c->arg[0]);
 		break;
@@ -633,6 +670,36 @@ PROBE_PAIR(pool_create, FN_POOL_CREATE)
 PROBE_PAIR(default_mem_pool, FN_DEFAULT_MEM_POOL)
 PROBE_PAIR(pool_get_attribute, FN_POOL_GET_ATTRIBUTE)
 PROBE_PAIR(torch_malloc, FN_TORCH_MALLOC)
+
+/* libcudart's cudaMalloc, cudaMallocPitch, cudaMalloc3D and cudaMallocManaged: no event of their
+ * own (each ends in a probed driver call); they say who asked the runtime. The thread's depth
+ * counts the runtime allocation calls it is inside; the outermost keeps its caller, so a runtime
+ * that calls its own exported functions (cudaMalloc3D through cudaMallocPitch) still names the
+ * application's code. A return with no entry seen (a call under way when the probe went in) is
+ * ignored. */
+SEC("uprobe") int runtime_alloc_entry(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!is_traced(id >> 32))
+		return 0;
+	struct thread_state *t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!t)
+		return 0;
+	if (t->rt_depth == 0)
+		t->rt_caller = return_address(ctx);
+	t->rt_depth += 1;
+	return 0;
+}
+SEC("uretprobe") int runtime_alloc_return(struct pt_regs *ctx)
+{
+	struct thread_state *t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), 0, 0);
+	if (!t || t->rt_depth == 0)
+		return 0;
+	t->rt_depth -= 1;
+	if (t->rt_depth == 0)
+		t->rt_caller = 0;
+	return 0;
+}
 
 /* A block of PyTorch's caching allocator returns to the cache: a BlockFree of ptr, stamped at the
  * probed call's entry. */
@@ -912,7 +979,7 @@ struct task_struct___gpufrag {
 
 /* Mappings of CUDA libraries not yet probed, for user space to probe at once rather than at its
  * next /proc scan: a kprobe on security_mmap_file, or do_mmap where that cannot be probed (every
- * file mmap, the dynamic loader's included; the file is the first argument of both) passes on those whose file name starts with libcuda.so or libc10_cuda.so and whose
+ * file mmap, the dynamic loader's included; the file is the first argument of both) passes on those whose file name starts with libcuda.so, libc10_cuda.so or libcudart and whose
  * (device, inode) is not in probed_files (user space adds each file it probes). */
 struct file_key {
 	__u64 ino;
@@ -991,7 +1058,7 @@ int on_mmap_file(struct pt_regs *ctx)
 	const unsigned char *np = BPF_CORE_READ(file, f_path.dentry, d_name.name);
 	if (bpf_probe_read_kernel_str(name, sizeof(name), np) <= 0)
 		return 0;
-	if (!starts_with(name, "libcuda.so", 10) && !starts_with(name, "libc10_cuda.so", 14))
+	if (!starts_with(name, "libcuda.so", 10) && !starts_with(name, "libc10_cuda.so", 14) && !starts_with(name, "libcudart", 9))
 		return 0;
 	struct file_key k = {};
 	k.ino = BPF_CORE_READ(file, f_inode, i_ino);

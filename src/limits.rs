@@ -5,8 +5,9 @@
 //! - **MPS**: `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, `ORDINAL=SIZE` pairs separated by commas
 //!   (`0=4G,1=512M`), the limit the MPS server puts on the client's device memory per CUDA
 //!   ordinal. Sizes as the MPS documentation writes them (`G`, `M`, `K`, optionally with `B`), taken as
-//!   binary units. The MPS control daemon's own default (`set_default_device_pinned_mem_limit`)
-//!   is not read: it is not readable from outside the daemon without its pipe.
+//!   binary units. Where the environment sets none, the MPS control daemon's own default
+//!   (`set_default_device_pinned_mem_limit`) is asked of its control client by
+//!   `crate::attribution::mps` and added beside these.
 //! - **Preload quotas**: HAMi-core's `CUDA_DEVICE_MEMORY_LIMIT` (every device) and
 //!   `CUDA_DEVICE_MEMORY_LIMIT_N` (ordinal N, over the former), sizes as HAMi-core reads them
 //!   (a number with `k`, `m`, `g` in either case, else bytes). The quota library is named from
@@ -163,7 +164,7 @@ pub struct ProcessLimits {
 }
 
 /// Parses `4G`, `512M`, `1024MB`, `4096` (bytes), as the MPS documentation writes sizes.
-fn mps_size(v: &str) -> Option<u64> {
+pub(crate) fn mps_size(v: &str) -> Option<u64> {
     let v = v.trim();
     let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
     let (num, unit) = v.split_at(split);

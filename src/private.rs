@@ -291,6 +291,30 @@ pub fn state_dir() -> Option<PathBuf> {
         .map(|b| b.join("gpufrag"))
 }
 
+/// Checks a path gpufrag would act on but does not own (a daemon's pipe folder, a program to
+/// run): the path itself is no symlink, belongs to root or (with `ours_too`) to this uid, and
+/// is writable by nobody else; every folder above it passes the same rules as a private
+/// folder's (root's or ours, not writable by others unless sticky). A refusal names the path.
+pub fn trusted(path: &Path, ours_too: bool) -> Result<(), Refused> {
+    let me = euid();
+    let md = std::fs::symlink_metadata(path).map_err(|e| Refused(format!("{}: {e}", path.display())))?;
+    if md.file_type().is_symlink() {
+        return Err(Refused(format!("{}: refused, a symbolic link", path.display())));
+    }
+    let uid = md.uid();
+    if uid != 0 && !(ours_too && uid == me) {
+        return Err(Refused(format!(
+            "{}: refused, it belongs to uid {uid}, not to root{}",
+            path.display(),
+            if ours_too { format!(" or you (uid {me})") } else { String::new() }
+        )));
+    }
+    if md.mode() & 0o022 != 0 {
+        return Err(Refused(format!("{}: refused, writable by other users (mode {:o})", path.display(), md.mode() & 0o7777)));
+    }
+    check_ancestors(path)
+}
+
 /// Whether `dir` is a folder shared with other users or a device folder: world-writable
 /// (sticky or not), under /dev, /proc or /sys, or owned by another uid than ours and root's.
 /// Default paths derived from another output are never placed there.

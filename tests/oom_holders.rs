@@ -4,6 +4,8 @@
 //! and NVML's used bytes for it (what PyTorch prints as "Process N has X GiB memory in use"), in
 //! `ooms[].holders`, the explanation and the fix; under `run` a third process that `run` does not
 //! trace (started beside it) holds 1 GiB and must be listed from NVML's process list as not traced.
+//! The report `run` writes at the OOM lists the holder (pid and bytes as in the summary), and
+//! `top --once` of the run's record shows the OOM line with it.
 
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
@@ -139,4 +141,74 @@ fn the_neighbour_holding_12_of_16_gib_is_named_at_the_oom_under_the_agent() {
         .and_then(|v| v.iter().find(|o| o["pid"].as_u64() == Some(pids[1]) && o["requested"].as_u64() == Some(ASK_MIB * MIB)))
         .unwrap_or_else(|| panic!("no 8 GiB OOM of pid {}: {s:#}", pids[1]));
     check_traced_holder(o, pids[0]);
+}
+
+/// The holder's pid and bytes as the report lists them (`<li data-pid data-holds data-traced>`).
+fn report_holders(html: &str) -> Vec<(u64, u64, String)> {
+    let list = &html[html.find("<ul class=\"holders\"").unwrap_or_else(|| panic!("no holders list in the report"))..];
+    let list = &list[..list.find("</ul>").expect("the list ends")];
+    let attr = |li: &str, k: &str| -> u64 {
+        let at = li.find(&format!("{k}=\"")).unwrap_or_else(|| panic!("no {k} in {li}")) + k.len() + 2;
+        li[at..li[at..].find('"').map(|e| at + e).expect("quote")].parse().unwrap_or_else(|e| panic!("{k} in {li}: {e}"))
+    };
+    list.split("<li ").skip(1).map(|li| (attr(li, "data-pid"), attr(li, "data-holds"), li.to_string())).collect()
+}
+
+#[test]
+fn the_report_and_top_name_the_holder_as_the_summary_does() {
+    let m = Machine::new(1);
+    let prog = fixtures().prog.display().to_string();
+    let (go, done) = (unique("holder-go"), unique("asker-done"));
+    std::fs::write(&done, b"go").expect("done");
+    let (hout, aout) = (unique("holder.out"), unique("asker.out"));
+    let script = format!(
+        "{prog} oomhold {} {} {go} > {h} & echo $! > {h}.pid; while ! grep -q READY {h}; do sleep 0.05; done; {prog} oomhold 64 {ASK_MIB} {done} > {a}; sleep 1; touch {go}; wait",
+        HOLD_MIB[0],
+        HOLD_MIB[1],
+        go = go.display(),
+        done = done.display(),
+        h = hout.display(),
+        a = aout.display(),
+    );
+    let (summary, report, record) = (unique("holders-report.json"), unique("holders-report.html"), unique("holders.gfrec"));
+    let mut cmd = Command::new(gpufrag());
+    cmd.args(["run", "--quiet", "--no-feed", "--summary-json"]).arg(&summary).arg("--report").arg(&report).arg("--record").arg(&record);
+    cmd.args(["--", "sh", "-c", &script]);
+    m.env(&mut cmd);
+    let res = cmd.stderr(Stdio::piped()).output().expect("gpufrag run");
+    assert!(res.status.success(), "{}", String::from_utf8_lossy(&res.stderr));
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).expect("json");
+    let holder_pid: u64 = std::fs::read_to_string(format!("{}.pid", hout.display())).expect("pid").trim().parse().expect("pid");
+    let o = the_oom(&s);
+    check_traced_holder(o, holder_pid);
+    let h = holder(o, holder_pid);
+    let holds = h["nvml_used"].as_u64().or(h["reserved"].as_u64()).expect("bytes");
+
+    // The report: the same holders, in the summary's order, the holder with the summary's bytes.
+    let html = std::fs::read_to_string(&report).unwrap_or_else(|e| panic!("no report {}: {e}", report.display()));
+    let listed = report_holders(&html);
+    let want: Vec<u64> = o["holders"]["list"].as_array().expect("list").iter().filter_map(|h| h["pid"].as_u64()).collect();
+    assert_eq!(listed.iter().map(|l| l.0).collect::<Vec<_>>(), want, "the report lists the summary's holders: {listed:?}");
+    let (_, bytes, li) = listed.iter().find(|l| l.0 == holder_pid).expect("the holder is listed");
+    assert_eq!(*bytes, holds, "the report's bytes for the holder are the summary's: {li}");
+    assert!(li.contains(&format!("process {holder_pid} (cuda_prog) holds 12.00 GiB")), "{li}");
+    assert!(li.contains("data-traced=\"true\""), "{li}");
+
+    // top --once of the run's record: the OOM line names the asker and, after it, the holder.
+    let top = Command::new(gpufrag()).args(["top", "--once", "--width", "1000", "--replay"]).arg(&record).output().expect("gpufrag top");
+    assert!(top.status.success(), "{}", String::from_utf8_lossy(&top.stderr));
+    let frame = String::from_utf8_lossy(&top.stdout);
+    let asker = o["pid"].as_u64().expect("pid");
+    let line = frame
+        .lines()
+        .find(|l| l.contains(&format!("OOM pid {asker} ")))
+        .unwrap_or_else(|| panic!("no OOM line for pid {asker} in top's frame:\n{frame}"));
+    assert!(line.contains("8.00 GiB requested"), "{line}");
+    // The record carries the holder's pid and bytes; its name is the live summary's only (a replay
+    // has no /proc to read it from), so the line says `process N holds ...` there.
+    assert!(
+        line.contains(&format!("; process {holder_pid} holds 12.00 GiB"))
+            || line.contains(&format!("; process {holder_pid} (cuda_prog) holds 12.00 GiB")),
+        "top's OOM line names the holder and its bytes: {line}"
+    );
 }

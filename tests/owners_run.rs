@@ -5,13 +5,21 @@
 //! (`cuMemAlloc_v2`). The program allocates some itself (`cudaMalloc` from the executable:
 //! `other`). The summary's `owners` must give each library its bytes, the rest to `other`,
 //! summed to the process's driver bytes, and the record must replay to the same owners.
+//!
+//! Under eBPF (`attach`, `agent`; as root) the same program gives the same owners: the uprobes
+//! on libcudart's allocation functions name the runtime call's caller, the driver's own caller
+//! otherwise (bpf/gpufrag.bpf.c, `owner_address`), mapped to files by the same consumer code.
+//! Under `attach` the program waits at a gate until the probes are in; under `agent` it holds
+//! its memory (READY, then a go file) until the agent's summary is taken.
 
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
+mod tool_support;
 
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 use support::*;
 
 const CUBLAS_MIB: u64 = 64;
@@ -43,11 +51,15 @@ fn build(dir: &Path) -> std::path::PathBuf {
     std::fs::write(
         dir.join("main.c"),
         format!(
-            "#include <stdio.h>\n#include <stddef.h>\nint cudaMalloc(void **p, size_t n);\n\
+            "#include <stdio.h>\n#include <stddef.h>\n#include <unistd.h>\nint cudaMalloc(void **p, size_t n);\n\
              int stub_cublas_workspace(size_t n); int stub_nccl_buffers(size_t n);\n\
-             int main(void) {{ void *p; int a = cudaMalloc(&p, {OWN_MIB}ull << 20);\n\
+             static void wait_file(const char *f) {{ while (access(f, F_OK) != 0) usleep(10000); }}\n\
+             int main(int argc, char **argv) {{ void *p; if (argc > 1 && argv[1][0] != '-') wait_file(argv[1]);\n\
+             int a = cudaMalloc(&p, {OWN_MIB}ull << 20);\n\
              int b = stub_cublas_workspace({CUBLAS_MIB}ull << 20); int c = stub_nccl_buffers({NCCL_MIB}ull << 20);\n\
-             printf(\"rc %d %d %d\\n\", a, b, c); return a || b || c; }}\n"
+             printf(\"rc %d %d %d\\n\", a, b, c); fflush(stdout);\n\
+             if (argc > 2) {{ printf(\"READY\\n\"); fflush(stdout); wait_file(argv[2]); }}\n\
+             return a || b || c; }}\n"
         ),
     )
     .expect("src");
@@ -68,6 +80,33 @@ fn build(dir: &Path) -> std::path::PathBuf {
         "-l:libcudart.so.12",
     ]);
     prog
+}
+
+/// The program's environment: the simulated machine, its two libraries and simcuda.
+fn prog_env(m: &Machine, dir: &Path, cmd: &mut Command) {
+    m.env(cmd);
+    cmd.env("LD_LIBRARY_PATH", format!("{}:{}", dir.display(), simcuda_dir().display()));
+}
+
+/// `processes[]` of `pid` in a summary.
+fn process_of(s: &Value, pid: u32) -> &Value {
+    let procs = s["processes"].as_array().unwrap_or_else(|| panic!("{s:#}"));
+    let mine: Vec<&Value> = procs.iter().filter(|p| p["pid"].as_u64() == Some(u64::from(pid))).collect();
+    assert_eq!(mine.len(), 1, "one entry for pid {pid}: {s:#}");
+    mine[0]
+}
+
+/// The owners `run` names for the program (the reference the eBPF captures must equal).
+fn run_owners(dir: &Path, prog: &Path) -> Value {
+    let summary = dir.join("run-summary.json");
+    let m = Machine::new(1);
+    let mut cmd = Command::new(gpufrag());
+    cmd.args(["run", "--quiet", "--no-report", "--no-feed", "--summary-json"]).arg(&summary).arg("--").arg(prog);
+    prog_env(&m, dir, &mut cmd);
+    let res = cmd.stderr(Stdio::piped()).stdout(Stdio::piped()).output().expect("gpufrag run");
+    assert!(res.status.success(), "{}", String::from_utf8_lossy(&res.stderr));
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).expect("json");
+    owners_of(&s)["owners"].clone()
 }
 
 fn owners_of(s: &Value) -> &Value {
@@ -130,4 +169,81 @@ fn run_names_the_libraries_that_took_driver_memory_and_replay_agrees() {
         assert!(row.contains(&format!("data-bytes=\"{}\"", mib * MIB)), "{owner}: {row}");
     }
     assert_eq!(table.matches("data-owner=").count(), 3, "one row per owner said: {table}");
+}
+
+#[test]
+fn attach_names_the_same_owners_as_run() {
+    require_ebpf!();
+    let dir = unique("owners-attach");
+    let prog = build(&dir);
+    let reference = run_owners(&dir, &prog);
+    let (gate, summary, record) = (dir.join("gate"), dir.join("summary.json"), dir.join("trace.gfrec"));
+    let m = Machine::new(1);
+    let mut p = Command::new(&prog);
+    p.arg(&gate).stdout(Stdio::piped());
+    prog_env(&m, &dir, &mut p);
+    let mut child = p.spawn().expect("owners_prog");
+    let pid = child.id();
+    let mut cmd = Command::new(gpufrag());
+    cmd.arg("attach").arg(pid.to_string()).arg("--summary-json").arg(&summary).arg("--record").arg(&record);
+    cmd.stderr(Stdio::piped()).stdout(Stdio::null());
+    m.env(&mut cmd);
+    let mut gf = cmd.spawn().expect("gpufrag attach");
+    let mut err = Lines::new(gf.stderr.take().expect("stderr"));
+    if !err.wait_for("attached to pid", Duration::from_secs(120)) {
+        let _ = child.kill();
+        let _ = gf.kill();
+        panic!("gpufrag attach did not attach:\n{}", err.rest());
+    }
+    std::fs::write(&gate, b"go").expect("open the gate");
+    assert!(wait_timeout(&mut child, Duration::from_secs(60)).success(), "owners_prog failed");
+    let st = wait_timeout(&mut gf, Duration::from_secs(60));
+    let log = err.rest();
+    assert!(st.success(), "gpufrag attach: {st}\n{log}");
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap_or_else(|e| panic!("{e}\n{log}"))).expect("json");
+    let p = process_of(&s, pid);
+    check(p);
+    assert_eq!(p["owners"], reference, "attach names run's owners");
+    assert_eq!(process_of(&analyze(&record), pid)["owners"], reference, "a replay of attach's record too");
+}
+
+fn stop(mut agent: Child, err: &mut Lines, summary: &Path) -> Value {
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
+    let st = wait_timeout(&mut agent, Duration::from_secs(60));
+    let log = err.rest();
+    assert!(st.success(), "agent: {st}\n{log}");
+    serde_json::from_str(&std::fs::read_to_string(summary).unwrap_or_else(|e| panic!("{e}\n{log}"))).expect("json")
+}
+
+#[test]
+fn agent_names_the_same_owners_as_run() {
+    require_ebpf!();
+    let dir = unique("owners-agent");
+    let prog = build(&dir);
+    let reference = run_owners(&dir, &prog);
+    let (go, summary) = (dir.join("go"), dir.join("agent.json"));
+    let m = Machine::new(1);
+    let mut cmd = Command::new(gpufrag());
+    cmd.args(["agent", "--summary-json"]).arg(&summary).stderr(Stdio::piped()).stdout(Stdio::null());
+    m.env(&mut cmd);
+    let mut agent = cmd.spawn().expect("agent");
+    let mut err = Lines::new(agent.stderr.take().expect("stderr"));
+    assert!(err.wait_for("agent: tracing", Duration::from_secs(120)), "{}", err.rest());
+    // Started after the agent, no --lib: its libcudart was probed up front (the agent's
+    // LD_LIBRARY_PATH names simcuda's), its libraries are read at its loader's report.
+    let mut p = Command::new(&prog);
+    p.arg("-").arg(&go).stdout(Stdio::piped());
+    prog_env(&m, &dir, &mut p);
+    let mut child = p.spawn().expect("owners_prog");
+    let pid = child.id();
+    let mut out = Lines::new(child.stdout.take().expect("stdout"));
+    assert!(out.wait_for("READY", Duration::from_secs(60)), "{}", out.rest());
+    std::thread::sleep(Duration::from_millis(800));
+    let s = stop(agent, &mut err, &summary);
+    std::fs::write(&go, b"go").expect("go");
+    assert!(wait_timeout(&mut child, Duration::from_secs(60)).success(), "owners_prog failed");
+    let p = process_of(&s, pid);
+    check(p);
+    assert_eq!(p["owners"], reference, "the agent names run's owners");
 }

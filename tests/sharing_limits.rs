@@ -4,7 +4,10 @@
 //! limit; HAMi-core's quota when `libvgpu.so` is preloaded, built here as an empty library), and
 //! the OOM must be judged against the layer's limit (`sharing_limit`, the layer, the limit, 1 GiB
 //! over), never as a true OOM of the device. A quota variable that does not parse leaves the limit
-//! unknown, counted in the notes, and the OOM is then judged by the device alone.
+//! unknown, counted in the notes, and the OOM is then judged by the device alone. The MPS control
+//! daemon's default limit (a client with no limit of its own) is read through its control client
+//! (simcuda's stand-in, `simcuda/mps/nvidia-cuda-mps-control`): judged as the limit, its source
+//! named; a client that hangs or answers garbage is a counted note and no limit.
 
 #[path = "ebpf_fixtures/support.rs"]
 mod support;
@@ -19,6 +22,11 @@ const GIB: u64 = 1 << 30;
 /// Runs `cuda_prog oomhold HOLD_MIB ASK_MIB` with `env` under `gpufrag run`; the summary and
 /// the program's output.
 fn run_with(env: &str, hold_mib: u64, ask_mib: u64) -> (Value, String) {
+    run_with_env(env, hold_mib, ask_mib, &[])
+}
+
+/// [`run_with`], `gpufrag_env` set on gpufrag itself.
+fn run_with_env(env: &str, hold_mib: u64, ask_mib: u64, gpufrag_env: &[(&str, &std::path::Path)]) -> (Value, String) {
     let m = Machine::new(1);
     let done = unique("done");
     std::fs::write(&done, b"go").expect("done");
@@ -28,6 +36,9 @@ fn run_with(env: &str, hold_mib: u64, ask_mib: u64) -> (Value, String) {
     let mut cmd = Command::new(gpufrag());
     cmd.args(["run", "--quiet", "--no-report", "--no-feed", "--summary-json"]).arg(&summary).args(["--", "sh", "-c", &script]);
     m.env(&mut cmd);
+    for (k, v) in gpufrag_env {
+        cmd.env(k, v);
+    }
     let res = cmd.stderr(Stdio::piped()).output().expect("gpufrag run");
     assert!(res.status.success(), "{}", String::from_utf8_lossy(&res.stderr));
     let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).expect("json");
@@ -108,4 +119,54 @@ fn a_quota_that_does_not_parse_leaves_the_limit_unknown_and_says_so() {
     let notes: Vec<&str> = s["notes"].as_array().expect("notes").iter().filter_map(Value::as_str).collect();
     assert!(notes.iter().any(|n| n.contains("sharing limit unreadable 1")), "{notes:#?}");
     assert!(notes.iter().any(|n| n.contains("CUDA_DEVICE_MEMORY_LIMIT=\"lots\"") && n.contains("no limit assumed")), "{notes:#?}");
+}
+
+/// A pipe folder served by a (stand-in) MPS daemon: its `control` pipe, and the defaults file
+/// simcuda's driver enforces and its stand-in control client answers (`lines`).
+fn mps_pipe_dir(lines: &str) -> std::path::PathBuf {
+    let dir = unique("nvidia-mps");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let st = Command::new("mkfifo").arg(dir.join("control")).status().expect("mkfifo");
+    assert!(st.success());
+    std::fs::write(dir.join("simcuda-mps-defaults"), lines).expect("defaults");
+    dir
+}
+
+/// [`run_with`] under an MPS daemon's pipe folder, the stand-in client found by gpufrag; the
+/// summary, the output and how long `run` took.
+fn run_under_daemon(dir: &std::path::Path, hold_mib: u64, ask_mib: u64) -> (Value, String, std::time::Duration) {
+    let client = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("simcuda/mps");
+    let t = std::time::Instant::now();
+    let (s, out) =
+        run_with_env(&format!("CUDA_MPS_PIPE_DIRECTORY={}", dir.display()), hold_mib, ask_mib, &[("GPUFRAG_MPS_CONTROL_DIRS", &client)]);
+    (s, out, t.elapsed())
+}
+
+#[test]
+fn the_mps_daemons_default_limit_is_read_from_its_control_client() {
+    let dir = mps_pipe_dir("0=4G\n");
+    let (s, out, _) = run_under_daemon(&dir, 3072, 2048);
+    assert!(out.starts_with("OOM rc=2 "), "simcuda enforces the daemon's 4 GiB default: {out}");
+    let o = only_oom(&s);
+    check_at_limit(o, "mps", "the MPS control daemon's default (get_default_device_pinned_mem_limit)");
+}
+
+#[test]
+fn an_mps_control_client_that_hangs_or_babbles_gives_a_note_and_no_limit() {
+    for (mode, why) in [("hang", "no answer within 2000 ms (killed)"), ("garbage", "which is no size")] {
+        // The driver still enforces 4 GiB; gpufrag cannot know it: judged by the device alone.
+        let dir = mps_pipe_dir(&format!("mode={mode}\n0=4G\n"));
+        let (s, out, took) = run_under_daemon(&dir, 3072, 2048);
+        assert!(out.starts_with("OOM rc=2 "), "{mode}: {out}");
+        let o = only_oom(&s);
+        assert!(o.get("limit").is_none(), "{mode}: no limit invented: {o:#}");
+        assert_ne!(o["verdict"].as_str(), Some("sharing_limit"), "{mode}: {o:#}");
+        let notes: Vec<&str> = s["notes"].as_array().expect("notes").iter().filter_map(Value::as_str).collect();
+        assert!(notes.iter().any(|n| n.contains("sharing limit unreadable 1")), "{mode}: {notes:#?}");
+        assert!(
+            notes.iter().any(|n| n.contains("the MPS control daemon's default limit") && n.contains(why) && n.contains("no limit assumed")),
+            "{mode}: {notes:#?}"
+        );
+        assert!(took < std::time::Duration::from_secs(30), "{mode}: bounded by the client's timeout: {took:?}");
+    }
 }

@@ -18,6 +18,7 @@
 pub mod cgroup;
 pub mod gpu;
 pub mod mig;
+pub mod mps;
 pub mod oci;
 pub mod podres;
 pub mod podres_api;
@@ -248,6 +249,8 @@ pub struct Attribution {
     kept: Vec<String>,
     /// The pod-resources socket, when read; else why not (a note), when it was asked for.
     pods: Option<Result<PodsLink, String>>,
+    /// The MPS control daemons' default limits, asked once per pipe folder a while.
+    mps: mps::Daemons,
 }
 
 impl Attribution {
@@ -261,6 +264,7 @@ impl Attribution {
             gaps: BTreeMap::new(),
             kept: Vec::new(),
             pods: None,
+            mps: mps::Daemons::default(),
         };
         if a.gpus.uuids.is_none() {
             a.gap(GapKind::NvmlAbsent, 0, "NVML absent: GPUs are known by index only (hw.id gpu-N), and a CUDA_VISIBLE_DEVICES entry given as a UUID cannot be placed".into());
@@ -345,9 +349,21 @@ impl Attribution {
             }
         };
         let mut visible = None;
-        let limits = env.as_ref().map(crate::limits::ProcessLimits::from_env).unwrap_or_default();
+        let mut limits = env.as_ref().map(crate::limits::ProcessLimits::from_env).unwrap_or_default();
         for bad in &limits.bad {
             self.gap(GapKind::LimitUnreadable, pid, format!("{bad}: no limit assumed"));
+        }
+        if let Some(env) = &env {
+            let devices = self.gpus.uuids.as_ref().map_or(1, Vec::len);
+            match self.mps.default_for(env, devices) {
+                mps::Answer::None => {}
+                mps::Answer::Limits(l) => {
+                    for (ordinal, bytes) in l {
+                        limits.by_ordinal.entry(Some(ordinal)).or_default().push(mps::limit(bytes));
+                    }
+                }
+                mps::Answer::Unreadable(why) => self.gap(GapKind::LimitUnreadable, pid, format!("{why}: no limit assumed")),
+            }
         }
         if let Some(env) = &env {
             let get = |keys: &[&str]| keys.iter().find_map(|k| env.get(*k).filter(|v| !v.is_empty()).cloned());

@@ -88,9 +88,11 @@ impl Callers {
     }
 }
 
-/// `pid`'s code mappings from `/proc/PID/maps`; `None` when it cannot be read (gone).
+/// `pid`'s code mappings from `/proc/PID/maps`; `None` when it cannot be read (gone) or holds
+/// no code (a process that has exited but is not reaped yet reads as empty: its mappings as
+/// read before are kept).
 pub fn read_maps(pid: u32) -> Option<Vec<(u64, u64, Owner)>> {
-    std::fs::read_to_string(format!("/proc/{pid}/maps")).ok().map(|t| parse_maps(&t))
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).ok().map(|t| parse_maps(&t)).filter(|r| !r.is_empty())
 }
 
 /// The executable, file-backed mappings of a `/proc/PID/maps` text, each with its file's owner,

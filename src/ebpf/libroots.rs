@@ -94,7 +94,8 @@ fn enter(name: &str) -> bool {
 }
 
 /// Walks `roots` breadth first for allocator libraries ([`LibKind::C10Cuda`],
-/// [`LibKind::XlaBfc`], by file name), within the bounds.
+/// [`LibKind::XlaBfc`]) and CUDA runtimes ([`LibKind::Cudart`]: a wheel's `libcudart.so.12`,
+/// whose allocation functions name the owners of driver memory), by file name, within the bounds.
 pub fn scan(roots: &[PathBuf]) -> RootScan {
     scan_within(roots, TIME_BUDGET, MAX_ENTRIES)
 }
@@ -132,7 +133,9 @@ pub fn scan_within(roots: &[PathBuf], budget: Duration, max_entries: u64) -> Roo
                 }
                 continue;
             }
-            let Some(kind) = LibKind::of(&name).filter(|k| matches!(k, LibKind::C10Cuda | LibKind::XlaBfc)) else { continue };
+            let Some(kind) = LibKind::of(&name).filter(|k| matches!(k, LibKind::C10Cuda | LibKind::XlaBfc | LibKind::Cudart)) else {
+                continue;
+            };
             let path = entry.path();
             // A regular file, or a link to one; each file once.
             if !std::fs::metadata(&path).is_ok_and(|m| m.is_file()) || !file_id(&path).is_ok_and(|id| seen_files.insert(id)) {

@@ -67,6 +67,12 @@ const DRIVER_FUNCTIONS: &[(&str, &str)] = &[
     ("cuDeviceGetMemPool", "default_mem_pool"),
 ];
 
+/// The CUDA runtime's allocation functions, each ending in a probed driver allocation: probed
+/// (one program pair, `runtime_alloc`) only so that the driver's event names the code that asked
+/// the runtime as its owner, not libcudart. `cudaMallocAsync` and the pool functions are not
+/// here: a pool allocation carries no owner (docs/metrics.md).
+pub const RUNTIME_FUNCTIONS: [&str; 4] = ["cudaMalloc", "cudaMallocPitch", "cudaMalloc3D", "cudaMallocManaged"];
+
 /// Kernel functions that every file-backed mmap passes, with the file as first argument, in the
 /// order tried for the library-mapping kprobe.
 const MMAP_FUNCTIONS: [&str; 3] = ["security_mmap_file", "do_mmap", "vm_mmap_pgoff"];
@@ -173,6 +179,12 @@ pub enum Attached {
     },
     /// A dynamic loader (`ld.so`): a uprobe on [`LOADER_BREAKPOINT`].
     Loader,
+    /// libcudart: this many of [`RUNTIME_FUNCTIONS`] (0: none exported, a runtime linked
+    /// statically into another file, whose allocations are filed under that file's driver calls).
+    Runtime {
+        /// Functions probed.
+        functions: usize,
+    },
 }
 
 /// A process mapped a CUDA library file that is not probed yet (the `security_mmap_file`
@@ -377,6 +389,8 @@ impl Probes {
             "gf_block_alloc" => &p.gf_block_alloc,
             "gf_block_free" => &p.gf_block_free,
             "gf_oom" => &p.gf_oom,
+            "runtime_alloc_entry" => &p.runtime_alloc_entry,
+            "runtime_alloc_return" => &p.runtime_alloc_return,
             "empty_entry" => &p.empty_entry,
             "empty_return" => &p.empty_return,
             _ => return None,
@@ -418,6 +432,25 @@ impl Probes {
                 return Err(ProbeError::Other(format!("{} exports none of the CUDA memory functions", path.display())));
             }
             self.files.insert(id, (path.to_path_buf(), Attached::Driver { functions }));
+        }
+        Ok(&self.files[&id].1)
+    }
+
+    /// Probes the CUDA runtime's allocation functions ([`RUNTIME_FUNCTIONS`]) in the libcudart
+    /// file at `path` (once per file identity). A file that exports none of them is recorded as
+    /// probed with 0 functions (no error: its driver calls name their own caller).
+    pub fn attach_runtime(&mut self, path: &Path) -> Result<&Attached, ProbeError> {
+        let id = procfs::file_id(path).map_err(|e| ProbeError::Other(format!("{}: {e}", path.display())))?;
+        if !self.files.contains_key(&id) {
+            let offsets =
+                symbols::function_offsets(path, &RUNTIME_FUNCTIONS).map_err(|e| ProbeError::Other(format!("{}: {e}", path.display())))?;
+            let mut functions = 0;
+            for func in RUNTIME_FUNCTIONS {
+                let Some(&off) = offsets.get(func) else { continue };
+                self.attach_pair(path, func, off, "runtime_alloc")?;
+                functions += 1;
+            }
+            self.files.insert(id, (path.to_path_buf(), Attached::Runtime { functions }));
         }
         Ok(&self.files[&id].1)
     }
@@ -576,6 +609,9 @@ impl Probes {
             }
             LibKind::Loader => {
                 self.attach_loader(path)?;
+            }
+            LibKind::Cudart => {
+                self.attach_runtime(path)?;
             }
         }
         self.mark_probed(id);

@@ -14,6 +14,10 @@ pub enum LibKind {
     Cuda,
     /// PyTorch's CUDA library, `libc10_cuda.so*`.
     C10Cuda,
+    /// The CUDA runtime, `libcudart.so*` (and `libcudart-HASH.so*` as wheels rename it): its
+    /// allocation functions are probed only to name who asked the runtime (the owner of the
+    /// driver allocation they make, docs/metrics.md).
+    Cudart,
     /// A library carrying XLA's BFC allocator, as `crate::alloc::LIBRARIES` names them: JAX's
     /// CUDA plugin (`xla_cuda_plugin.so`, in `jax_plugins/xla_cuda13/`).
     XlaBfc,
@@ -48,6 +52,8 @@ impl LibKind {
             Some(LibKind::Cuda)
         } else if name == "libc10_cuda.so" || name.starts_with("libc10_cuda.so.") {
             Some(LibKind::C10Cuda)
+        } else if name.starts_with("libcudart.so") || (name.starts_with("libcudart-") && name.contains(".so")) {
+            Some(LibKind::Cudart)
         } else {
             // A library the allocator table (`crate::alloc::LIBRARIES`) names, whose allocator
             // has uprobes here: XLA's BFC.
@@ -433,14 +439,7 @@ pub fn exe_name(pid: u32) -> String {
 /// directories, all seen through `/proc/PID/root`. Only files that exist are returned.
 pub fn libcuda_candidates(pid: u32) -> Vec<PathBuf> {
     let root = reachable(pid, "/");
-    let mut dirs: Vec<String> = Vec::new();
-    if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
-        for var in env.split(|&b| b == 0) {
-            if let Some(v) = var.strip_prefix(b"LD_LIBRARY_PATH=") {
-                dirs.extend(String::from_utf8_lossy(v).split(':').filter(|d| !d.is_empty()).map(str::to_string));
-            }
-        }
-    }
+    let mut dirs = ld_library_path(pid);
     if let Ok(out) = std::process::Command::new("ldconfig").arg("-p").output() {
         for line in String::from_utf8_lossy(&out.stdout).lines() {
             if let Some((_, path)) = line.split_once("=> ") {
@@ -472,6 +471,49 @@ pub fn libcuda_candidates(pid: u32) -> Vec<PathBuf> {
     out
 }
 
+/// The directories of `pid`'s `LD_LIBRARY_PATH` (as the process names them).
+fn ld_library_path(pid: u32) -> Vec<String> {
+    let mut dirs = Vec::new();
+    if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
+        for var in env.split(|&b| b == 0) {
+            if let Some(v) = var.strip_prefix(b"LD_LIBRARY_PATH=") {
+                dirs.extend(String::from_utf8_lossy(v).split(':').filter(|d| !d.is_empty()).map(str::to_string));
+            }
+        }
+    }
+    dirs
+}
+
+/// The CUDA runtime files ([`LibKind::Cudart`]) in the directories of `pid`'s `LD_LIBRARY_PATH`,
+/// seen through `/proc/PID/root`, once per file, at most [`MAX_CUDART_CANDIDATES`]: probed up
+/// front so that a process that loads one from there names its runtime allocations' owners from
+/// its first call (the node's Python and library roots are the agent's `libroots` scan).
+pub fn cudart_candidates(pid: u32) -> Vec<PathBuf> {
+    let root = reachable(pid, "/");
+    let mut found = OncePerFile::default();
+    for d in ld_library_path(pid) {
+        let Ok(entries) = std::fs::read_dir(root.join(d.trim_start_matches('/'))) else { continue };
+        let mut names: Vec<PathBuf> = entries
+            .flatten()
+            .take(4096)
+            .filter(|e| LibKind::of(&e.file_name().to_string_lossy()) == Some(LibKind::Cudart))
+            .map(|e| e.path())
+            .collect();
+        names.sort();
+        for p in names.into_iter().filter(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file())) {
+            found.add(p);
+        }
+        if found.paths.len() >= MAX_CUDART_CANDIDATES {
+            break;
+        }
+    }
+    found.paths.truncate(MAX_CUDART_CANDIDATES);
+    found.paths
+}
+
+/// The most runtime files [`cudart_candidates`] gives.
+pub const MAX_CUDART_CANDIDATES: usize = 16;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,7 +530,9 @@ mod tests {
         assert_eq!(m[1].path, "/opt/my dir/libc10_cuda.so");
         assert_eq!(LibKind::of(&m[0].path), Some(LibKind::Cuda));
         assert_eq!(LibKind::of(&m[1].path), Some(LibKind::C10Cuda));
-        assert_eq!(LibKind::of("/usr/lib/libcudart.so.13"), None);
+        assert_eq!(LibKind::of("/usr/lib/libcudart.so.13"), Some(LibKind::Cudart));
+        assert_eq!(LibKind::of("/venv/torch/lib/libcudart-d0da41ae.so.11.0"), Some(LibKind::Cudart));
+        assert_eq!(LibKind::of("/usr/lib/libcudart_static.a"), None);
         assert_eq!(LibKind::of("/venv/site-packages/jax_plugins/xla_cuda13/xla_cuda_plugin.so"), Some(LibKind::XlaBfc));
         assert_eq!(LibKind::of("/usr/lib/libcuda_stub.so"), None);
         assert!(is_loader("/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2") && is_loader("/lib/ld-musl-x86_64.so.1"));

@@ -30,6 +30,7 @@ use super::nvml::DeviceMonitor;
 use super::processes::{coverage, Action, Coverage, ProcFs, ProcessTable};
 use super::procfs::{self, FileId, LibKind};
 use super::{Attached, ProbeError, ProbeOptions, Probes};
+use crate::consumer::callers::{self, Callers};
 use crate::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_SRC_EBPF, F_SRC_NVML};
 use crate::ingest::State;
 use crate::source::{now_ns, Msg};
@@ -169,6 +170,11 @@ pub struct Session {
     /// Processes that mapped an allocator library before its probes went in: (start time, the
     /// probe's moment). A segment of theirs stamped before it makes them not exact.
     late_allocator: std::collections::HashMap<u32, (u64, u64)>,
+    /// The traced processes' code mappings: the owner of each driver allocation, named from its
+    /// caller's address as `run`'s consumer names it (the same [`Callers`]), when its event is
+    /// drained. Read at attach, at each report of the dynamic loader's breakpoint (a process's
+    /// start and each dlopen, while it surely runs) and on a miss.
+    callers: Callers,
     loader_cost: LoaderCost,
     /// New filesystems scanned at the exec hold.
     rootfs_scans: u64,
@@ -248,6 +254,7 @@ impl Session {
             probed_at: std::collections::HashMap::new(),
             lib_loads: BTreeMap::new(),
             late_allocator: std::collections::HashMap::new(),
+            callers: Callers::default(),
             loader_cost: LoaderCost::default(),
             rootfs_scans: 0,
             unprobeable_loaders: HashSet::new(),
@@ -288,11 +295,13 @@ impl Session {
             let mut c = procfs::libcuda_candidates(pid);
             c.extend(procfs::node_libcuda(s.opts.host_root.as_deref()));
             s.attach_up_front(c)?;
+            s.attach_runtimes(procfs::cudart_candidates(pid));
         } else {
             // Where this process would load libcuda from (its LD_LIBRARY_PATH), and the node's.
             let mut c = procfs::libcuda_candidates(std::process::id());
             c.extend(procfs::node_libcuda(s.opts.host_root.as_deref()));
             s.attach_up_front(c)?;
+            s.attach_runtimes(procfs::cudart_candidates(std::process::id()));
         }
         if let Some(extra) = s.opts.lib_roots.clone() {
             s.scan_lib_roots(&extra)?;
@@ -474,6 +483,9 @@ impl Session {
             }
             for p in pids {
                 let Some(st) = procfs::stat(p) else { continue };
+                if let Some(ranges) = callers::read_maps(p) {
+                    self.callers.prime(p, ranges, now_ns());
+                }
                 let exact = !self.preexisting.contains(&(p, st.start_time));
                 let acts = self.table.register(p, st.start_time, procfs::exe_name(p), exact, now_ns());
                 self.apply(&mut out, acts);
@@ -510,6 +522,15 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// Probes the CUDA runtime files found up front (a note for one that cannot be).
+    fn attach_runtimes(&mut self, paths: Vec<PathBuf>) {
+        for p in paths {
+            if let Err(e) = self.attach_file(LibKind::Cudart, &p) {
+                self.notes.push(format!("could not probe the CUDA runtime {}: {e}", p.display()));
+            }
+        }
     }
 
     fn attach_file(&mut self, kind: LibKind, path: &std::path::Path) -> Result<(), ProbeError> {
@@ -601,8 +622,22 @@ impl Session {
                     format!("allocator blocks: {probes} gpufrag annotation USDT probes (include/gpufrag_annotate.h) in {}", path.display())
                 }
                 Attached::Loader => format!("dynamic loader: a uprobe on {} in {}", super::LOADER_BREAKPOINT, path.display()),
+                Attached::Runtime { functions: 0 } => format!(
+                    "owners: {} exports none of {}: driver allocations its code makes are filed under their own caller",
+                    path.display(),
+                    super::RUNTIME_FUNCTIONS.join(", ")
+                ),
+                Attached::Runtime { functions } => format!(
+                    "owners: uprobes on {functions} runtime allocation functions of {} (a driver allocation made inside one is owned by the runtime call's caller)",
+                    path.display()
+                ),
             };
             self.notes.push(note);
+        }
+        if kind == LibKind::Cudart {
+            // Nothing a process did before is missing: its driver calls were probed; only their
+            // owner is the runtime's (its caller was not seen).
+            return Ok(());
         }
         // Whoever maps the file now may have called it before the probes were in.
         let runs = |pid: u32| {
@@ -792,6 +827,11 @@ impl Session {
             self.loader_cost.reads += 1;
             let read = Instant::now();
             let libs = procfs::cuda_libs(pid);
+            // The code it maps now, for the owners of its driver allocations (a short-lived
+            // process may be gone before they are drained).
+            if let Some(ranges) = callers::read_maps(pid) {
+                self.callers.prime(pid, ranges, now_ns());
+            }
             let ns = read.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
             self.loader_cost.total_ns = self.loader_cost.total_ns.saturating_add(ns);
             self.loader_cost.max_ns = self.loader_cost.max_ns.max(ns);
@@ -971,8 +1011,13 @@ impl Session {
         self.handle_events(out, all);
     }
 
+    /// Puts drained events in the reorder buffer, each driver allocation's owner named first
+    /// (after `probe_mapped` let the loader's reports prime the mappings), before it is
+    /// recorded or applied, as the consumer does under `run`.
     fn buffer(&mut self, events: Vec<Event>) {
-        for e in events {
+        let now = now_ns();
+        for mut e in events {
+            self.callers.resolve(&mut e, now);
             self.seq += 1;
             self.reorder.insert((e.ts_ns, self.seq), e);
         }
@@ -1097,7 +1142,7 @@ impl Session {
             // Start time 0: the process was gone before its first event was handled.
             let Some(p) = self.table.get(pid).filter(|p| p.start_time == l.start_time || p.start_time == 0) else { continue };
             let late = l.load_ns.is_none_or(|t| l.probe_ns > t);
-            if l.kind == LibKind::Cuda && !late {
+            if (l.kind == LibKind::Cuda && !late) || l.kind == LibKind::Cudart {
                 continue;
             }
             let ms = |a: u64, b: u64| (a as f64 - b as f64) / 1e6;

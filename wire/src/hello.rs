@@ -33,9 +33,10 @@ pub const HELLO_F_ENV: u32 = 4;
 pub const HELLO_ENV_MAX: usize = 1024;
 /// The variables an environment block carries: which GPUs the process sees, the names
 /// of its Kubernetes pod where the downward API or the kubelet set them, its allocator settings,
-/// and the sharing layers' limits (MPS's, HAMi-core's quota for every device and devices 0..7,
-/// and `LD_PRELOAD`, which names the quota library).
-pub const HELLO_ENV_KEYS: [&str; 24] = [
+/// and the sharing layers' limits (MPS's, and its daemon's pipe folder for the daemon's default;
+/// HAMi-core's quota for every device and devices 0..7, and `LD_PRELOAD`, which names the quota
+/// library).
+pub const HELLO_ENV_KEYS: [&str; 25] = [
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
     "CUDA_DEVICE_ORDER",
@@ -50,6 +51,7 @@ pub const HELLO_ENV_KEYS: [&str; 24] = [
     "PYTORCH_CUDA_ALLOC_CONF",
     "PYTORCH_ALLOC_CONF",
     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+    "CUDA_MPS_PIPE_DIRECTORY",
     "CUDA_DEVICE_MEMORY_LIMIT",
     "CUDA_DEVICE_MEMORY_LIMIT_0",
     "CUDA_DEVICE_MEMORY_LIMIT_1",

@@ -44,6 +44,10 @@ pub struct Config {
     /// client, as if a server served this process) and, when `LD_PRELOAD` names HAMi-core's
     /// `libvgpu.so`, its quota `CUDA_DEVICE_MEMORY_LIMIT` / `CUDA_DEVICE_MEMORY_LIMIT_N` (what
     /// that library enforces, and the total its `cuMemGetInfo` reports). The tightest applies.
+    /// Without `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, the MPS control daemon's default as simcuda
+    /// models it: where the pipe folder (`CUDA_MPS_PIPE_DIRECTORY`, default `/tmp/nvidia-mps`)
+    /// holds a `control` entry, the `ORDINAL=SIZE` lines of its `simcuda-mps-defaults` file
+    /// (what the stand-in control client `simcuda/mps/nvidia-cuda-mps-control` answers).
     /// A value that does not parse sets no limit (and is said on stderr).
     pub own_limit: Vec<Option<u64>>,
     /// Whether `own_limit` comes from the quota preload (its `cuMemGetInfo` shows the quota).
@@ -52,6 +56,11 @@ pub struct Config {
     /// memory domain `devices + k`. A GPU with instances is in MIG mode.
     pub mig: Vec<crate::mig::MigInstance>,
 }
+
+/// The file of a pipe folder in which simcuda keeps its MPS daemon's default limits
+/// (`ORDINAL=SIZE` lines; a `mode=hang` or `mode=garbage` line makes the stand-in control client
+/// hang or answer what is no size).
+pub const MPS_DEFAULTS_FILE: &str = "simcuda-mps-defaults";
 
 impl Config {
     /// Reads the configuration from the process environment.
@@ -117,7 +126,22 @@ impl Config {
             }
             _ => eprintln!("simcuda: {key}={v:?}: not a size, no limit set"),
         };
-        if let Some(v) = get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") {
+        let daemon_default = || {
+            let dir = get("CUDA_MPS_PIPE_DIRECTORY").filter(|d| !d.is_empty()).unwrap_or_else(|| "/tmp/nvidia-mps".into());
+            let dir = std::path::Path::new(&dir);
+            if std::fs::symlink_metadata(dir.join("control")).is_err() {
+                return None;
+            }
+            let text = std::fs::read_to_string(dir.join(MPS_DEFAULTS_FILE)).ok()?;
+            let pairs: Vec<String> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| l.split_once('=').is_some_and(|(o, _)| o.parse::<usize>().is_ok()))
+                .map(String::from)
+                .collect();
+            Some(pairs.join(","))
+        };
+        if let Some(v) = get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").or_else(daemon_default) {
             for pair in v.split(',').filter(|p| !p.trim().is_empty()) {
                 match pair.split_once('=').and_then(|(o, s)| Some((o.trim().parse::<usize>().ok()?, s))) {
                     Some((o, s)) => tighten(o, s, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
