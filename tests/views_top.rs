@@ -408,6 +408,7 @@ fn live_top_follows_a_running_workload_through_runs_feed() {
         .args(["hold", "1536MiB"])
         .env("LD_LIBRARY_PATH", &libs)
         .env("SIMCUDA_STATE_DIR", dir.join("simcuda"))
+        .env("SIMCUDA_UTILIZATION", "37:12")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -433,6 +434,10 @@ fn live_top_follows_a_running_workload_through_runs_feed() {
     // SAFETY: geteuid cannot fail.
     let user = gpufrag::views::top::procinfo::user_name(unsafe { libc::geteuid() });
     assert!(row.contains(&format!(" {user} ")), "its user {user}: {row:?}");
+    // NVML's figures (issue 27), as simcuda was given them: its name and SIMCUDA_UTILIZATION.
+    let device = s.lines().find(|l| l.contains("gpu 0 ") && !l.contains("pid ")).expect("device row");
+    // (shortened to what its column has room for: "gpu 0 H200 (simcuda)" at least, at 180 columns).
+    assert!(device.contains(" H200 (simcuda) ") && device.contains(" 37% "), "name and utilization: {device:?}");
     // The workload frees and exits when its stdin closes; run sends its final frame.
     if let Some(mut stdin) = run.stdin.take() {
         let _ = stdin.write_all(b"\n");
