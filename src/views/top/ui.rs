@@ -242,8 +242,10 @@ fn draw_table(f: &mut TermFrame<'_>, app: &App, rows: &[RowView], area: Rect) {
         col("command".into(), 8, 13),
     ];
     let (kept, left) = columns_that_fit(&cols, area.width.saturating_sub(4));
-    // What is left widens the label column, as far as the longest GPU name needs: the device
-    // rows' names are shortened to the width it has.
+    // What is left widens the label column, as far as the longest GPU name needs, unless the
+    // command column (the last, which takes what is left) is shown: a command line is cut
+    // before a GPU's name is (the device rows' names are shortened to the width the label has).
+    let left = if kept.contains(&(cols.len() - 1)) { 0 } else { left };
     let named =
         rows.iter().filter_map(|r| Some(r.label.chars().count() + 2 + r.figures.gpu_name.as_deref()?.chars().count())).max().unwrap_or(0)
             as u16;
