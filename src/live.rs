@@ -676,6 +676,8 @@ impl Live {
     pub fn tick(&mut self) {
         self.refresh_pods();
         self.report_new_ooms();
+        // NVML read once here for every view of the state (crate::ingest::gpus).
+        self.state.gpus = self.holder_reader.read_gpus();
         for o in self.observers.iter_mut() {
             o.tick(&self.state);
         }
@@ -701,6 +703,7 @@ impl Live {
         self.state.settle_all();
         self.report_new_ooms();
         self.flush_held_ooms(true);
+        self.state.gpus = self.holder_reader.read_gpus();
         for o in self.observers.iter_mut() {
             o.finish(&self.state);
         }

@@ -291,3 +291,61 @@ document.body.setAttribute('data-labels',b.length);document.body.setAttribute('d
     assert_eq!(body["data-overlaps"], "0", "labels overlap");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 27: 95 % of the demo's time axis was empty: a device-free reading at `cuInit`, then the
+/// program's own start-up, then every allocation and the OOM in the last 5 %. A trace read at 1 s
+/// whose first allocation is at 10 s and whose OOM is at 10.5 s: the axis starts at the first
+/// allocation (the reserved line rises at the axis's left end, the OOM at the middle), and says so.
+#[test]
+fn the_time_axis_starts_at_the_first_allocation_and_says_so() {
+    use gpufrag::event::{Event, EventKind, F_DEVICE_FREE_KNOWN};
+    let dir = tmp("axis");
+    let rec = dir.join("startup.rec");
+    let mut w = gpufrag::record::Writer::create(&rec).expect("record");
+    let s = 1_000_000_000u64;
+    let gib = 1u64 << 30;
+    let free = |e: Event, f: u64| Event { device_free: f, flags: F_DEVICE_FREE_KNOWN, ..e };
+    w.write(&free(Event { ts_ns: s, size: 16 * gib, ..Event::new(EventKind::DeviceInfo, 100, 0) }, 15 * gib)).expect("write");
+    w.write(&free(
+        Event { ts_ns: 10 * s, addr: 1 << 40, size: 12 * gib, requested: 12 * gib, ..Event::new(EventKind::MemAlloc, 100, 0) },
+        3 * gib,
+    ))
+    .expect("write");
+    let oom = Event {
+        ts_ns: 10 * s + s / 2,
+        requested: 8 * gib,
+        rc: 2,
+        op: EventKind::MemAlloc as u16,
+        ..Event::new(EventKind::AllocFailed, 100, 0)
+    };
+    w.write(&free(oom, 3 * gib)).expect("write");
+    w.write(&Event { ts_ns: 11 * s, ..Event::new(EventKind::ProcessExit, 100, -1) }).expect("write");
+    w.finish().expect("finish");
+    let (html, _) = report(&rec, &dir, "axis");
+    let page = std::fs::read_to_string(&html).expect("report");
+    let svg = &page[page.find("id=\"timeline-dev0\"").expect("timeline")..];
+    let svg = &svg[..svg.find("</svg>").expect("end")];
+    // The picture's x range (src/views/timeline.rs): 90 to 1170.
+    let (x0, x1) = (90.0f64, 1170.0f64);
+    // The reserved line: its first rise (a `V` to above the axis) is at the first allocation.
+    let d = attrs(svg, "id=\"series-reserved-dev0\"")["d"].clone();
+    let rise = d.find('V').expect("reserved rises");
+    let x_rise: f64 = d[..rise].rsplit(['H', 'M', ' ']).find(|t| !t.is_empty()).and_then(|t| t.parse().ok()).expect("x of the rise");
+    // Independently: the axis runs from the first allocation (10 s) to the last event (11 s).
+    let at = |t: f64| x0 + (t - 10.0) / (11.0 - 10.0) * (x1 - x0);
+    assert!((x_rise - at(10.0)).abs() < 1.0, "the first allocation at x {x_rise}, want {}: {d}", at(10.0));
+    let oom_x: f64 = svg
+        .split("<g class=\"oom-mark\"")
+        .nth(1)
+        .and_then(|g| g.split("x1=\"").nth(1))
+        .and_then(|v| v.split('"').next())
+        .and_then(|v| v.parse().ok())
+        .expect("OOM mark");
+    assert!((oom_x - at(10.5)).abs() < 1.0, "the OOM at x {oom_x}, want {}", at(10.5));
+    let axis = attrs(svg, "class=\"axis-start\"");
+    assert_eq!(axis["data-t0-ns"], (10 * s).to_string());
+    assert_eq!(axis["data-lead-ns"], (9 * s).to_string());
+    // (the apostrophe as the SVG escapes it)
+    assert!(svg.contains("time since the first allocation (9.0 s after the trace&#39;s first event)"), "{svg}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

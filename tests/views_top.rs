@@ -35,11 +35,11 @@ struct Tmux {
 }
 
 impl Tmux {
-    /// Starts `shell` (run by `sh -c`) in a 180×45 pane.
+    /// Starts `shell` (run by `sh -c`) in a 200×45 pane (wide enough for every column and a command line of 30 characters: issue 27 added nvml used and util).
     fn start(tag: &str, shell: &str, env: &[(&str, &str)]) -> Tmux {
         let name = format!("gpufrag-test-{tag}-{}", std::process::id());
         let mut cmd = Command::new("tmux");
-        cmd.args(["-L", &name, "-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", "180", "-y", "45"]);
+        cmd.args(["-L", &name, "-f", "/dev/null", "new-session", "-d", "-s", "t", "-x", "200", "-y", "45"]);
         for (k, v) in env {
             cmd.args(["-e", &format!("{k}={v}")]);
         }
@@ -408,6 +408,7 @@ fn live_top_follows_a_running_workload_through_runs_feed() {
         .args(["hold", "1536MiB"])
         .env("LD_LIBRARY_PATH", &libs)
         .env("SIMCUDA_STATE_DIR", dir.join("simcuda"))
+        .env("SIMCUDA_UTILIZATION", "37:12")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -433,6 +434,10 @@ fn live_top_follows_a_running_workload_through_runs_feed() {
     // SAFETY: geteuid cannot fail.
     let user = gpufrag::views::top::procinfo::user_name(unsafe { libc::geteuid() });
     assert!(row.contains(&format!(" {user} ")), "its user {user}: {row:?}");
+    // NVML's figures (issue 27), as simcuda was given them: its name and SIMCUDA_UTILIZATION.
+    let device = s.lines().find(|l| l.contains("gpu 0 ") && !l.contains("pid ")).expect("device row");
+    // (shortened to what the label column has: at 200 columns the command column takes what is left).
+    assert!(device.contains("gpu 0 H200 ") && device.contains(" 37% "), "name and utilization: {device:?}");
     // The workload frees and exits when its stdin closes; run sends its final frame.
     if let Some(mut stdin) = run.stdin.take() {
         let _ = stdin.write_all(b"\n");

@@ -219,3 +219,31 @@ fn device_memory_answers_whether_it_fits_on_a_bigger_card() {
         assert_eq!(s["peak_reserved"], 13_170_114_560u64, "{s}");
     }
 }
+
+/// Issue 27: whatif of a record with driver-level segments only told the user to record with
+/// `gpufrag run --record`, which they had done, under a heading that said the trace was truncated.
+/// It now says what is true (no caching allocator was seen), how to check the hook, and what
+/// whatif does not model.
+#[test]
+fn regression_a_record_without_blocks_says_why_and_does_not_ask_for_what_was_done() {
+    use gpufrag::event::{Event, EventKind};
+    let dir = std::env::temp_dir().join(format!("gpufrag-whatif-noblocks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rec = dir.join("segments.rec");
+    let mut w = gpufrag::record::Writer::create(&rec).unwrap();
+    for (i, size) in [1u64 << 30, 2 << 30].into_iter().enumerate() {
+        let addr = 0x7f00_0000_0000 + (i as u64) * (4 << 30);
+        w.write(&Event { ts_ns: 1_000 * (i as u64 + 1), addr, size, requested: size, ..Event::new(EventKind::MemAlloc, 77, 0) }).unwrap();
+    }
+    w.finish().unwrap();
+    let out = gpufrag(&["whatif", rec.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "exit {:?}: {err}", out.status.code());
+    for n in ["only driver-level segments", "models PyTorch's caching allocator", "import sitecustomize", "JAX (XLA) or CuPy"] {
+        assert!(err.contains(n), "stderr lacks {n:?}: {err}");
+    }
+    for wrong in ["record the program with gpufrag run --record", "does not start at the program's first allocation"] {
+        assert!(!err.contains(wrong), "stderr still says {wrong:?}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -137,6 +137,22 @@ pub struct DeviceSummary {
     pub largest_allocatable: u64,
     /// Free bytes in 2 MiB driver pages held by live sub-2 MiB allocations.
     pub page_stranded: u64,
+    /// NVML's used bytes (`nvmlDeviceGetComputeRunningProcesses`, read by the live pipeline:
+    /// `crate::ingest::gpus`): of this process on a process's figures; on a device's, the sum
+    /// over every process NVML lists there, untraced ones too. Absent when NVML was not read or
+    /// does not list the process: unknown, not 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvml_used: Option<u64>,
+    /// The GPU's name from NVML (`nvmlDeviceGetName`), on a device's figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_name: Option<String>,
+    /// NVML's GPU utilization, percent (`nvmlDeviceGetUtilizationRates`), on a device's figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization_gpu: Option<u32>,
+    /// NVML's memory utilization, percent (the share of time device memory was read or
+    /// written), on a device's figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization_memory: Option<u32>,
     /// Bytes kept by stream-ordered pools.
     pub pool_cached: u64,
     /// `block` when a caching allocator's blocks were seen, else `segment` (driver level only).
@@ -392,6 +408,10 @@ fn device_summary(
         device_total: total,
         largest_allocatable: largest_allocatable(f.largest_free_block, device_free, f.releasable),
         page_stranded: f.page_stranded,
+        nvml_used: None,
+        gpu_name: None,
+        utilization_gpu: None,
+        utilization_memory: None,
         pool_cached: f.pool_cached,
         level: if f.framework_seen { "block" } else { "segment" }.to_string(),
         top_stranded_segments: top,
@@ -507,11 +527,22 @@ fn device_and_process_summaries(state: &State) -> (Vec<DeviceSummary>, Vec<Proce
         let totals = state.devices.get(&device).copied().unwrap_or_default();
         let spaces: Vec<_> = state.spaces.values().filter(|s| s.device == device).collect();
         let f = state.device_figures(device);
-        devices.push(device_summary(device, &f, totals.free, totals.total, &spaces));
+        let mut d = device_summary(device, &f, totals.free, totals.total, &spaces);
+        // NVML's reading of this device (crate::ingest::gpus), when the live pipeline took one.
+        let gpu = state.gpus.as_ref().and_then(|g| Some((g, g.gpus.get(&device)?)));
+        if let Some((g, r)) = gpu {
+            d.nvml_used = g.used_on(device);
+            d.gpu_name = r.name.clone();
+            d.utilization_gpu = r.utilization_gpu;
+            d.utilization_memory = r.utilization_memory;
+        }
+        devices.push(d);
         for s in &spaces {
+            let mut figures = device_summary(device, &s.map.figures(), totals.free, totals.total, std::slice::from_ref(s));
+            figures.nvml_used = gpu.and_then(|(g, _)| g.used_by(s.pid, device));
             processes.push(ProcessSummary {
                 pid: s.pid,
-                figures: device_summary(device, &s.map.figures(), totals.free, totals.total, std::slice::from_ref(s)),
+                figures,
                 allocs: s.allocs,
                 frees: s.frees,
                 retries: state.retries_of(s.pid, device),

@@ -125,6 +125,39 @@ impl DeviceMonitor {
         Some((m.total, m.free))
     }
 
+    /// Every node device's name, utilization and compute processes' used bytes, read now
+    /// (`crate::ingest::gpus`); what NVML does not answer is left `None`. The name is asked
+    /// once per device: `names` keeps it between readings.
+    pub fn read_gpus(&self, names: &mut BTreeMap<i16, Option<String>>) -> crate::ingest::gpus::GpuReadings {
+        let mut out = crate::ingest::gpus::GpuReadings { at_ns: now_ns(), gpus: BTreeMap::new() };
+        for i in 0..self.device_count() {
+            let Ok(dev) = self.handle(i) else { continue };
+            let Ok(index) = i16::try_from(i) else { continue };
+            let name = names.entry(index).or_insert_with(|| dev.name().ok()).clone();
+            // NVML answers utilization for a whole GPU only (not a MIG instance): NOT_SUPPORTED there.
+            let util = dev.utilization_rates().ok();
+            let processes = dev.running_compute_processes().ok().map(|procs| {
+                let mut used = BTreeMap::new();
+                for p in procs {
+                    if let UsedGpuMemory::Used(b) = p.used_gpu_memory {
+                        *used.entry(p.pid).or_insert(0u64) += b;
+                    }
+                }
+                used
+            });
+            out.gpus.insert(
+                index,
+                crate::ingest::gpus::GpuReading {
+                    name,
+                    utilization_gpu: util.as_ref().map(|u| u.gpu),
+                    utilization_memory: util.as_ref().map(|u| u.memory),
+                    processes,
+                },
+            );
+        }
+        out
+    }
+
     /// Number of node devices: the GPUs, then the MIG instances.
     pub fn device_count(&self) -> u32 {
         self.gpus + self.migs.len() as u32
@@ -143,12 +176,25 @@ pub struct HolderReader {
     pub problems: crate::ingest::holders::NvmlProblems,
     /// Why NVML could not be opened, when it could not.
     pub unavailable: Option<String>,
+    /// Each node device's name, asked of NVML once.
+    names: BTreeMap<i16, Option<String>>,
 }
 
 impl HolderReader {
     /// A reader of the NVML at `lib` (see [`DeviceMonitor::open_lib`]).
     pub fn new(lib: Option<&str>) -> HolderReader {
         HolderReader { lib: lib.map(str::to_string), ..HolderReader::default() }
+    }
+
+    /// The node's GPUs read now (names, utilization, per-process used bytes: what `top` shows
+    /// beside the traced figures), through the one NVML the holders are read from; `None` when
+    /// NVML cannot be opened (said in the notes only where an OOM needed its holders).
+    pub fn read_gpus(&mut self) -> Option<crate::ingest::gpus::GpuReadings> {
+        let lib = self.lib.clone();
+        match self.monitor.get_or_insert_with(|| DeviceMonitor::open_lib(lib.as_deref())) {
+            Ok(m) => Some(m.read_gpus(&mut self.names)),
+            Err(_) => None,
+        }
     }
 
     /// Adds NVML's list of node GPU `device` to `h` (the OOM of `failing`); names from `/proc`.
@@ -193,6 +239,10 @@ impl HolderReader {
         }
         out
     }
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// How many processes the placer remembers (their placed ordinals); beyond it, the oldest

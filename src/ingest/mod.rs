@@ -26,6 +26,7 @@
 mod failure;
 pub mod fix;
 pub mod forecasts;
+pub mod gpus;
 pub mod histogram;
 pub mod holders;
 pub mod oom_rule;
@@ -463,6 +464,10 @@ pub struct State {
     /// simulation replays; every summary of this state carries it. A replayed state has none:
     /// `analyze` computes it from the file, over the same events.
     pub computed_fix: Option<Result<fix::ComputedFix, String>>,
+    /// What NVML said of the GPUs at the live pipeline's last reading ([`gpus`]): names,
+    /// utilization, per-process used bytes. `None` where nothing read NVML (a replay), or NVML
+    /// could not be opened.
+    pub gpus: Option<gpus::GpuReadings>,
     /// Per (pid, device): the latest forecast of its peak ([`forecasts`]); kept when a process
     /// is forgotten, like its OOM records.
     pub forecasts: BTreeMap<(u32, i16), forecasts::Forecast>,

@@ -142,7 +142,7 @@ pub enum StreamError {
     #[error("the trace holds no allocation: nothing to simulate")]
     Empty,
     /// The history does not start at the first allocation.
-    #[error("the trace does not start at the program's first allocation ({0}): the history was truncated by max_entries or began late, and its start cannot be rebuilt for another allocator setting; record again with a larger max_entries from before the first allocation (torch.cuda.memory._record_memory_history(max_entries=...)) or trace it from its start with gpufrag attach --record")]
+    #[error("the trace does not start at the program's first allocation ({0}): the history was truncated by max_entries or began late, and its start cannot be rebuilt for another allocator setting. A snapshot: record again with a larger max_entries from before the first allocation (torch.cuda.memory._record_memory_history(max_entries=...)). A record: gpufrag attach to a running process sees only what it allocates afterwards; trace the program from its start instead (gpufrag run --torch-tracker build --record FILE -- CMD)")]
     Truncated(String),
     /// The record could not be read part-way (the message names the file and the offset).
     #[error("{0}")]
@@ -150,8 +150,11 @@ pub enum StreamError {
     /// Holding the stream would pass the memory budget (the message names the file and the flag).
     #[error("{0}")]
     Budget(String),
+    /// A record of driver-level segments only: no caching allocator was seen in the program.
+    #[error("the record holds only driver-level segments, no caching-allocator block: whatif models PyTorch's caching allocator, and gpufrag saw none in this program. If the program is PyTorch, the hook that sees its blocks did not load: under gpufrag run, check with `gpufrag run -- python -c 'import sitecustomize; print(sitecustomize.__file__)'` (it prints a path in gpufrag's folder, unless --no-python-hook, `python -I` or `-S`, or a PYTHONPATH the program resets keeps it out); under gpufrag attach, the program's libc10_cuda.so had no pytorch:malloc USDT probe to attach to (`readelf -n` on it lists its probes). If it is JAX (XLA) or CuPy, whatif does not model their allocators")]
+    NoBlocks,
     /// A record whose blocks are differences between periodic snapshots.
-    #[error("the record's blocks come from periodic snapshots of the allocator (gpufrag run's Python hook), which miss every block that lived between two of them: whatif needs each allocation; record the history with torch.cuda.memory._record_memory_history() and give whatif the snapshot, or trace the program with gpufrag attach --record (PyTorch's USDT probes see every block)")]
+    #[error("the record's blocks come from periodic snapshots of the allocator (gpufrag run's Python hook), which miss every block that lived between two of them: whatif needs each allocation. The hook takes snapshots when PyTorch's trace tracker is off or not built yet (--torch-tracker auto builds it in the background for the next run): record again with gpufrag run --torch-tracker build --record, which sees each block; or record the history with torch.cuda.memory._record_memory_history() and give whatif the snapshot, or trace the program with gpufrag attach --record (PyTorch's USDT probes see every block)")]
     Sampled,
 }
 
@@ -557,9 +560,7 @@ fn busiest(src: &dyn EventPasses) -> Result<(u32, i16, usize), StreamError> {
         true
     })?;
     let Some((&(pid, device), &(_, sampled))) = counts.iter().max_by_key(|(_, &(n, _))| n) else {
-        return Err(StreamError::Truncated(
-            "the record holds no caching-allocator block events (BlockAlloc); record the program with gpufrag run --record, which sees PyTorch's blocks".into(),
-        ));
+        return Err(StreamError::NoBlocks);
     };
     if sampled {
         return Err(StreamError::Sampled);

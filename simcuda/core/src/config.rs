@@ -304,6 +304,27 @@ fn permutation(v: &str, devices: u32) -> Result<Vec<u32>, String> {
     Ok(out)
 }
 
+/// `SIMCUDA_UTILIZATION`: what NVML's `nvmlDeviceGetUtilizationRates` reports, as
+/// `GPU:MEM` percentages, one pair per GPU in index order separated by `,` (`37:12,80:40`), or
+/// one pair for every GPU. simcuda runs no kernels, so it has no utilization of its own: unset,
+/// NVML answers `NVML_ERROR_NOT_SUPPORTED`. Returns the pair of each of `devices` GPUs.
+pub fn parse_utilization(value: &str, devices: u32) -> Result<Vec<(u32, u32)>, String> {
+    let pairs: Vec<(u32, u32)> = value
+        .split(',')
+        .map(|p| {
+            let (g, m) = p.split_once(':').ok_or_else(|| format!("{p:?} is not GPU:MEM"))?;
+            let pct =
+                |v: &str| v.trim().parse::<u32>().ok().filter(|v| *v <= 100).ok_or_else(|| format!("{v:?} is not a percentage 0-100"));
+            Ok((pct(g)?, pct(m)?))
+        })
+        .collect::<Result<_, String>>()?;
+    match pairs.len() {
+        1 => Ok(vec![pairs[0]; devices as usize]),
+        n if n == devices as usize => Ok(pairs),
+        n => Err(format!("{n} pairs for {devices} GPU(s): give one, or one per GPU")),
+    }
+}
+
 /// Parses `12GiB`, `615 MiB`, `1.5G`, `4096`, `2MB` (decimal), `512KiB` into bytes. A bare
 /// letter (`K`, `M`, `G`, `T`) and the `i` forms are binary; `KB`, `MB`, `GB`, `TB` are decimal.
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -340,6 +361,20 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let frac_bytes = digits(frac)? * mult / scale;
     let bytes = digits(int)?.checked_mul(mult).and_then(|b| b.checked_add(frac_bytes)).ok_or("too large")?;
     u64::try_from(bytes).map_err(|_| "too large".to_string())
+}
+
+#[cfg(test)]
+mod utilization_tests {
+    use super::parse_utilization;
+
+    #[test]
+    fn one_pair_for_all_or_one_per_gpu() {
+        assert_eq!(parse_utilization("37:12", 2), Ok(vec![(37, 12), (37, 12)]));
+        assert_eq!(parse_utilization("37:12, 80:40", 2), Ok(vec![(37, 12), (80, 40)]));
+        assert!(parse_utilization("37:12,80:40", 3).is_err());
+        assert!(parse_utilization("101:0", 1).is_err());
+        assert!(parse_utilization("37", 1).is_err());
+    }
 }
 
 #[cfg(test)]

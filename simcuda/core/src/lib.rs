@@ -9,7 +9,7 @@ pub mod ffi;
 pub mod mig;
 pub mod state;
 
-pub use config::{parse_size, Config, GRANULARITY, MAX_DEVICES};
+pub use config::{parse_size, parse_utilization, Config, GRANULARITY, MAX_DEVICES};
 
 /// The most memory domains (GPUs and MIG instances) a machine has: every per-domain table of the
 /// driver and NVML is this long.

@@ -7,6 +7,10 @@
 //! free = total − reserved − used (what cuMemGetInfo reports as free); the v1 struct's `used`
 //! counts the reserve too, as NVML documents ("sum of reserved and allocated").
 //!
+//! Utilization (`nvmlDeviceGetUtilizationRates`) is what `SIMCUDA_UTILIZATION` says
+//! (`GPU:MEM` percent, one pair for every GPU or one per GPU): simcuda runs no kernels, so
+//! unset it answers `NVML_ERROR_NOT_SUPPORTED`, as NVML does where it cannot measure.
+//!
 //! MIG (`SIMCUDA_MIG`, `simcuda_core::mig`): a GPU split into instances reports MIG mode enabled
 //! (`nvmlDeviceGetMigMode`), `nvmlDeviceGetMaxMigDeviceCount` 7 (0 when not in MIG mode), and a
 //! handle per instance (`nvmlDeviceGetMigDeviceHandleByIndex`: `NVML_ERROR_NOT_FOUND` where no
@@ -104,8 +108,16 @@ static DEVICES: [u8; MAX_DOMAINS as usize] = [0; MAX_DOMAINS as usize];
 
 type Result<T, E = nvmlReturn_t> = std::result::Result<T, E>;
 
+/// `SIMCUDA_UTILIZATION` per GPU (`simcuda_core::parse_utilization`); `None` when unset.
+static UTILIZATION: OnceLock<Option<Vec<(u32, u32)>>> = OnceLock::new();
+
 fn open_system() -> Result<(Config, SharedState), String> {
     let cfg = Config::from_env()?;
+    let util = match std::env::var("SIMCUDA_UTILIZATION") {
+        Ok(v) => Some(simcuda_core::parse_utilization(&v, cfg.devices).map_err(|e| format!("SIMCUDA_UTILIZATION={v}: {e}"))?),
+        Err(_) => None,
+    };
+    let _ = UTILIZATION.set(util);
     let shared = SharedState::open(&cfg.state_dir).unwrap_or_else(|e| {
         eprintln!("simcuda nvml: cannot use {}: {e}; no process is visible", cfg.state_dir.display());
         SharedState::anonymous()
@@ -327,6 +339,31 @@ pub unsafe extern "C" fn nvmlDeviceGetName(device: nvmlDevice_t, name: *mut c_ch
         device_index(device)?;
         // SAFETY: the caller's buffer of `length` bytes.
         unsafe { put_str(DEVICE_NAME, name, length) }
+    })
+}
+
+/// `nvmlUtilization_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvmlUtilization_t {
+    pub gpu: c_uint,
+    pub memory: c_uint,
+}
+
+/// What `SIMCUDA_UTILIZATION` says of a GPU; `NVML_ERROR_NOT_SUPPORTED` when it is unset (simcuda
+/// runs no kernels: it has no utilization to measure) and on a MIG instance's handle (as NVML).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t) -> nvmlReturn_t {
+    nvml("nvmlDeviceGetUtilizationRates", || {
+        let i = device_index(device)?;
+        let (cfg, _) = system()?;
+        if i >= cfg.devices {
+            return Err(NVML_ERROR_NOT_SUPPORTED);
+        }
+        let table = UTILIZATION.get().and_then(|u| u.as_ref()).ok_or(NVML_ERROR_NOT_SUPPORTED)?;
+        let &(gpu, memory) = table.get(i as usize).ok_or(NVML_ERROR_NOT_SUPPORTED)?;
+        // SAFETY: out-pointer from the caller.
+        unsafe { put(utilization, nvmlUtilization_t { gpu, memory }) }
     })
 }
 

@@ -456,6 +456,11 @@ pub fn total_of(devices: &[DeviceSummary]) -> Option<DeviceSummary> {
     t.page_stranded = sum(|d| d.page_stranded);
     t.pool_cached = sum(|d| d.pool_cached);
     t.device_free = sum_known(|d| d.device_free);
+    t.nvml_used = sum_known(|d| d.nvml_used);
+    // Name and utilization are a GPU's own.
+    t.gpu_name = None;
+    t.utilization_gpu = None;
+    t.utilization_memory = None;
     t.device_total = sum_known(|d| d.device_total);
     t.largest_free_block = 0;
     t.largest_allocatable = 0;

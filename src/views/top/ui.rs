@@ -1,7 +1,9 @@
 //! Drawing `top`: a title line (live or replay, with the replay's position), the table (one row
 //! per device in index order with its processes under it, one for all devices when there are
 //! several; the sort column marked ▼ or ▲; exited processes dimmed, their figures in parentheses;
-//! on a narrow terminal columns dropped by priority, never the pid), the selected row's history
+//! on a narrow terminal columns dropped by priority, never the pid; NVML's used bytes beside the
+//! traced reserved, and on device rows the GPU's name, shortened to fit, and its utilization, `-`
+//! where NVML did not say), the selected row's history
 //! as sparklines, the strip map of its segments, the key line, and the help screen over all of
 //! it while it is open. Reads [`App`] only.
 
@@ -170,8 +172,9 @@ struct Column {
     drop: u8,
 }
 
-/// Which columns fit `width` (the table's inner width less the highlight symbol), by priority.
-fn columns_that_fit(cols: &[Column], width: u16) -> Vec<usize> {
+/// Which columns fit `width` (the table's inner width less the highlight symbol), by priority,
+/// and the width left over.
+fn columns_that_fit(cols: &[Column], width: u16) -> (Vec<usize>, u16) {
     let mut by_priority: Vec<usize> = (0..cols.len()).collect();
     by_priority.sort_by_key(|&i| cols[i].drop);
     let mut kept = Vec::new();
@@ -184,7 +187,31 @@ fn columns_that_fit(cols: &[Column], width: u16) -> Vec<usize> {
         }
     }
     kept.sort_unstable();
-    kept
+    (kept, width.saturating_sub(used))
+}
+
+/// A GPU's name from longest to shortest, as a narrow table shortens it: whole
+/// (`NVIDIA H200 (simcuda)`), without the vendor (`H200 (simcuda)`), without what follows the
+/// model in parentheses (`H200`).
+pub fn name_forms(name: &str) -> Vec<String> {
+    let mut forms = vec![name.trim().to_string()];
+    let bare = name.trim().strip_prefix("NVIDIA ").unwrap_or(name.trim()).to_string();
+    forms.push(bare.clone());
+    forms.push(bare.split(" (").next().unwrap_or(&bare).trim().to_string());
+    forms.dedup();
+    forms.retain(|f| !f.is_empty());
+    forms
+}
+
+/// A device row's label with as much of the GPU's name as fits `width` (a gap of one kept):
+/// `gpu 0 NVIDIA H200`, `gpu 0 H200`, or `gpu 0` alone.
+fn device_label(label: &str, name: Option<&str>, width: usize) -> String {
+    name.map(name_forms)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|n| format!("{label} {n}"))
+        .find(|l| l.chars().count() < width)
+        .unwrap_or_else(|| label.to_string())
 }
 
 /// The table of devices (in index order) and their processes under each, as many columns as fit.
@@ -198,29 +225,44 @@ fn draw_table(f: &mut TermFrame<'_>, app: &App, rows: &[RowView], area: Rect) {
     let col = |name: String, width: u16, drop: u8| Column { name, width, drop };
     let cols = [
         col(marked("gpu / pid", Sort::Id), label_w, 0),
-        col("user".into(), 8, 10),
-        col("allocator".into(), 9, 9),
+        col("user".into(), 8, 12),
+        col("allocator".into(), 9, 11),
         col(marked("reserved", Sort::Reserved), 12, 1),
-        col(marked("allocated", Sort::Allocated), 12, 5),
-        col(marked("stranded", Sort::Stranded), 12, 2),
-        col(marked("largest free", Sort::LargestFree), 13, 4),
-        col(marked("frag", Sort::Fragmentation), 5, 6),
-        col("dev free".into(), 11, 7),
-        col("dev total".into(), 11, 8),
-        col("state".into(), 7, 3),
-        col("coverage".into(), 13, 12),
-        col("command".into(), 8, 11),
+        // NVML's figure beside the traced one (crate::ingest::gpus).
+        col("nvml used".into(), 10, 2),
+        col(marked("allocated", Sort::Allocated), 12, 10),
+        col(marked("stranded", Sort::Stranded), 12, 3),
+        col(marked("largest free", Sort::LargestFree), 13, 6),
+        col(marked("frag", Sort::Fragmentation), 5, 7),
+        col("dev free".into(), 11, 8),
+        col("dev total".into(), 11, 9),
+        col("util".into(), 5, 5),
+        col("state".into(), 7, 4),
+        col("coverage".into(), 13, 14),
+        col("command".into(), 8, 13),
     ];
-    let kept = columns_that_fit(&cols, area.width.saturating_sub(4));
+    let (kept, left) = columns_that_fit(&cols, area.width.saturating_sub(4));
+    // What is left widens the label column, as far as the longest GPU name needs, unless the
+    // command column (the last, which takes what is left) is shown: a command line is cut
+    // before a GPU's name is (the device rows' names are shortened to the width the label has).
+    let left = if kept.contains(&(cols.len() - 1)) { 0 } else { left };
+    let named =
+        rows.iter().filter_map(|r| Some(r.label.chars().count() + 2 + r.figures.gpu_name.as_deref()?.chars().count())).max().unwrap_or(0)
+            as u16;
+    let label_w = label_w + left.min(named.saturating_sub(label_w));
     let pick = |cells: Vec<Cell<'static>>| -> Vec<Cell<'static>> {
         cells.into_iter().enumerate().filter(|(i, _)| kept.contains(i)).map(|(_, c)| c).collect()
     };
     let header =
         Row::new(pick(cols.iter().map(|c| Cell::from(c.name.clone())).collect())).style(Style::default().add_modifier(Modifier::BOLD));
-    let body: Vec<Row> = rows.iter().map(|r| table_row(r, exact, &pick)).collect();
+    let body: Vec<Row> = rows.iter().map(|r| table_row(r, exact, label_w as usize, &pick)).collect();
     let widths: Vec<Constraint> = kept
         .iter()
-        .map(|&i| if i == cols.len() - 1 { Constraint::Min(cols[i].width) } else { Constraint::Length(cols[i].width) })
+        .map(|&i| match i {
+            0 => Constraint::Length(label_w),
+            _ if i == cols.len() - 1 => Constraint::Min(cols[i].width),
+            _ => Constraint::Length(cols[i].width),
+        })
         .collect();
     let mut ts = TableState::default();
     if !rows.is_empty() {
@@ -238,18 +280,24 @@ fn draw_table(f: &mut TermFrame<'_>, app: &App, rows: &[RowView], area: Rect) {
 }
 
 /// One row's cells (every column; `pick` keeps those that fit). An exited process's figures are
-/// in parentheses: no longer on the device, and left out of its device's totals.
-fn table_row(r: &RowView, exact: bool, pick: &dyn Fn(Vec<Cell<'static>>) -> Vec<Cell<'static>>) -> Row<'static> {
+/// in parentheses: no longer on the device, and left out of its device's totals. What NVML did
+/// not say (no NVML, a replay, a pid it does not list) is `-`, never 0.
+fn table_row(r: &RowView, exact: bool, label_w: usize, pick: &dyn Fn(Vec<Cell<'static>>) -> Vec<Cell<'static>>) -> Row<'static> {
     let d = &r.figures;
     let process = matches!(r.key, RowKey::Process(..));
     let total = r.key == RowKey::Total;
     let known = |v: Option<u64>| v.map_or_else(|| "-".to_string(), human_bytes);
     let fig = |v: u64| if r.exited { format!("({})", human_bytes(v)) } else { human_bytes(v) };
+    let label = match r.key {
+        RowKey::Device(_) => device_label(&r.label, d.gpu_name.as_deref(), label_w),
+        _ => r.label.clone(),
+    };
     let cells = vec![
-        Cell::from(r.label.clone()),
+        Cell::from(label),
         Cell::from(r.user.clone()),
         Cell::from(r.framework.map_or("", |f| f.name())),
         Cell::from(fig(d.reserved)),
+        Cell::from(known(d.nvml_used)),
         Cell::from(fig(d.allocated)),
         Cell::from(fig(d.stranded)).style(if d.stranded > 0 && !r.exited { Style::default().fg(STRANDED) } else { Style::default() }),
         Cell::from(if total { String::new() } else { fig(d.largest_free_block) }),
@@ -257,6 +305,11 @@ fn table_row(r: &RowView, exact: bool, pick: &dyn Fn(Vec<Cell<'static>>) -> Vec<
         // Free and total are the device's: shown on device rows only.
         Cell::from(if process { String::new() } else { known(d.device_free) }),
         Cell::from(if process { String::new() } else { known(d.device_total) }),
+        // Utilization is a GPU's: on device rows only.
+        Cell::from(match r.key {
+            RowKey::Device(_) => d.utilization_gpu.map_or_else(|| "-".to_string(), |u| format!("{u}%")),
+            _ => String::new(),
+        }),
         Cell::from(match (process, r.exited) {
             (true, true) => "exited",
             (true, false) => "running",
@@ -372,8 +425,11 @@ pub const HELP: &str = "gpufrag top: where GPU memory is, per device and per pro
   p Space    pause (a replay itself stops)      x          drop exited processes now
   r Ctrl-L   redraw the screen
 
-Columns: allocator (pytorch, xla, cupy), reserved (the allocator's and the driver's
-segments gpufrag traced), allocated (live blocks), stranded (free inside segments that
+Columns: gpu / pid (a device row adds the GPU's name from NVML, shortened to fit),
+allocator (pytorch, xla, cupy), reserved (the allocator's and the driver's
+segments gpufrag traced), nvml used (what NVML says the process uses; on a device row,
+every process it lists there, untraced ones too; - where NVML is absent or does not list
+the process), util (NVML's GPU utilization, device rows), allocated (live blocks), stranded (free inside segments that
 hold live blocks: not releasable), largest free (the largest free block), frag
 (1 − largest allocatable / free), dev free and dev total (the device's own figures, on
 device rows), state (running / exited: an exited process is dimmed, its figures in
@@ -489,4 +545,19 @@ pub fn strip_lines(s: &ProcessStrip, width: usize, height: usize, request: Optio
         }
     }
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gpu_name_is_shortened_vendor_first_then_what_follows_the_model() {
+        assert_eq!(name_forms("NVIDIA H200 (simcuda)"), ["NVIDIA H200 (simcuda)", "H200 (simcuda)", "H200"]);
+        assert_eq!(name_forms("NVIDIA H200"), ["NVIDIA H200", "H200"]);
+        assert_eq!(device_label("gpu 0", Some("NVIDIA H200 (simcuda)"), 21), "gpu 0 H200 (simcuda)");
+        assert_eq!(device_label("gpu 0", Some("NVIDIA H200 (simcuda)"), 20), "gpu 0 H200", "a gap of one is kept");
+        assert_eq!(device_label("gpu 0", Some("NVIDIA H200"), 8), "gpu 0");
+        assert_eq!(device_label("gpu 0", None, 40), "gpu 0");
+    }
 }
