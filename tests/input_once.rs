@@ -126,8 +126,8 @@ fn text(b: &[u8]) -> &str {
 }
 
 /// Each command's output for the input given through a FIFO and through /dev/stdin equals its
-/// output for the regular file, and that output holds a verdict and a computed fix.
-fn same_output_from_a_pipe(input: &Path, dir: &Path) {
+/// output for the regular file, and that output holds a verdict and (`fix`) a computed fix.
+fn same_output_from_a_pipe(input: &Path, dir: &Path, fix: bool) {
     let html = dir.join("r.html");
     let html_s = html.to_str().expect("utf-8").to_string();
     let commands: [(&[&str], bool); 4] =
@@ -140,7 +140,7 @@ fn same_output_from_a_pipe(input: &Path, dir: &Path) {
             let oom = &s["ooms"][0];
             assert!(oom["verdict"].is_string(), "{}: no verdict in {oom}", input.display());
             let w = &s["whatif"];
-            assert!(w.is_object() && w["best"].is_object(), "{}: no computed fix: {w}; notes {}", input.display(), s["notes"]);
+            assert!(!fix || w.is_object() && w["best"].is_object(), "{}: no computed fix: {w}; notes {}", input.display(), s["notes"]);
         }
         for via in [Via::Fifo, Via::Stdin] {
             let (got, got_html) = run(args, input, via, dir, report.then_some(html.as_path()));
@@ -161,14 +161,16 @@ fn same_output_from_a_pipe(input: &Path, dir: &Path) {
 #[test]
 fn a_snapshot_through_a_fifo_or_stdin_gives_the_output_of_the_file() {
     let d = scratch("snap");
-    same_output_from_a_pipe(&fixture("frag_oom.pickle"), &d);
+    same_output_from_a_pipe(&fixture("frag_oom.pickle"), &d, true);
     let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
 fn a_gzipped_snapshot_through_a_fifo_or_stdin_gives_the_output_of_the_file() {
     let d = scratch("gz");
-    same_output_from_a_pipe(&fixture("whatif/frag_s0_lim11g.pickle.gz"), &d);
+    // its OOM came under an allowed-bytes cap the snapshot does not carry: analyze says why it
+    // has no simulated fix (a note), which the pipe's output must say the same
+    same_output_from_a_pipe(&fixture("whatif/frag_s0_lim11g.pickle.gz"), &d, false);
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -176,7 +178,7 @@ fn a_gzipped_snapshot_through_a_fifo_or_stdin_gives_the_output_of_the_file() {
 fn a_record_through_a_fifo_or_stdin_gives_the_output_of_the_file() {
     let d = scratch("rec");
     let rec = frag_oom_record(&d);
-    same_output_from_a_pipe(&rec, &d);
+    same_output_from_a_pipe(&rec, &d, true);
     let _ = std::fs::remove_dir_all(&d);
 }
 
