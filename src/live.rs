@@ -18,7 +18,7 @@ use crate::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_FAILED};
 use crate::ingest::State;
 use crate::record;
 use crate::source::{now_ns, Msg};
-use crate::units::human_bytes as h;
+use crate::units::human_bytes;
 use anyhow::Context;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{IsTerminal, Write};
@@ -626,8 +626,8 @@ impl Live {
                         "{clear}[gpufrag] WARNING pid {pid} on device {device}: predicted OOM {ahead} step(s) ahead ({} step: {} requests): peak {} reserved, {} {}; checkpoint now\n[gpufrag]   fix: {fix}",
                         f.step.growth.name(),
                         f.step.period,
-                        h(peak),
-                        h(f.available),
+                        human_bytes(peak),
+                        human_bytes(f.available),
                         if capped { "allowed (its cap)" } else { "available on the device" },
                     );
                 }
@@ -657,7 +657,7 @@ impl Live {
             self.status_line(),
             o.pid,
             o.device,
-            h(o.requested),
+            human_bytes(o.requested),
             verdict.name(),
             crate::analysis::sharing::explanation(o, &inputs),
             fix,
@@ -725,9 +725,9 @@ impl Live {
             let level = if f.framework_seen { "" } else { " (segments)" };
             parts.push(format!(
                 "gpu{d}: reserved {} allocated {} largest free {} frag {:.2}{level}",
-                h(f.reserved),
-                h(f.allocated),
-                h(f.largest_free_block),
+                human_bytes(f.reserved),
+                human_bytes(f.allocated),
+                human_bytes(f.largest_free_block),
                 frag
             ));
         }
@@ -805,15 +805,11 @@ impl Live {
     }
 }
 
-/// The allocator settings in a process's environment block (NUL-separated `KEY=value`), as
-/// PyTorch reads them: the first of `PYTORCH_CUDA_ALLOC_CONF`, `PYTORCH_ALLOC_CONF` that is set;
-/// `""` (PyTorch's defaults) when neither is; `None` when the environment could not be read.
-fn alloc_conf_of(environ: &Result<Vec<u8>, String>) -> Option<String> {
-    let env = environ.as_ref().ok()?;
-    let set = ["PYTORCH_CUDA_ALLOC_CONF=", "PYTORCH_ALLOC_CONF="].iter().find_map(|key| {
-        env.split(|&b| b == 0).find_map(|kv| kv.strip_prefix(key.as_bytes())).map(|v| String::from_utf8_lossy(v).into_owned())
-    });
-    Some(set.unwrap_or_default())
+/// The allocator settings a process's environment gives PyTorch (`hello::ALLOC_CONF_KEYS`'s
+/// precedence; `""`, PyTorch's defaults, when neither variable is set); `None` when the
+/// environment could not be read.
+fn alloc_conf_of(environ: &Result<crate::hello::Environ, String>) -> Option<String> {
+    environ.as_ref().ok().map(|env| env.alloc_conf().to_string())
 }
 
 #[cfg(test)]

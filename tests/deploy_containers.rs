@@ -406,21 +406,9 @@ fn start_driver_only_agent(summary: &Path, extra: &[&str]) -> (std::process::Chi
 /// [`start_driver_only_agent`] with `env` set too.
 fn start_agent_with_env(summary: &Path, extra: &[&str], env: &[(&str, &str)]) -> (std::process::Child, support::Lines) {
     let lib = std::fs::canonicalize(simcuda_dir().join("libcuda.so.1")).expect("simcuda built").display().to_string();
-    let mut agent = Command::new(gpufrag())
-        .args(["agent", "--keep-exited", "--summary-json"])
-        .arg(summary)
-        .args(["--lib", &lib])
-        .args(extra)
-        .env_clear()
-        .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-        .envs(env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("agent");
-    let mut err = support::Lines::new(agent.stderr.take().expect("stderr"));
-    assert!(err.wait_for("agent: tracing", Duration::from_secs(120)), "{}", err.rest());
-    (agent, err)
+    let mut cmd = support::clean_agent_command(summary, &["--keep-exited", "--lib", &lib]);
+    cmd.args(extra).envs(env.iter().copied());
+    support::start_tracing(cmd)
 }
 
 /// `podman run -d --name NAME` of simcuda-workload (simcuda's driver and runtime and the

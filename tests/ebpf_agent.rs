@@ -22,12 +22,9 @@ struct Agent {
 
 fn start_agent(m: &Machine, extra: &[&str]) -> Agent {
     let summary = unique("agent.json");
-    let mut cmd = Command::new(gpufrag());
-    cmd.args(["agent", "--summary-json"]).arg(&summary).args(extra).stderr(Stdio::piped()).stdout(Stdio::null());
+    let mut cmd = agent_command(&summary, extra);
     m.env(&mut cmd);
-    let mut child = cmd.spawn().expect("agent");
-    let mut err = Lines::new(child.stderr.take().expect("stderr"));
-    assert!(err.wait_for("agent: tracing", Duration::from_secs(120)), "{}", err.rest());
+    let (child, err) = start_tracing(cmd);
     Agent { child, err, summary }
 }
 

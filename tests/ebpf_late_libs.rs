@@ -29,13 +29,9 @@ struct Agent {
 fn start_agent(args: &[&str]) -> Agent {
     let summary = unique("late-agent.json");
     let lib = simcuda_dir().join("libcuda.so.1");
-    let mut cmd = Command::new(gpufrag());
-    cmd.env_clear().env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
-    cmd.args(["agent", "--keep-exited", "--summary-json"]).arg(&summary).arg("--lib").arg(&lib).args(args);
-    cmd.stderr(Stdio::piped()).stdout(Stdio::null());
-    let mut child = cmd.spawn().expect("agent");
-    let mut err = Lines::new(child.stderr.take().expect("stderr"));
-    assert!(err.wait_for("agent: tracing", Duration::from_secs(120)), "{}", err.rest());
+    let mut cmd = clean_agent_command(&summary, &["--keep-exited"]);
+    cmd.arg("--lib").arg(&lib).args(args);
+    let (child, err) = start_tracing(cmd);
     Agent { child, err, summary }
 }
 

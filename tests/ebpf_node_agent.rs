@@ -38,12 +38,7 @@ struct Agent {
 /// neither simcuda's libcuda nor its NVML is reachable except through the arguments.
 fn start_clean_agent(args: &[&str]) -> Agent {
     let summary = unique("node-agent.json");
-    let mut cmd = Command::new(gpufrag());
-    cmd.env_clear().env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
-    cmd.args(["agent", "--summary-json"]).arg(&summary).args(args).stderr(Stdio::piped()).stdout(Stdio::null());
-    let mut child = cmd.spawn().expect("agent");
-    let mut err = Lines::new(child.stderr.take().expect("stderr"));
-    assert!(err.wait_for("agent: tracing", Duration::from_secs(120)), "{}", err.rest());
+    let (child, err) = start_tracing(clean_agent_command(&summary, args));
     Agent { child, err, summary }
 }
 

@@ -146,13 +146,15 @@ fn bad_input_gives_a_note_and_no_warning() {
     };
     w.write(&e).unwrap();
     w.finish_at(1).unwrap();
-    let err = sim::stream_of_file(&rec).unwrap_err();
+    let err = sim::stream_of(&gpufrag::input::open(&rec, gpufrag::input::Accept::Traces).expect("opens"), None).unwrap_err();
     assert!(err.contains("no caching-allocator block events"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
 
 fn fixture(name: &str) -> RequestStream {
-    sim::stream_of_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+    let opened = gpufrag::input::open(&path, gpufrag::input::Accept::Traces).unwrap_or_else(|e| panic!("{name}: {e}"));
+    sim::stream_of(&opened, None).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 #[test]

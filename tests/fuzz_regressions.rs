@@ -125,7 +125,7 @@ fn fuzz_seed_corpus_entries_decode_and_replay() {
         &include_bytes!("../fuzz/corpus/snapshot/pinned_splits.pickle")[..],
     ] {
         let snap = gpufrag::snapshot::from_bytes_unguarded(bytes, Path::new("seed.pickle")).expect("a snapshot");
-        after_decoding(&gpufrag::input::replay_snapshot(snap).state);
+        after_decoding(&gpufrag::input::replay_snapshot(&snap).state);
     }
     record(include_bytes!("../fuzz/corpus/record/gpt2_run_h200_head.rec"));
     let mut frames = 0;

@@ -121,12 +121,9 @@ fn two_visible_device_remaps_are_placed_on_their_own_gpus_under_the_agent() {
     let m = Machine::new(4);
     let ids = uuids(&m);
     let summary = unique("agent-placement.json");
-    let mut cmd = Command::new(gpufrag());
-    cmd.args(["agent", "--keep-exited", "--summary-json"]).arg(&summary).stderr(Stdio::piped()).stdout(Stdio::null());
+    let mut cmd = agent_command(&summary, &["--keep-exited"]);
     m.env(&mut cmd);
-    let mut agent = cmd.spawn().expect("agent");
-    let mut err = Lines::new(agent.stderr.take().expect("stderr"));
-    assert!(err.wait_for("agent: tracing", Duration::from_secs(120)), "{}", err.rest());
+    let (mut agent, mut err) = start_tracing(cmd);
     let go = unique("go");
     let mut jobs = Vec::new();
     for (visible, hold, req) in JOBS {
@@ -225,12 +222,9 @@ fn placed_under_run(m: &Machine, jobs: &[Job]) {
 fn placed_under_agent(m: &Machine, jobs: &[Job]) {
     let ids = uuids(m);
     let summary = unique("agent-driver-placement.json");
-    let mut cmd = Command::new(gpufrag());
-    cmd.args(["agent", "--keep-exited", "--summary-json"]).arg(&summary).stderr(Stdio::piped()).stdout(Stdio::null());
+    let mut cmd = agent_command(&summary, &["--keep-exited"]);
     m.env(&mut cmd);
-    let mut agent = cmd.spawn().expect("agent");
-    let mut err = Lines::new(agent.stderr.take().expect("stderr"));
-    assert!(err.wait_for("agent: tracing", Duration::from_secs(120)), "{}", err.rest());
+    let (mut agent, mut err) = start_tracing(cmd);
     let go = unique("go");
     let mut running = Vec::new();
     for j in jobs {

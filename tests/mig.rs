@@ -117,12 +117,9 @@ fn a_mig_instance_oom_under_the_agent_is_judged_against_the_instance() {
     let m = machine();
     let (gpu, migs) = nvml_view(&m);
     let summary = unique("agent-mig.json");
-    let mut cmd = Command::new(gpufrag());
-    cmd.args(["agent", "--keep-exited", "--summary-json"]).arg(&summary).stderr(Stdio::piped()).stdout(Stdio::null());
+    let mut cmd = agent_command(&summary, &["--keep-exited"]);
     m.env(&mut cmd);
-    let mut agent = cmd.spawn().expect("agent");
-    let mut err = Lines::new(agent.stderr.take().expect("stderr"));
-    assert!(err.wait_for("agent: tracing", Duration::from_secs(120)), "{}", err.rest());
+    let (mut agent, mut err) = start_tracing(cmd);
     let go = unique("go");
     let mut c = Command::new(&fixtures().prog);
     c.args(["oomhold", "3072", "2048"]).arg(&go).env("CUDA_VISIBLE_DEVICES", &migs[0].0).stdout(Stdio::piped());

@@ -102,12 +102,9 @@ fn the_neighbour_holding_12_of_16_gib_is_named_at_the_oom_under_the_agent() {
     require_ebpf!();
     let m = Machine::new(1);
     let summary = unique("holders-agent.json");
-    let mut cmd = Command::new(gpufrag());
-    cmd.args(["agent", "--keep-exited", "--summary-json"]).arg(&summary).stderr(Stdio::piped()).stdout(Stdio::null());
+    let mut cmd = agent_command(&summary, &["--keep-exited"]);
     m.env(&mut cmd);
-    let mut agent = cmd.spawn().expect("agent");
-    let mut err = Lines::new(agent.stderr.take().expect("stderr"));
-    assert!(err.wait_for("agent: tracing", Duration::from_secs(120)), "{}", err.rest());
+    let (mut agent, mut err) = start_tracing(cmd);
     let go = unique("go");
     let mut running = Vec::new();
     for (hold, req) in [(HOLD_MIB[0].to_string(), HOLD_MIB[1].to_string()), ("64".to_string(), ASK_MIB.to_string())] {

@@ -60,7 +60,7 @@ fn read(ctr: Option<char>, env: &[(&str, &str)], node: Option<(&str, &str, &str)
     ProcRead {
         exe: "python3".into(),
         cgroup: Ok(cgroup),
-        environ: Ok(environ),
+        environ: Ok(gpufrag::hello::Environ::parse(&environ)),
         namespace: Ok(None),
         node: node.map(|(ns, p, c)| {
             Arc::new(PodNames {

@@ -330,7 +330,7 @@ fn loaded_replay_rebuilds_the_analyzed_state_whole_and_truncated_rings() {
         let mut cut = load(file);
         let n = cut.traces[0].entries.len();
         cut.traces[0].entries.drain(..n / 2);
-        let truncated = gpufrag::input::replay_snapshot(cut);
+        let truncated = gpufrag::input::replay_snapshot(&cut);
         for (what, loaded) in [("whole", whole), ("truncated", truncated)] {
             let mut replayed = gpufrag::ingest::State::new(loaded.rules.clone());
             replayed.apply_all(&loaded.replay);

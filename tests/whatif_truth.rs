@@ -245,7 +245,8 @@ fn regression_an_oom_under_the_allowed_bytes_is_simulated_under_the_same_cap() {
     assert_eq!(s.ooms.len(), 1, "{:?}", s.ooms);
     s.ooms[0].allowed = Some(allowed);
     s.whatif = None;
-    gpufrag::sim::apply_to_summary(&mut s, |cut| gpufrag::sim::stream_of_file_upto(&file, cut));
+    let opened = gpufrag::input::open(&file, gpufrag::input::Accept::Traces).expect("opens");
+    gpufrag::sim::apply_to_summary(&mut s, |cut| gpufrag::sim::stream_of(&opened, cut));
     let w = s.whatif.as_ref().unwrap_or_else(|| panic!("no simulation: {:?}", s.notes));
     assert!(w.faithful);
     assert!(w.baseline.oom && w.baseline.first_oom_requested == Some(own.oom_rounded.expect("its OOM")), "{w:?}");

@@ -9,7 +9,7 @@ mod common;
 fuzz_target!(|data: &[u8]| {
     gpufrag::snapshot::set_inflate_limit(16 << 20);
     if let Ok(snap) = gpufrag::snapshot::from_bytes_unguarded(data, std::path::Path::new("fuzz.pickle")) {
-        let loaded = gpufrag::input::replay_snapshot(snap);
+        let loaded = gpufrag::input::replay_snapshot(&snap);
         common::after_decoding(&loaded.state);
     }
 });

@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
         body.to_vec()
     };
     if let Ok(snap) = gpufrag::snapshot::from_bytes_unguarded(&bytes, std::path::Path::new("fuzz.pickle.gz")) {
-        let loaded = gpufrag::input::replay_snapshot(snap);
+        let loaded = gpufrag::input::replay_snapshot(&snap);
         common::after_decoding(&loaded.state);
     }
 });

@@ -2,11 +2,11 @@
 //! device, the segments that strand the most, and every OOM with its verdict and fix.
 
 use super::summary::{DeviceSummary, Summary};
-use crate::units::{human_bytes as h, thousands as group};
+use crate::units::{human_bytes, thousands};
 use std::fmt::Write;
 
 fn line(out: &mut String, name: &str, bytes: u64) {
-    let _ = writeln!(out, "  {name:<21}{:>12}  ({} B)", h(bytes), group(bytes));
+    let _ = writeln!(out, "  {name:<21}{:>12}  ({} B)", human_bytes(bytes), thousands(bytes));
 }
 
 fn device(out: &mut String, d: &DeviceSummary, title: &str) {
@@ -27,11 +27,17 @@ fn device(out: &mut String, d: &DeviceSummary, title: &str) {
         out,
         "  {:<21}{:>12}  ({} B, {:.1} % of reserved; PyTorch's inactive_split: free, but not releasable)",
         "stranded",
-        h(d.stranded),
-        group(d.stranded),
+        human_bytes(d.stranded),
+        thousands(d.stranded),
         d.stranded_ratio * 100.0
     );
-    let _ = writeln!(out, "  {:<21}{:>12}  ({} B, what empty_cache() returns)", "releasable", h(d.releasable), group(d.releasable));
+    let _ = writeln!(
+        out,
+        "  {:<21}{:>12}  ({} B, what empty_cache() returns)",
+        "releasable",
+        human_bytes(d.releasable),
+        thousands(d.releasable)
+    );
     line(out, "largest free block", d.largest_free_block);
     match d.device_free {
         Some(free) => line(out, "device free", free),
@@ -54,15 +60,22 @@ fn device(out: &mut String, d: &DeviceSummary, title: &str) {
             out,
             "  allocation sizes     {} allocations: p50 {}, p90 {}, p99 {}, max {}",
             a.count,
-            h(a.p50),
-            h(a.p90),
-            h(a.p99),
-            h(a.max)
+            human_bytes(a.p50),
+            human_bytes(a.p90),
+            human_bytes(a.p99),
+            human_bytes(a.max)
         );
     }
     let r = &d.free_runs;
     if r.count > 0 {
-        let _ = writeln!(out, "  free runs            {} runs: p50 {}, p90 {}, max {}", r.count, h(r.p50), h(r.p90), h(r.max));
+        let _ = writeln!(
+            out,
+            "  free runs            {} runs: p50 {}, p90 {}, max {}",
+            r.count,
+            human_bytes(r.p50),
+            human_bytes(r.p90),
+            human_bytes(r.max)
+        );
     }
     if !d.top_stranded_segments.is_empty() {
         let _ = writeln!(out, "  segments stranding the most:");
@@ -73,10 +86,10 @@ fn device(out: &mut String, d: &DeviceSummary, title: &str) {
                 "    {:<18} {:>8} {:>12} {:>12} {:>6} {:>14}",
                 format!("{:#x}", s.address),
                 s.pid,
-                h(s.size),
-                h(s.stranded),
+                human_bytes(s.size),
+                human_bytes(s.stranded),
                 s.live_blocks,
-                h(s.largest_free_run)
+                human_bytes(s.largest_free_run)
             );
         }
     }
@@ -91,7 +104,7 @@ fn owners(out: &mut String, s: &Summary) {
     }
     let _ = writeln!(out, "\ndriver memory by owner (the library that called the driver; sums to the process's reserved)");
     for (p, o) in per {
-        let parts: Vec<String> = o.iter().map(|(k, b)| format!("{k} {}", h(*b))).collect();
+        let parts: Vec<String> = o.iter().map(|(k, b)| format!("{k} {}", human_bytes(*b))).collect();
         let who = Summary::process_label(p);
         let _ = writeln!(out, "  {who} on device {}: {}", p.figures.device, parts.join(", "));
     }
@@ -153,12 +166,12 @@ fn render_ooms(s: &Summary, explain: bool) -> String {
                 i + 1,
                 o.device,
                 o.pid,
-                h(o.requested),
+                human_bytes(o.requested),
                 o.verdict.name()
             );
             continue;
         }
-        let _ = writeln!(out, "\nOOM {} on device {} (pid {}{ctr}): {} requested", i + 1, o.device, o.pid, h(o.requested));
+        let _ = writeln!(out, "\nOOM {} on device {} (pid {}{ctr}): {} requested", i + 1, o.device, o.pid, human_bytes(o.requested));
         let _ = writeln!(out, "  verdict: {}", o.verdict.name());
         if o.driver_failures_before > 0 {
             let _ =

@@ -207,9 +207,9 @@ mod tests {
         }
     }
 
-    /// One test per runtime layout kept in tests/fixtures/cgroup. Two are real files read on
-    /// the CI machine (`podman-cgroupfs-hybrid.txt`, `host-hybrid-plain.txt`); the others are
-    /// synthetic: they reproduce the path forms the runtimes document (its README says which).
+    /// One test per runtime layout kept in tests/fixtures/cgroup. The files (and tests) named
+    /// `synthetic` reproduce the path forms the runtimes document; the others were read from
+    /// real processes on the CI machine (its README says how each was captured, the command).
     macro_rules! layout {
         ($name:ident, $file:literal, $id:expr, $runtime:expr, $pod:expr) => {
             #[test]
@@ -227,58 +227,102 @@ mod tests {
         "podman",
         None
     );
-    layout!(podman_systemd_v2, "podman-systemd-v2.txt", "9d4c0e5c7fe6a9bd3ddbf5e8a32f7c0f1c8ed1c7c4d70a0f0a1f5f8b2c0e6a11", "podman", None);
     layout!(
-        podman_rootless_split_v2,
-        "podman-rootless-split-v2.txt",
+        synthetic_podman_systemd_v2,
+        "synthetic-podman-systemd-v2.txt",
+        "9d4c0e5c7fe6a9bd3ddbf5e8a32f7c0f1c8ed1c7c4d70a0f0a1f5f8b2c0e6a11",
+        "podman",
+        None
+    );
+    layout!(
+        synthetic_podman_rootless_split_v2,
+        "synthetic-podman-rootless-split-v2.txt",
         "1b2f0b6cbe0a4c1ad0c4b0a4b42c9f4ef3b7bc2b6ccf1b3f64b5bbf7b44a7c61",
         "podman",
         None
     );
     layout!(
-        docker_cgroupfs_v1,
-        "docker-cgroupfs-v1.txt",
+        synthetic_docker_cgroupfs_v1,
+        "synthetic-docker-cgroupfs-v1.txt",
         "3f1d2c6e1a49c2f2e3c4c89e3a8b0c7d4a9f8e1d2c3b4a5f6e7d8c9b0a1f2e3d",
         "docker",
         None
     );
-    layout!(docker_systemd_v2, "docker-systemd-v2.txt", "c0ffee00d15ea5e5c0ffee00d15ea5e5c0ffee00d15ea5e5c0ffee00d15ea5e5", "docker", None);
-    layout!(containerd_systemd_v2, "containerd-systemd-v2.txt", ID, "containerd", Some("c704ef4c297ab11032b83ce52cbfc87b"));
     layout!(
-        containerd_cgroupfs_v1,
-        "containerd-cgroupfs-v1.txt",
+        synthetic_docker_systemd_v2,
+        "synthetic-docker-systemd-v2.txt",
+        "c0ffee00d15ea5e5c0ffee00d15ea5e5c0ffee00d15ea5e5c0ffee00d15ea5e5",
+        "docker",
+        None
+    );
+    layout!(
+        synthetic_containerd_systemd_v2,
+        "synthetic-containerd-systemd-v2.txt",
+        ID,
+        "containerd",
+        Some("c704ef4c297ab11032b83ce52cbfc87b")
+    );
+    layout!(
+        synthetic_containerd_cgroupfs_v1,
+        "synthetic-containerd-cgroupfs-v1.txt",
         "8e7f3c2a1b0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f",
         "kubernetes",
         Some("5d7a5a2e-8c3b-4c5e-9a6b-2f7e3b1c0d4a")
     );
-    layout!(crio_systemd_v2, "crio-systemd-v2.txt", ID, "cri-o", Some("b3922967-14e1-4867-9388-461bac94b37e"));
+    layout!(synthetic_crio_systemd_v2, "synthetic-crio-systemd-v2.txt", ID, "cri-o", Some("b3922967-14e1-4867-9388-461bac94b37e"));
     layout!(
-        crio_systemd_v1,
-        "crio-systemd-v1.txt",
+        synthetic_crio_systemd_v1,
+        "synthetic-crio-systemd-v1.txt",
         "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90",
         "cri-o",
         Some("0e8e9f3a-2b4c-4d6e-8f0a-1b3c5d7e9f02")
     );
     layout!(
-        guaranteed_pod_cgroupfs_v2,
-        "containerd-guaranteed-cgroupfs-v2.txt",
+        synthetic_guaranteed_pod_cgroupfs_v2,
+        "synthetic-containerd-guaranteed-cgroupfs-v2.txt",
         ID,
         "kubernetes",
         Some("0e8e9f3a-2b4c-4d6e-8f0a-1b3c5d7e9f02")
     );
     layout!(
-        docker_in_podman_innermost_wins,
-        "dind-podman-docker-v1.txt",
+        synthetic_docker_in_podman_innermost_wins,
+        "synthetic-dind-podman-docker-v1.txt",
         "1575e8b4a92a9c340a657f3df4ddc0f6a6305c200879f3898b26368ad019b503",
         "docker",
         Some("a2acd1bccd50fd7790183537181f658e")
+    );
+
+    /// The id podman gave the container of capture.sh's run (`podman inspect -f {{.Id}}`).
+    const CAPTURED: &str = "0e0f781ff0d4852901ac7db8d1e6fb56137a75d8efcb79eb9f0f05bb670e5ffe";
+
+    // real: a podman container placed under a Kubernetes-like cgroupfs pod parent, read from the
+    // host: the container is podman's (`libpod-ID`), its pod the parent's
+    layout!(
+        podman_under_a_kubepods_parent_cgroupfs_hybrid,
+        "podman-kubepods-parent-cgroupfs-hybrid.txt",
+        CAPTURED,
+        "podman",
+        Some("7c1d3e5f-2a4b-4c6d-8e0f-1a2b3c4d5e6f")
+    );
+
+    // real: the same process read from inside a container with its own cgroup namespace
+    layout!(
+        a_private_cgroup_namespace_reads_relative_paths,
+        "podman-seen-from-private-cgroupns-hybrid.txt",
+        CAPTURED,
+        "podman",
+        Some("7c1d3e5f-2a4b-4c6d-8e0f-1a2b3c4d5e6f")
     );
 
     #[test]
     fn host_processes_are_on_the_host() {
         for f in [
             include_str!("../../tests/fixtures/cgroup/host-hybrid-plain.txt"),
-            include_str!("../../tests/fixtures/cgroup/host-systemd-v2.txt"),
+            // real: this machine's own shell, its memory controller in a 32-hex sandbox group
+            include_str!("../../tests/fixtures/cgroup/host-this-machine-hybrid.txt"),
+            // real: a container's own view from inside its private namespace names nothing
+            include_str!("../../tests/fixtures/cgroup/podman-own-view-private-cgroupns-hybrid.txt"),
+            include_str!("../../tests/fixtures/cgroup/synthetic-host-systemd-v2.txt"),
             "0::/\n",
         ] {
             assert_eq!(parse_file(f).unwrap(), Placement::Host, "{f}");
@@ -287,7 +331,7 @@ mod tests {
 
     #[test]
     fn unknown_forms_are_said_unknown() {
-        let t = include_str!("../../tests/fixtures/cgroup/unknown-form-v2.txt");
+        let t = include_str!("../../tests/fixtures/cgroup/synthetic-unknown-form-v2.txt");
         assert!(matches!(parse_file(t).unwrap(), Placement::Unknown { pod_uid: None, .. }), "{:?}", parse_file(t));
         // A pod's group without a container id in it.
         let p = parse_path("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podb3922967_14e1_4867_9388_461bac94b37e.slice");
@@ -311,7 +355,7 @@ mod tests {
     }
 
     #[test]
-    fn a_private_cgroup_namespace_reads_relative_paths() {
+    fn synthetic_a_private_cgroup_namespace_reads_relative_systemd_paths() {
         // Read from inside another cgroup namespace, the path climbs out with `..`.
         let c = container(&format!("0::/../../machine.slice/libpod-{ID}.scope\n"));
         assert_eq!((c.id.as_str(), c.runtime), (ID, "podman"));

@@ -157,8 +157,8 @@ pub struct ProcRead {
     pub exe: String,
     /// `cgroup`'s text, or why it could not be read.
     pub cgroup: Result<String, String>,
-    /// `environ`'s bytes (at most 1 MiB), or why not.
-    pub environ: Result<Vec<u8>, String>,
+    /// `environ` (at most 1 MiB of it), parsed once, or why it could not be read.
+    pub environ: Result<crate::hello::Environ, String>,
     /// The pod namespace file of the process's root (the service account's), `None` when it
     /// has none, or why the root could not be reached.
     pub namespace: Result<Option<String>, String>,
@@ -194,7 +194,13 @@ impl ProcRead {
                 .filter(|s| !s.is_empty())),
         };
         // A process that has exited (a zombie) reads as an empty environment: not its own.
-        let environ = take("environ").and_then(|b| if b.is_empty() { Err("empty (the process has exited)".to_string()) } else { Ok(b) });
+        let environ = take("environ").and_then(|b| {
+            if b.is_empty() {
+                Err("empty (the process has exited)".to_string())
+            } else {
+                Ok(crate::hello::Environ::parse(&b))
+            }
+        });
         ProcRead { exe, cgroup: take("cgroup").map(|b| String::from_utf8_lossy(&b).into_owned()), environ, namespace, node: None }
     }
 }
@@ -338,7 +344,7 @@ impl Attribution {
             },
         }
         let env = match read.environ {
-            Ok(bytes) => Some(parse_environ(&bytes)),
+            Ok(env) => Some(env),
             Err(e) => {
                 self.gap(
                     GapKind::EnvironUnreadable,
@@ -349,13 +355,13 @@ impl Attribution {
             }
         };
         let mut visible = None;
-        let mut limits = env.as_ref().map(crate::limits::ProcessLimits::from_env).unwrap_or_default();
+        let mut limits = env.as_ref().map(|e| crate::limits::ProcessLimits::from_env(&e.0)).unwrap_or_default();
         for bad in &limits.bad {
             self.gap(GapKind::LimitUnreadable, pid, format!("{bad}: no limit assumed"));
         }
         if let Some(env) = &env {
             let devices = self.gpus.uuids.as_ref().map_or(1, Vec::len);
-            match self.mps.default_for(env, devices) {
+            match self.mps.default_for(&env.0, devices) {
                 mps::Answer::None => {}
                 mps::Answer::Limits(l) => {
                     for (ordinal, bytes) in l {
@@ -366,14 +372,14 @@ impl Attribution {
             }
         }
         if let Some(env) = &env {
-            let get = |keys: &[&str]| keys.iter().find_map(|k| env.get(*k).filter(|v| !v.is_empty()).cloned());
+            let get = |keys: &[&str]| keys.iter().find_map(|k| env.get(k).filter(|v| !v.is_empty()).map(str::to_string));
             id.pod_name = get(&["K8S_POD_NAME", "POD_NAME", "MY_POD_NAME", "KUBERNETES_POD_NAME"]);
             id.namespace = get(&["K8S_NAMESPACE_NAME", "K8S_POD_NAMESPACE", "POD_NAMESPACE", "MY_POD_NAMESPACE", "KUBERNETES_NAMESPACE"]);
             id.container_name = get(&["K8S_CONTAINER_NAME", "CONTAINER_NAME", "KUBERNETES_CONTAINER_NAME"]);
             if id.pod_uid.is_none() {
                 id.pod_uid = get(&["K8S_POD_UID", "POD_UID", "MY_POD_UID"]);
             }
-            let in_pod = id.pod_uid.is_some() || env.contains_key("KUBERNETES_SERVICE_HOST");
+            let in_pod = id.pod_uid.is_some() || env.get("KUBERNETES_SERVICE_HOST").is_some();
             if in_pod && id.pod_name.is_none() {
                 // The kubelet sets HOSTNAME to the pod's name (unless the pod sets spec.hostname).
                 id.pod_name = get(&["HOSTNAME"]);
@@ -381,8 +387,10 @@ impl Attribution {
             if id.pod_name.is_some() || id.namespace.is_some() || id.container_name.is_some() {
                 id.identity_source = Some(pods::SOURCE_ENV);
             }
-            visible =
-                Some(VisibleEnv { nvidia: env.get("NVIDIA_VISIBLE_DEVICES").cloned(), cuda: env.get("CUDA_VISIBLE_DEVICES").cloned() });
+            visible = Some(VisibleEnv {
+                nvidia: env.get("NVIDIA_VISIBLE_DEVICES").map(str::to_string),
+                cuda: env.get("CUDA_VISIBLE_DEVICES").map(str::to_string),
+            });
         }
         if let Some(n) = &read.node {
             // The node's word over the container's own: a container cannot misname itself.
@@ -723,18 +731,6 @@ impl Attribution {
         out.extend(self.kept.iter().map(|k| format!("attribution: {k}")));
         out
     }
-}
-
-/// `KEY=VALUE` pairs of an environ block (NUL-separated; a pair without `=` is skipped).
-pub fn parse_environ(bytes: &[u8]) -> HashMap<String, String> {
-    bytes
-        .split(|&b| b == 0)
-        .filter_map(|kv| {
-            let s = String::from_utf8_lossy(kv);
-            let (k, v) = s.split_once('=')?;
-            Some((k.to_string(), v.to_string()))
-        })
-        .collect()
 }
 
 /// The node's GPUs from NVML (`lib`: a path, `none` for no NVML, default `libnvidia-ml.so.1`).

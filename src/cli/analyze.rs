@@ -32,13 +32,15 @@ pub struct Args {
 
 /// The summary of a file, as `analyze` computes it.
 pub fn summarize(file: &std::path::Path, device: Option<i16>) -> anyhow::Result<Summary> {
-    let loaded = input::load_state(file)?;
+    // opened, told apart and decoded once: the replay and the computed fix read the same input
+    let opened = input::open(file, input::Accept::Traces)?;
+    let loaded = opened.load_state()?;
     let mut s = Summary::from_state(&loaded.state, &file.display().to_string());
     s.exact &= loaded.complete;
     let mut notes = loaded.notes;
     notes.append(&mut s.notes);
     s.notes = notes;
-    crate::sim::apply_to_summary(&mut s, |cut| crate::sim::stream_of_file_upto(file, cut));
+    crate::sim::apply_to_summary(&mut s, |cut| crate::sim::stream_of(&opened, cut));
     if let Some(d) = device {
         s.devices.retain(|x| x.device == d);
         s.processes.retain(|x| x.figures.device == d);

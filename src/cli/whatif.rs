@@ -53,7 +53,8 @@ pub struct Args {
 
 /// Reads the request stream of any trace gpufrag reads; unusable input is exit 2.
 pub fn load_stream(path: &Path) -> anyhow::Result<RequestStream> {
-    sim::stream_of_file(path).map_err(|e| UnusableInput(e).into())
+    let opened = crate::input::open(path, crate::input::Accept::Traces)?;
+    sim::stream_of(&opened, None).map_err(|e| UnusableInput(e).into())
 }
 
 fn size_arg(flag: &str, v: &str) -> anyhow::Result<u64> {

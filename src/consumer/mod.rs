@@ -213,7 +213,7 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>, tx: Sender<Msg>, pre
                         let mut read = crate::attribution::ProcRead::read(std::path::Path::new("/proc"), hello.pid);
                         // The shim's own values, read when it armed: the process may be gone now.
                         if let Some(env) = ring.env.take() {
-                            read.environ = Ok(env);
+                            read.environ = Ok(crate::hello::Environ::parse(&env));
                         }
                         let proc = Some(Box::new(read));
                         // Its code mappings now, while it surely runs: a process that allocates

@@ -28,8 +28,8 @@ pub use capacity::{
 pub use check::{self_check, Check, Divergence};
 pub use driver::{card_limits, drive, parse_confs, refusal, sweep_for, trace_limits, Ask, Driven};
 pub use stream::{
-    from_events, from_events_upto, from_events_with_texts, from_snapshot, snapshot_conf, stream_of_file, stream_of_file_upto, Request,
-    RequestStream, StreamError, TraceFinal,
+    from_events, from_events_upto, from_events_with_texts, from_snapshot, snapshot_conf, stream_of, Request, RequestStream, StreamError,
+    TraceFinal,
 };
 pub use sweep::{rank, recommendation, sweep_confs, Ranked};
 pub use verdict::{apply_to_summary, compute as compute_fix, put as put_fix, ComputedFix, FixInput};

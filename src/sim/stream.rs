@@ -431,10 +431,13 @@ impl EventPasses for InMemory<'_> {
     }
 }
 
-/// A record file read from its start up to and including the event at index `cut` (all of it
-/// with `None`), entry by entry at each pass.
+/// A record read from its start up to and including the event at index `cut` (all of it with
+/// `None`), entry by entry at each pass, from the input opened once (`crate::input::open`): a
+/// regular file read again at its offset, a pipe's bytes held in memory.
 pub struct RecordPasses<'a> {
-    /// The file.
+    /// The record's bytes.
+    pub bytes: &'a crate::input::Bytes,
+    /// The file, for errors.
     pub path: &'a std::path::Path,
     /// The last event read, when not all.
     pub cut: Option<u64>,
@@ -442,7 +445,7 @@ pub struct RecordPasses<'a> {
 
 impl EventPasses for RecordPasses<'_> {
     fn pass(&self, f: &mut dyn FnMut(usize, &Event, &[u8]) -> bool) -> Result<(), StreamError> {
-        let reader = crate::record::Reader::open(self.path).map_err(|e| StreamError::Unreadable(e.to_string()))?;
+        let reader = self.bytes.records(self.path).map_err(|e| StreamError::Unreadable(e.to_string()))?;
         for (i, entry) in reader.enumerate() {
             if self.cut.is_some_and(|c| i as u64 > c) {
                 break;
@@ -770,30 +773,16 @@ pub fn from_events_upto(events: &[Event], texts: &[(usize, Box<[u8]>)], cut: Opt
     from_events_with_texts(&events[..end], &texts[..n])
 }
 
-/// The request stream of any file gpufrag reads, up to and including the record's event at
-/// index `cut` (a snapshot's whole trace: its entries are not record events), or why not, in one
-/// line naming the file.
-pub fn stream_of_file_upto(path: &std::path::Path, cut: Option<u64>) -> Result<RequestStream, String> {
-    use std::io::Read;
-    let mut head = [0u8; 8];
-    let n = crate::input::open_input(path).map_err(|e| e.0)?.read(&mut head).map_err(|e| format!("{}: {e}", path.display()))?;
-    if !crate::record::is_record(&head[..n]) {
-        return stream_of_file(path);
-    }
-    from_passes(&RecordPasses { path, cut }).map_err(|e| named(path, e))
-}
-
-/// The request stream of any file gpufrag reads (snapshot or record), or why not, in one line
-/// naming the file.
-pub fn stream_of_file(path: &std::path::Path) -> Result<RequestStream, String> {
-    use std::io::Read;
-    let mut head = [0u8; 8];
-    let n = crate::input::open_input(path).map_err(|e| e.0)?.read(&mut head).map_err(|e| format!("{}: {e}", path.display()))?;
-    let stream = if crate::record::is_record(&head[..n]) {
-        from_passes(&RecordPasses { path, cut: None })
-    } else {
-        let snap = crate::snapshot::load(path).map_err(|e| e.to_string())?;
-        from_snapshot(&snap)
+/// The request stream of an input opened once (`crate::input::open`), up to and including the
+/// record's event at index `cut` (a snapshot's whole trace: its entries are not record events),
+/// or why not, in one line naming the file. A snapshot's stream is built from the snapshot the
+/// opener decoded; a record's from passes over the open file (or the pipe's bytes).
+pub fn stream_of(input: &crate::input::Opened, cut: Option<u64>) -> Result<RequestStream, String> {
+    let path = input.path.as_path();
+    let stream = match &input.body {
+        crate::input::Body::Record(bytes) => from_passes(&RecordPasses { bytes, path, cut }),
+        crate::input::Body::Snapshot(snap) => from_snapshot(snap),
+        crate::input::Body::Summary(_) => return Err(format!("{}: a summary JSON holds no trace to simulate", path.display())),
     };
     stream.map_err(|e| named(path, e))
 }

@@ -408,21 +408,14 @@ impl<'p> Walker<'p> {
     fn settings(&self, v: &PV, owner: &Container) -> Result<AllocatorSettings, SnapshotError> {
         let at = Loc::Root("allocator_settings");
         let d = self.dict(v, at, owner)?;
-        let [conf, conf_new, max_split, gc, expandable, roundup] = pick(
-            d,
-            [
-                "PYTORCH_CUDA_ALLOC_CONF",
-                "PYTORCH_ALLOC_CONF",
-                "max_split_size",
-                "garbage_collection_threshold",
-                "expandable_segments",
-                "roundup_power2_divisions",
-            ],
-        );
-        let conf = match conf.or(conf_new) {
-            None | Some(PV::None) => String::new(),
-            Some(PV::Str(s)) => s.to_string(),
-            Some(other) => return Err(self.wrong(Loc::Key(&at, "PYTORCH_CUDA_ALLOC_CONF"), "a str", other, d)),
+        let [max_split, gc, expandable, roundup] =
+            pick(d, ["max_split_size", "garbage_collection_threshold", "expandable_segments", "roundup_power2_divisions"]);
+        // the settings string, under the first of the variables' names that is there
+        let conf = crate::hello::first_set(&crate::hello::ALLOC_CONF_KEYS, |k| pick(d, [k])[0].map(|v| (k, v)));
+        let conf = match conf {
+            None | Some((_, PV::None)) => String::new(),
+            Some((_, PV::Str(s))) => s.to_string(),
+            Some((k, other)) => return Err(self.wrong(Loc::Key(&at, k), "a str", other, d)),
         };
         let max_split_size = match max_split {
             None | Some(PV::None) => None,

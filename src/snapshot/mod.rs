@@ -2,9 +2,10 @@
 //! and pytorch.org/memory_viz reads, plain or gzipped, turned into typed segments and trace rings
 //! ([`Snapshot`]) and from there into the wire [`Event`](crate::event::Event)s the core ingests.
 //!
-//! [`load`] reads a file; [`from_bytes`] decodes bytes already in memory. Both detect gzip by its
-//! magic bytes, never by the extension, and fail with a one-line [`SnapshotError`] naming the file,
-//! the offset where the decoder knows it, and what is wrong; no input makes them panic.
+//! [`load`] reads a file, [`from_file`] a file already open; [`from_bytes`] decodes bytes already
+//! in memory. All three detect gzip by its magic bytes, never by the extension, and fail with a
+//! one-line [`SnapshotError`] naming the file, the offset where the decoder knows it, and what is
+//! wrong; no input makes them panic.
 //!
 //! Files: `model.rs` (the types), `pickle.rs` (a pickle VM for plain data: serde-pickle 1.2
 //! cannot decode snapshots with stack frames, see there), `decode.rs` (bytes → types),
@@ -43,21 +44,32 @@ pub fn set_inflate_limit(bytes: u64) {
     INFLATE_LIMIT.store(bytes, Ordering::Relaxed);
 }
 
-/// Loads a snapshot file, `.pickle` or gzipped (detected by content). A plain pickle is mapped,
-/// not read: the decoder walks it once, front to back, and the pages it has passed are given
-/// back as it goes ([`mapped::Mapped::release_before`]), so the file is never held whole (a
-/// 24 MB snapshot of 253,000 entries is decoded in about 48 MB, docs/benchmarks.md).
+/// Loads a snapshot file, `.pickle` or gzipped (detected by content): opens it and decodes it
+/// with [`from_file`]. The commands open their input once with `crate::input::open`, which calls
+/// [`from_file`] on the file it opened.
 pub fn load(path: &Path) -> Result<Snapshot, SnapshotError> {
-    let io_error = |e: std::io::Error| {
-        let kind = if e.kind() == std::io::ErrorKind::NotFound { SnapshotErrorKind::NotFound } else { SnapshotErrorKind::Io(e) };
-        SnapshotError::new(path, kind)
-    };
-    let file = std::fs::File::open(path).map_err(io_error)?;
-    let map = match mapped::Mapped::of(&file) {
+    let file = std::fs::File::open(path).map_err(|e| io_error(path, e))?;
+    from_file(&file, path)
+}
+
+fn io_error(path: &Path, e: std::io::Error) -> SnapshotError {
+    let kind = if e.kind() == std::io::ErrorKind::NotFound { SnapshotErrorKind::NotFound } else { SnapshotErrorKind::Io(e) };
+    SnapshotError::new(path, kind)
+}
+
+/// Decodes the snapshot an open regular file holds (`path` names it in errors). A plain pickle
+/// is mapped, not read: the decoder walks it once, front to back, and the pages it has passed are
+/// given back as it goes ([`mapped::Mapped::release_before`]), so the file is never held whole (a
+/// 24 MB snapshot of 253,000 entries is decoded in about 48 MB, docs/benchmarks.md). The file's
+/// own offset is not moved unless it cannot be mapped (an empty file, a file system without mmap):
+/// then it is read from where it stands, which must be its start.
+pub fn from_file(file: &std::fs::File, path: &Path) -> Result<Snapshot, SnapshotError> {
+    let map = match mapped::Mapped::of(file) {
         Ok(Some(m)) => m,
         // empty, or not mappable (a file system without mmap): read it
         Ok(None) | Err(_) => {
-            let bytes = std::fs::read(path).map_err(io_error)?;
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut &*file, &mut bytes).map_err(|e| io_error(path, e))?;
             return from_bytes(&bytes, path);
         }
     };

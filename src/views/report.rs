@@ -39,29 +39,22 @@ pub struct ReportData {
     pub log: Option<TraceLog>,
 }
 
-/// Whether a file holds a summary JSON (its first non-blank byte is `{`).
-pub fn is_summary_json(path: &Path) -> bool {
-    use std::io::Read;
-    let mut head = [0u8; 64];
-    let n = crate::input::open_input(path).ok().and_then(|mut f| f.read(&mut head).ok()).unwrap_or(0);
-    head[..n].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
-}
-
 /// Loads any input `report` accepts. `log_entries`: keep the trace for a memviz export.
 pub fn load(path: &Path, max_points: usize, log_entries: Option<usize>) -> anyhow::Result<ReportData> {
-    if is_summary_json(path) {
-        let text = std::fs::read_to_string(path).map_err(|e| UnusableInput(format!("{}: {e}", path.display())))?;
+    // opened, told apart and decoded once: the replay, the computed fix and the timeline read it
+    let opened = input::open(path, input::Accept::TracesOrSummary)?;
+    if let input::Body::Summary(text) = &opened.body {
         let summary: Summary =
-            serde_json::from_str(&text).map_err(|e| UnusableInput(format!("{}: not a gpufrag summary JSON: {e}", path.display())))?;
+            serde_json::from_str(text).map_err(|e| UnusableInput(format!("{}: not a gpufrag summary JSON: {e}", path.display())))?;
         return Ok(ReportData { summary, state: None, history: None, log: None });
     }
-    let loaded = input::load(path)?;
+    let loaded = opened.load()?;
     let mut summary = Summary::from_state(&loaded.state, &path.display().to_string());
     summary.exact &= loaded.complete;
     let mut notes = loaded.notes.clone();
     notes.append(&mut summary.notes);
     summary.notes = notes;
-    crate::sim::apply_to_summary(&mut summary, |cut| crate::sim::stream_of_file_upto(path, cut));
+    crate::sim::apply_to_summary(&mut summary, |cut| crate::sim::stream_of(&opened, cut));
     let mut state = State::new(loaded.rules.clone());
     let mut history = History::new(max_points);
     let mut log = log_entries.map(TraceLog::new);

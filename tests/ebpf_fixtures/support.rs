@@ -201,6 +201,34 @@ impl Lines {
     }
 }
 
+/// The PATH a test gives a process whose environment it clears (the agent as an operator starts
+/// it: nothing else inherited).
+pub const CLEAN_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// `gpufrag agent ARGS --summary-json SUMMARY`, its stderr piped and its stdout dropped, for
+/// [`start_tracing`]; the caller adds its environment.
+pub fn agent_command(summary: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(gpufrag());
+    cmd.arg("agent").args(args).arg("--summary-json").arg(summary).stderr(Stdio::piped()).stdout(Stdio::null());
+    cmd
+}
+
+/// [`agent_command`] with nothing in its environment but [`CLEAN_PATH`].
+pub fn clean_agent_command(summary: &Path, args: &[&str]) -> Command {
+    let mut cmd = agent_command(summary, args);
+    cmd.env_clear().env("PATH", CLEAN_PATH);
+    cmd
+}
+
+/// Starts the agent `cmd` (from [`agent_command`]) and waits, at most 120 s, until it says
+/// "agent: tracing" (its probes are in); fails with what it said otherwise.
+pub fn start_tracing(mut cmd: Command) -> (Child, Lines) {
+    let mut child = cmd.spawn().expect("agent");
+    let mut err = Lines::new(child.stderr.take().expect("stderr"));
+    assert!(err.wait_for("agent: tracing", Duration::from_secs(120)), "{}", err.rest());
+    (child, err)
+}
+
 pub fn wait_timeout(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
     let end = Instant::now() + timeout;
     loop {

@@ -48,8 +48,8 @@ pub const HELLO_ENV_KEYS: [&str; 25] = [
     "POD_NAMESPACE",
     "HOSTNAME",
     "KUBERNETES_SERVICE_HOST",
-    "PYTORCH_CUDA_ALLOC_CONF",
-    "PYTORCH_ALLOC_CONF",
+    ALLOC_CONF_KEYS[0],
+    ALLOC_CONF_KEYS[1],
     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
     "CUDA_MPS_PIPE_DIRECTORY",
     "CUDA_DEVICE_MEMORY_LIMIT",
@@ -63,6 +63,50 @@ pub const HELLO_ENV_KEYS: [&str; 25] = [
     "CUDA_DEVICE_MEMORY_LIMIT_7",
     "LD_PRELOAD",
 ];
+
+/// The variables PyTorch's caching allocator takes its settings from, in their order of
+/// precedence: the first that is set wins, and when neither is, PyTorch's defaults apply (`""`).
+/// The one statement of that order: a process's environment ([`Environ::alloc_conf`], which the
+/// live pipeline states as the process's settings at exec) and a snapshot's `allocator_settings`
+/// (whose string stands under one of these keys) both follow it through [`first_set`].
+pub const ALLOC_CONF_KEYS: [&str; 2] = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"];
+
+/// The value of the first of `keys` that `get` finds: how a precedence list (such as
+/// [`ALLOC_CONF_KEYS`]) is applied to any map of variables.
+pub fn first_set<'k, V>(keys: &[&'k str], get: impl FnMut(&'k str) -> Option<V>) -> Option<V> {
+    let mut get = get;
+    keys.iter().find_map(|k| get(k))
+}
+
+/// A process's environment, parsed once from its block (`/proc/PID/environ`, or the block that
+/// follows a hello): NUL-separated `KEY=VALUE` pairs; a pair without `=` is skipped, and of a
+/// key given twice the first is kept, as `getenv(3)` finds it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Environ(pub std::collections::HashMap<String, String>);
+
+impl Environ {
+    /// Parses an environment block (bytes that are not UTF-8 are replaced).
+    pub fn parse(block: &[u8]) -> Environ {
+        let mut map = std::collections::HashMap::new();
+        for kv in block.split(|&b| b == 0) {
+            let Some(eq) = kv.iter().position(|&b| b == b'=') else { continue };
+            let key = String::from_utf8_lossy(&kv[..eq]).into_owned();
+            map.entry(key).or_insert_with(|| String::from_utf8_lossy(&kv[eq + 1..]).into_owned());
+        }
+        Environ(map)
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(String::as_str)
+    }
+
+    /// The allocator settings it gives PyTorch ([`ALLOC_CONF_KEYS`]'s precedence); `""` when
+    /// neither variable is set.
+    pub fn alloc_conf(&self) -> &str {
+        first_set(&ALLOC_CONF_KEYS, |k| self.get(k)).unwrap_or("")
+    }
+}
 
 /// Writes the environment block of the variables `get` returns into `out`: the u16 length,
 /// then the pairs; a pair that does not fit is left out whole. Returns the bytes written.
@@ -178,5 +222,31 @@ mod tests {
         assert!(n <= out.len());
         assert!(!out[..n].windows(3).any(|w| w == b"xxx"), "the pair that does not fit is left out whole");
         assert_eq!(u16::from_le_bytes([out[0], out[1]]) as usize, n - 2);
+    }
+
+    /// The precedence of the allocator-settings variables, for every combination of them set,
+    /// unset, empty, in either order in the block and given twice, against the rule written out
+    /// here by hand: PYTORCH_CUDA_ALLOC_CONF when set (even to ""), else PYTORCH_ALLOC_CONF, else
+    /// ""; of a repeated key, its first value.
+    #[test]
+    fn alloc_conf_precedence_is_cuda_first_then_the_new_name_then_defaults() {
+        let cases: [(&[&str], &str); 8] = [
+            (&[], ""),
+            (&["PYTORCH_ALLOC_CONF=expandable_segments:True"], "expandable_segments:True"),
+            (&["PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128"], "max_split_size_mb:128"),
+            (&["PYTORCH_ALLOC_CONF=expandable_segments:True", "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128"], "max_split_size_mb:128"),
+            (&["PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128", "PYTORCH_ALLOC_CONF=expandable_segments:True"], "max_split_size_mb:128"),
+            (&["PYTORCH_CUDA_ALLOC_CONF=", "PYTORCH_ALLOC_CONF=expandable_segments:True"], ""),
+            (&["PYTORCH_CUDA_ALLOC_CONF=a:1", "PYTORCH_CUDA_ALLOC_CONF=b:2"], "a:1"),
+            (&["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF=c:3", "X=y=z"], "c:3"),
+        ];
+        for (pairs, want) in cases {
+            let block: Vec<u8> = pairs.iter().flat_map(|p| p.bytes().chain([0])).collect();
+            let env = Environ::parse(&block);
+            assert_eq!(env.alloc_conf(), want, "{pairs:?}");
+        }
+        assert_eq!(Environ::parse(b"X=y=z\0").get("X"), Some("y=z"));
+        assert_eq!(first_set(&ALLOC_CONF_KEYS, |k| (k == "PYTORCH_ALLOC_CONF").then_some(7)), Some(7));
+        assert!(ALLOC_CONF_KEYS.iter().all(|k| HELLO_ENV_KEYS.contains(k)), "the block carries both");
     }
 }

@@ -9,15 +9,22 @@
 //! truncated ring: [`Loaded::replay`] carries the events it replayed, so that the views that play
 //! an input back event by event (the report's timeline, `top --replay`) follow the same path.
 //!
+//! The file is opened, told apart and decoded once, by [`open`] (open.rs); [`Opened::load`] and
+//! [`Opened::load_state`] replay what it holds, and the simulator takes the same [`Opened`] input
+//! (`crate::sim::stream_of`).
+//!
 //! An input that cannot be used fails with an [`UnusableInput`] in its error chain; the command
 //! line turns that kind into its exit code.
+
+mod open;
+
+pub use open::{open, Accept, Body, Bytes, BytesReader, Opened, PIPE_SILENCE};
 
 use crate::alloc::pytorch::{AllocatorRules, ROUNDUP_INTERVALS};
 use crate::event::Event;
 use crate::ingest::State;
 use crate::record;
-use crate::snapshot::{self, AllocatorSettings, Snapshot};
-use std::io::Read;
+use crate::snapshot::{AllocatorSettings, Snapshot};
 use std::path::Path;
 
 /// The error kind of an input that cannot be used (unreadable, of no format gpufrag knows,
@@ -47,8 +54,6 @@ pub struct Loaded {
     pub complete: bool,
     /// The kind of input.
     pub kind: InputKind,
-    /// The snapshot, when the input was one.
-    pub snapshot: Option<Snapshot>,
     /// The allocator rules the replay followed.
     pub rules: AllocatorRules,
     /// The events that rebuild the replayed state from empty, in order: a record file's events;
@@ -75,109 +80,80 @@ pub fn rules_from(settings: &AllocatorSettings) -> AllocatorRules {
     AllocatorRules { max_split_size: settings.max_split_size.unwrap_or(u64::MAX), roundup_power2_divisions: divisions }
 }
 
-/// Opens an input file: only a regular file (a FIFO, a socket or a device would block or never
-/// end: "a FIFO given as input blocks for ever", issue 23). The open itself never blocks
-/// (`O_NONBLOCK`, cleared once the file is known to be regular).
-pub fn open_input(path: &Path) -> Result<std::fs::File, UnusableInput> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    use std::os::unix::io::AsRawFd;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| UnusableInput(format!("{}: {e}", path.display())))?;
-    let ft = f.metadata().map_err(|e| UnusableInput(format!("{}: {e}", path.display())))?.file_type();
-    if !ft.is_file() {
-        let what = if ft.is_fifo() {
-            "a FIFO"
-        } else if ft.is_socket() {
-            "a socket"
-        } else if ft.is_char_device() || ft.is_block_device() {
-            "a device"
-        } else if ft.is_dir() {
-            "a directory"
-        } else {
-            "not a regular file"
-        };
-        return Err(UnusableInput(format!("{}: {what}; gpufrag reads regular files only (copy it to a file first)", path.display())));
-    }
-    // SAFETY: fcntl on a descriptor we own, clearing one status flag.
-    unsafe {
-        let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
-        libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
-    }
-    Ok(f)
-}
-
-/// Loads `path`, whatever it holds, keeping the events that rebuild its state ([`Loaded::replay`])
-/// for the views that play it back (the report's timeline, `top --replay`).
+/// Opens and loads `path`, keeping the events that rebuild its state ([`Opened::load`]): for the
+/// callers that need nothing else of the file.
 pub fn load(path: &Path) -> anyhow::Result<Loaded> {
-    load_keeping(path, true)
-}
-
-/// Loads `path` for its state only (`analyze`): a record is streamed entry by entry and nothing
-/// that grows with its length is kept but the state itself ([`Loaded::replay`] is empty).
-pub fn load_state(path: &Path) -> anyhow::Result<Loaded> {
-    load_keeping(path, false)
+    open(path, Accept::Traces)?.load()
 }
 
 /// How often (in events) the state's OOMs are checked against the memory budget.
 const CHARGE_EVERY: usize = 1 << 16;
 
-fn load_keeping(path: &Path, keep_replay: bool) -> anyhow::Result<Loaded> {
-    let mut head = [0u8; 8];
-    let n = open_input(path)?.read(&mut head).map_err(|e| UnusableInput(format!("{}: {e}", path.display())))?;
-    if record::is_record(&head[..n]) {
-        let mut reader = record::Reader::open(path).map_err(|e| UnusableInput(e.to_string()))?;
-        let rules = AllocatorRules::default();
-        let mut state = State::new(rules.clone());
-        let mut events = Vec::new();
-        let mut replay_texts = std::collections::BTreeMap::new();
-        let (mut count, mut text_bytes) = (0usize, 0u64);
-        for entry in reader.by_ref() {
-            let entry = entry.map_err(|e| UnusableInput(e.to_string()))?;
-            state.apply_text(&entry.event, entry.text.as_deref().unwrap_or(&[]));
-            count += 1;
-            if count.is_multiple_of(CHARGE_EVERY) {
-                charge_state(path, &state).map_err(|e| UnusableInput(e.to_string()))?;
+impl Opened {
+    /// Replays the input, keeping the events that rebuild its state ([`Loaded::replay`]) for the
+    /// views that play it back (the report's timeline, `top --replay`).
+    pub fn load(&self) -> anyhow::Result<Loaded> {
+        self.load_keeping(true)
+    }
+
+    /// Replays the input for its state only (`analyze`): a record is streamed entry by entry and
+    /// nothing that grows with its length is kept but the state itself ([`Loaded::replay`] is
+    /// empty).
+    pub fn load_state(&self) -> anyhow::Result<Loaded> {
+        self.load_keeping(false)
+    }
+
+    fn load_keeping(&self, keep_replay: bool) -> anyhow::Result<Loaded> {
+        match &self.body {
+            Body::Record(bytes) => Ok(load_record(bytes, &self.path, keep_replay)?),
+            Body::Snapshot(snap) => {
+                let mut loaded = replay_snapshot(snap);
+                if !keep_replay {
+                    loaded.replay = Vec::new();
+                }
+                Ok(loaded)
             }
-            if !keep_replay {
-                continue;
+            Body::Summary(_) => {
+                Err(UnusableInput(format!("{}: a summary JSON, not a trace (a snapshot or a record)", self.path.display())).into())
             }
-            if let Some(t) = entry.text.filter(|t| !t.is_empty()) {
-                text_bytes += t.len() as u64 + 48;
-                replay_texts.insert(events.len(), t.into_vec());
-            }
-            if events.len() == events.capacity() {
-                let held = crate::budget::vec_growth_bytes(&events) + text_bytes;
-                crate::budget::charge(path, || format!("the replay of {}+ events", crate::units::thousands(events.len() as u64)), held)
-                    .map_err(|e| UnusableInput(e.to_string()))?;
-            }
-            events.push(entry.event);
         }
-        // The end of the trace: a failure nothing recovered is an OOM (crate::ingest::oom_rule).
-        state.settle_all();
-        let end = reader.end().unwrap_or(record::End::Cut { at: reader.offset() });
-        let mut notes = vec![format!("replayed {count} recorded events")];
-        notes.extend(end.note(path));
-        return Ok(Loaded {
-            state,
-            notes,
-            complete: end.is_whole(),
-            kind: InputKind::Record,
-            snapshot: None,
-            rules,
-            replay: events,
-            replay_texts,
-        });
     }
-    let snap = snapshot::load(path).map_err(|e| UnusableInput(e.to_string()))?;
-    let mut loaded = replay_snapshot(snap);
-    if !keep_replay {
-        loaded.replay = Vec::new();
-        loaded.snapshot = None;
+}
+
+fn load_record(bytes: &Bytes, path: &Path, keep_replay: bool) -> Result<Loaded, UnusableInput> {
+    let mut reader = bytes.records(path).map_err(|e| UnusableInput(e.to_string()))?;
+    let rules = AllocatorRules::default();
+    let mut state = State::new(rules.clone());
+    let mut events = Vec::new();
+    let mut replay_texts = std::collections::BTreeMap::new();
+    let (mut count, mut text_bytes) = (0usize, 0u64);
+    for entry in reader.by_ref() {
+        let entry = entry.map_err(|e| UnusableInput(e.to_string()))?;
+        state.apply_text(&entry.event, entry.text.as_deref().unwrap_or(&[]));
+        count += 1;
+        if count.is_multiple_of(CHARGE_EVERY) {
+            charge_state(path, &state).map_err(|e| UnusableInput(e.to_string()))?;
+        }
+        if !keep_replay {
+            continue;
+        }
+        if let Some(t) = entry.text.filter(|t| !t.is_empty()) {
+            text_bytes += t.len() as u64 + 48;
+            replay_texts.insert(events.len(), t.into_vec());
+        }
+        if events.len() == events.capacity() {
+            let held = crate::budget::vec_growth_bytes(&events) + text_bytes;
+            crate::budget::charge(path, || format!("the replay of {}+ events", crate::units::thousands(events.len() as u64)), held)
+                .map_err(|e| UnusableInput(e.to_string()))?;
+        }
+        events.push(entry.event);
     }
-    Ok(loaded)
+    // The end of the trace: a failure nothing recovered is an OOM (crate::ingest::oom_rule).
+    state.settle_all();
+    let end = reader.end().unwrap_or(record::End::Cut { at: reader.offset() });
+    let mut notes = vec![format!("replayed {count} recorded events")];
+    notes.extend(end.note(path));
+    Ok(Loaded { state, notes, complete: end.is_whole(), kind: InputKind::Record, rules, replay: events, replay_texts })
 }
 
 /// What the state holds that grows with the input's length rather than with its live memory:
@@ -199,7 +175,7 @@ fn matches_final(state: &State, snap: &Snapshot) -> bool {
 }
 
 /// Replays a snapshot's trace rings, rebuilding their starting state when they were truncated.
-pub fn replay_snapshot(snap: Snapshot) -> Loaded {
+pub fn replay_snapshot(snap: &Snapshot) -> Loaded {
     let rules = rules_from(&snap.settings);
     let events = snap.events();
     let mut state = State::new(rules.clone());
@@ -208,18 +184,9 @@ pub fn replay_snapshot(snap: Snapshot) -> Loaded {
     for w in &snap.warnings {
         notes.push(w.clone());
     }
-    if matches_final(&state, &snap) {
+    if matches_final(&state, snap) {
         notes.push(format!("replayed the complete trace ring ({} entries) from an empty cache", snap.entry_count()));
-        return Loaded {
-            state,
-            notes,
-            complete: true,
-            kind: InputKind::Snapshot,
-            snapshot: Some(snap),
-            rules,
-            replay: events,
-            replay_texts: Default::default(),
-        };
+        return Loaded { state, notes, complete: true, kind: InputKind::Snapshot, rules, replay: events, replay_texts: Default::default() };
     }
     // Truncated ring: final segments and blocks, undo the ring, then replay it forward.
     let mut start = State::new(rules.clone());
@@ -235,7 +202,7 @@ pub fn replay_snapshot(snap: Snapshot) -> Loaded {
     rebuilt.apply_all(&replay[..seeded]);
     rebuilt.events = 0;
     rebuilt.apply_all(&replay[seeded..]);
-    let complete = undo_clean && matches_final(&rebuilt, &snap);
+    let complete = undo_clean && matches_final(&rebuilt, snap);
     notes.push(format!(
         "the trace ring does not start from an empty cache (truncated by max_entries, or recording began late): the state at its first entry was rebuilt from the snapshot's segments by undoing its {} entries{}",
         snap.entry_count(),
@@ -246,16 +213,7 @@ pub fn replay_snapshot(snap: Snapshot) -> Loaded {
         }
     ));
     if complete {
-        return Loaded {
-            state: rebuilt,
-            notes,
-            complete,
-            kind: InputKind::Snapshot,
-            snapshot: Some(snap),
-            rules,
-            replay,
-            replay_texts: Default::default(),
-        };
+        return Loaded { state: rebuilt, notes, complete, kind: InputKind::Snapshot, rules, replay, replay_texts: Default::default() };
     }
     // The snapshot's segments and blocks are the truth about the end: the final figures come from
     // them; the replay contributes what only it knows (the OOMs with their moment's figures).
@@ -265,14 +223,5 @@ pub fn replay_snapshot(snap: Snapshot) -> Loaded {
     last.events = rebuilt.events;
     last.anomaly_count += rebuilt.anomaly_count;
     last.anomalies.extend(rebuilt.anomalies);
-    Loaded {
-        state: last,
-        notes,
-        complete: false,
-        kind: InputKind::Snapshot,
-        snapshot: Some(snap),
-        rules,
-        replay,
-        replay_texts: Default::default(),
-    }
+    Loaded { state: last, notes, complete: false, kind: InputKind::Snapshot, rules, replay, replay_texts: Default::default() }
 }
