@@ -196,7 +196,18 @@ pub struct HoldStats {
     pub runtime_errors: Vec<String>,
     /// Time from a runtime's exec to its config read, ns.
     pub config_read: Timing,
+    /// OCI runtime execs seen (each watched for its new arguments, or skipped as a runtime's
+    /// own `init` re-executing itself).
+    pub runtime_execs: u64,
+    /// Of those, skipped as a runtime's `init`.
+    pub runtime_inits: u64,
+    /// Runtime execs whose arguments were read, by subcommand (`create`, `start`, `state`, ...;
+    /// at most [`SUBCOMMANDS_MAX`] names, the rest as `other`).
+    pub runtime_subcommands: std::collections::BTreeMap<String, u64>,
 }
+
+/// Subcommand names counted apart at most (the rest are `other`).
+const SUBCOMMANDS_MAX: usize = 16;
 
 impl HoldStats {
     /// The summary's lines.
@@ -235,6 +246,17 @@ impl HoldStats {
                 self.config_read.max_ns as f64 / 1e3,
                 self.named,
                 self.config_failures
+            ));
+        }
+        if self.runtime_execs > 0 {
+            let subs: Vec<String> = self.runtime_subcommands.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            out.push(format!(
+                "exec hold: {} OCI runtime exec(s) seen: arguments read for {} ({}), {} a runtime's own init re-executing itself, {} not read",
+                self.runtime_execs,
+                self.runtime_subcommands.values().sum::<u64>(),
+                if subs.is_empty() { "none".to_string() } else { subs.join(", ") },
+                self.runtime_inits,
+                self.runtimes_unread
             ));
         }
         if self.runtimes_unread > 0 {
@@ -679,6 +701,7 @@ impl Thread {
     }
 
     fn watch_runtime(&mut self, pid: u32, t0: Instant) {
+        self.stats().runtime_execs += 1;
         if self.runtimes.len() >= RUNTIMES_MAX {
             self.stats().config_failures += 1;
             return;
@@ -686,6 +709,7 @@ impl Thread {
         let before = crate::attribution::oci::read_cmdline(std::path::Path::new("/proc"), pid).unwrap_or_default();
         // A runtime's own `init` re-executing itself starts no container.
         if crate::attribution::oci::split_cmdline(&before).get(1).is_some_and(|a| a == "init") {
+            self.stats().runtime_inits += 1;
             return;
         }
         self.runtimes.push(Runtime { pid, before, t0 });
@@ -733,6 +757,12 @@ impl Thread {
                 }
             };
             let r = self.runtimes.swap_remove(i);
+            {
+                let sub = crate::attribution::oci::subcommand(&args).unwrap_or("(none)");
+                let mut st = self.stats();
+                let known = st.runtime_subcommands.contains_key(sub) || st.runtime_subcommands.len() < SUBCOMMANDS_MAX;
+                *st.runtime_subcommands.entry(if known { sub } else { "other" }.to_string()).or_default() += 1;
+            }
             let Some(call) = crate::attribution::oci::parse_args(&args) else { continue };
             match crate::attribution::oci::read_for_runtime(proc_root, r.pid, &call) {
                 Ok(config) => {
