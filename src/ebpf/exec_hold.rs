@@ -392,8 +392,14 @@ struct Thread {
 /// An OCI runtime exec let go, waiting for its new arguments.
 struct Runtime {
     pid: u32,
-    /// `/proc/PID/cmdline` at the exec (the caller's).
+    /// The runtime's file: the exec is complete once `/proc/PID/exe` is it.
+    file: FileId,
+    /// `/proc/PID/cmdline` at the exec (the caller's; for the notes and the `init` check).
     before: Vec<u8>,
+    /// The caller was the runtime itself (`runc create` starting `runc init` through
+    /// `/proc/self/exe`, a vfork child sharing its memory): its exec is complete once its
+    /// arguments differ from `before` too.
+    caller_is_runtime: bool,
     t0: Instant,
 }
 
@@ -632,7 +638,7 @@ impl Thread {
             size: meta.size(),
         };
         if self.runtime_keys.contains(&key) {
-            self.watch_runtime(pid, t0);
+            self.watch_runtime(pid, key.id, t0);
         }
         if pid == std::process::id() || self.cache.contains(&key) {
             self.respond(&fd);
@@ -651,7 +657,7 @@ impl Thread {
             // A container's rootfs is mounted before its runtime runs: mark it now.
             self.mark_new_filesystems();
             if self.runtime_keys.len() < 64 && self.runtime_keys.insert(key) {
-                self.watch_runtime(pid, t0);
+                self.watch_runtime(pid, key.id, t0);
             }
         }
         // The first exec from a filesystem mounted since the start: its mount point is scanned.
@@ -700,7 +706,7 @@ impl Thread {
         }
     }
 
-    fn watch_runtime(&mut self, pid: u32, t0: Instant) {
+    fn watch_runtime(&mut self, pid: u32, file: FileId, t0: Instant) {
         self.stats().runtime_execs += 1;
         if self.runtimes.len() >= RUNTIMES_MAX {
             self.stats().config_failures += 1;
@@ -712,7 +718,9 @@ impl Thread {
             self.stats().runtime_inits += 1;
             return;
         }
-        self.runtimes.push(Runtime { pid, before, t0 });
+        let exe = |pid: u32| super::procfs::file_id(std::path::Path::new(&format!("/proc/{pid}/exe")));
+        let caller_is_runtime = exe(pid).is_ok_and(|id| id == file);
+        self.runtimes.push(Runtime { pid, file, before, caller_is_runtime, t0 });
     }
 
     /// Reads the arguments of the runtimes whose exec has completed; a `create` or `run` has
@@ -722,10 +730,18 @@ impl Thread {
         let mut i = 0;
         while i < self.runtimes.len() {
             let r = &self.runtimes[i];
+            // The exec is complete once the process's executable is the runtime's (the new
+            // image's arguments are then in, or empty for the microseconds before they are):
+            // arguments that merely differ from those read at the exec may still be the
+            // caller's (measured: 1 create and 3 starts of 10 were read as conmon's and
+            // podman's own arguments, and so missed; docs/benchmarks.md).
+            let exec_done = super::procfs::file_id(&proc_root.join(r.pid.to_string()).join("exe")).is_ok_and(|id| id == r.file);
             let now = crate::attribution::oci::read_cmdline(proc_root, r.pid);
             let waited = r.t0.elapsed();
             let args = match now {
-                Ok(b) if b != r.before && !b.is_empty() => crate::attribution::oci::split_cmdline(&b),
+                Ok(b) if exec_done && !b.is_empty() && (!r.caller_is_runtime || b != r.before) => {
+                    crate::attribution::oci::split_cmdline(&b)
+                }
                 Ok(_) if waited < RUNTIME_ARGS_WAIT => {
                     i += 1;
                     continue;
