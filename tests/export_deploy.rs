@@ -481,6 +481,39 @@ fn the_daemonsets_probes_are_what_the_agent_serves() {
     }
 }
 
+/// Issue 26: the agent's container reads the kubelet's pod-resources socket: the DaemonSet passes
+/// `--pod-resources-socket` (the agent's own CLI parses it to that path) with a path inside a
+/// read-only hostPath mount of the kubelet's directory, mounted at the same path, of type
+/// `Directory` (the directory, not the socket: a restarted kubelet's new socket is seen).
+#[test]
+fn the_daemonset_mounts_the_pod_resources_directory_of_the_socket_it_passes_the_agent() {
+    use clap::Parser;
+    let Some(py) = require("python3 with PyYAML", python_yaml(), "apt-get install python3-yaml") else { return };
+    let docs = yaml_docs(&py, &root().join("deploy/kubernetes/base/daemonset.yaml"));
+    let pod = &docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap()["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    let args: Vec<&str> = c["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    let parsed = gpufrag::cli::Cli::try_parse_from(std::iter::once("gpufrag").chain(args.iter().copied()))
+        .unwrap_or_else(|e| panic!("the DaemonSet's args {args:?} are not the agent's: {e}"));
+    let gpufrag::cli::Command::Agent(agent) = parsed.command else { panic!("{args:?}: not `agent`") };
+    let sock = agent.pod_resources_socket;
+    assert!(args.contains(&"--pod-resources-socket"), "{args:?}: the socket is passed, not left to the default");
+    assert_eq!(sock, Path::new(gpufrag::attribution::podres::DEFAULT_SOCKET), "the kubelet's own path");
+    let mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"].as_str().is_some_and(|p| sock.parent() == Some(Path::new(p))))
+        .unwrap_or_else(|| panic!("no volume mounted at {}: {:#}", sock.parent().unwrap().display(), c["volumeMounts"]));
+    assert_eq!(mount["readOnly"], true, "{mount}");
+    let vol = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == mount["name"]).unwrap();
+    assert_eq!(
+        (vol["hostPath"]["path"].as_str(), vol["hostPath"]["type"].as_str()),
+        (mount["mountPath"].as_str(), Some("Directory")),
+        "the kubelet's directory at the same path: {vol}"
+    );
+}
+
 /// Issue 27: deploy/Dockerfile (not built in CI: its bases cannot be pulled there) has its bases
 /// pinned (a digest, or a full X.Y.Z / X.Y version tag), builds with `--locked`, strips debug
 /// info from what it ships, and builds the dependencies in a layer of their own: every

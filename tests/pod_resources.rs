@@ -276,6 +276,52 @@ fn an_absent_socket_falls_back_to_annotations_then_environment() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// The agent's choice (`podres::open`, issue 26): a socket absent at start whose directory is
+/// there (the DaemonSet's mount of the kubelet's directory while the kubelet restarts) is watched
+/// all the same: its first call fails at once, counted, and once the kubelet serves it a nudge
+/// brings the answer; with its directory absent too (no kubelet on the node) it is off, with
+/// the note saying so; `none` is off.
+#[test]
+fn a_socket_absent_at_start_in_its_directory_is_read_once_served_and_off_without_the_directory() {
+    let Some(py) = python() else {
+        tool_support::missing("grpcio and protobuf for Python", INSTALL);
+        return;
+    };
+    let d = dir("late");
+    let sock = d.join("kubelet.sock");
+    let w = podres::open(&sock, podres::CALL_TIMEOUT).expect("watched: its directory is there");
+    let until = |w: &podres::Watch, within: Duration| -> Vec<podres::Update> {
+        let end = Instant::now() + within;
+        loop {
+            let u = w.drain();
+            if !u.is_empty() || Instant::now() > end {
+                return u;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let first = until(&w, Duration::from_secs(5));
+    assert!(
+        matches!(first.as_slice(), [podres::Update::Failed { error, timed_out: false }] if error.contains("No such file")),
+        "the call at start, before the socket is served: {first:?}"
+    );
+    let (_server, served) = serve(&py, &d, PODS, &[]);
+    assert_eq!(served, sock);
+    w.nudge();
+    let next = until(&w, Duration::from_secs(5));
+    match next.as_slice() {
+        [podres::Update::Answer(a, _)] => assert_eq!((a.containers(), a.with_gpus()), (5, 4), "{a:?}"),
+        other => panic!("after the socket was served and a nudge: {other:?}"),
+    }
+    let gone = d.join("no-kubelet/kubelet.sock");
+    let e = podres::open(&gone, podres::CALL_TIMEOUT).err().expect("off");
+    assert!(e.starts_with(&format!("pod-resources socket {}: absent at start, and its directory too", gone.display())), "{e}");
+    assert!(podres::open(std::path::Path::new("none"), podres::CALL_TIMEOUT)
+        .err()
+        .is_some_and(|e| e.contains("off (--pod-resources-socket none)")));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// An answer over the size bound is refused by the decoder, counted, never taken in part.
 #[test]
 fn an_oversized_answer_is_refused() {

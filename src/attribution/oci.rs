@@ -54,6 +54,27 @@ pub struct RuntimeCall {
     pub config: Option<PathBuf>,
 }
 
+/// A runtime invocation's subcommand (the first argument that is neither an option nor an
+/// option's value): `create`, `start`, `init`, ...; for the counts of runtime execs seen.
+pub fn subcommand(argv: &[String]) -> Option<&str> {
+    let mut i = 1;
+    while i < argv.len() {
+        let a = argv[i].as_str();
+        i += 1;
+        if a == "--" {
+            return argv.get(i).map(String::as_str);
+        }
+        if a.starts_with('-') && a.len() > 1 {
+            if VALUED.contains(&a) {
+                i += 1;
+            }
+            continue;
+        }
+        return Some(a);
+    }
+    None
+}
+
 /// Parses a runtime's arguments (argv[0] first). `None` for any other subcommand (`start`,
 /// `init`, `state`, `delete`, ...) or arguments of no known form.
 pub fn parse_args(argv: &[String]) -> Option<RuntimeCall> {
@@ -223,6 +244,13 @@ mod tests {
         for other in ["runc start ID", "runc init", "runc --root /run/runc state ID", "runc create", "runc"] {
             assert_eq!(parse_args(&args(other)), None, "{other}");
         }
+        let lines: Vec<Vec<String>> =
+            ["runc --root /run/runc state ID", "runc init", "runc --log /l --log-format json delete --force ID", "runc -v"]
+                .map(args)
+                .to_vec();
+        let subs: Vec<Option<&str>> = lines.iter().map(|a| subcommand(a)).collect();
+        assert_eq!(subs, [Some("state"), Some("init"), Some("delete"), None]);
+        assert_eq!(subcommand(&args(conmon)), Some("create"));
     }
 
     fn tmp(name: &str) -> PathBuf {

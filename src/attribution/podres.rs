@@ -228,6 +228,26 @@ impl Watch {
     }
 }
 
+/// The agent's watch of `socket` (`--pod-resources-socket`), or the note saying why it is off:
+/// `none` turns it off; a socket absent at start is watched all the same where its directory is
+/// there (the DaemonSet's mount of the kubelet's directory, the kubelet restarting: each call
+/// fails at once, counted, until the kubelet serves it again), and is off where its directory
+/// is absent too (a node without a kubelet).
+pub fn open(socket: &Path, timeout: Duration) -> Result<Watch, String> {
+    if socket.as_os_str() == "none" {
+        return Err("pod-resources socket: off (--pod-resources-socket none): pods are named from the runtime's annotations, else the container's environment".into());
+    }
+    let dir_there = socket.parent().is_some_and(|d| !d.as_os_str().is_empty() && d.is_dir());
+    if std::fs::symlink_metadata(socket).is_err() && !dir_there {
+        return Err(format!(
+            "pod-resources socket {}: absent at start, and its directory too, not read: pods are named from the runtime's annotations, else the container's environment, and no GPUs assigned are known",
+            socket.display()
+        ));
+    }
+    Watch::start(socket.to_path_buf(), timeout, ANSWER_MAX, REFRESH_INTERVAL)
+        .map_err(|e| format!("pod-resources socket {}: its thread could not start: {e}", socket.display()))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -103,18 +103,6 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 
 /// The pod-resources socket's watch, or why it is off.
 fn pod_resources(args: &Args) -> Result<crate::attribution::podres::Watch, String> {
-    use crate::attribution::podres;
-    let path = &args.pod_resources_socket;
-    if path.as_os_str() == "none" {
-        return Err("pod-resources socket: off (--pod-resources-socket none): pods are named from the runtime's annotations, else the container's environment".into());
-    }
-    if std::fs::symlink_metadata(path).is_err() {
-        return Err(format!(
-            "pod-resources socket {}: absent at start, not read: pods are named from the runtime's annotations, else the container's environment, and no GPUs assigned are known",
-            path.display()
-        ));
-    }
     let timeout = Duration::from_millis(args.pod_resources_timeout_ms.clamp(1, 60_000));
-    podres::Watch::start(path.clone(), timeout, podres::ANSWER_MAX, podres::REFRESH_INTERVAL)
-        .map_err(|e| format!("pod-resources socket {}: its thread could not start: {e}", path.display()))
+    crate::attribution::podres::open(&args.pod_resources_socket, timeout)
 }

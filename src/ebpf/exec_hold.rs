@@ -196,7 +196,18 @@ pub struct HoldStats {
     pub runtime_errors: Vec<String>,
     /// Time from a runtime's exec to its config read, ns.
     pub config_read: Timing,
+    /// OCI runtime execs seen (each watched for its new arguments, or skipped as a runtime's
+    /// own `init` re-executing itself).
+    pub runtime_execs: u64,
+    /// Of those, skipped as a runtime's `init`.
+    pub runtime_inits: u64,
+    /// Runtime execs whose arguments were read, by subcommand (`create`, `start`, `state`, ...;
+    /// at most [`SUBCOMMANDS_MAX`] names, the rest as `other`).
+    pub runtime_subcommands: std::collections::BTreeMap<String, u64>,
 }
+
+/// Subcommand names counted apart at most (the rest are `other`).
+const SUBCOMMANDS_MAX: usize = 16;
 
 impl HoldStats {
     /// The summary's lines.
@@ -235,6 +246,17 @@ impl HoldStats {
                 self.config_read.max_ns as f64 / 1e3,
                 self.named,
                 self.config_failures
+            ));
+        }
+        if self.runtime_execs > 0 {
+            let subs: Vec<String> = self.runtime_subcommands.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            out.push(format!(
+                "exec hold: {} OCI runtime exec(s) seen: arguments read for {} ({}), {} a runtime's own init re-executing itself, {} not read",
+                self.runtime_execs,
+                self.runtime_subcommands.values().sum::<u64>(),
+                if subs.is_empty() { "none".to_string() } else { subs.join(", ") },
+                self.runtime_inits,
+                self.runtimes_unread
             ));
         }
         if self.runtimes_unread > 0 {
@@ -370,8 +392,14 @@ struct Thread {
 /// An OCI runtime exec let go, waiting for its new arguments.
 struct Runtime {
     pid: u32,
-    /// `/proc/PID/cmdline` at the exec (the caller's).
+    /// The runtime's file: the exec is complete once `/proc/PID/exe` is it.
+    file: FileId,
+    /// `/proc/PID/cmdline` at the exec (the caller's; for the notes and the `init` check).
     before: Vec<u8>,
+    /// The caller was the runtime itself (`runc create` starting `runc init` through
+    /// `/proc/self/exe`, a vfork child sharing its memory): its exec is complete once its
+    /// arguments differ from `before` too.
+    caller_is_runtime: bool,
     t0: Instant,
 }
 
@@ -610,7 +638,7 @@ impl Thread {
             size: meta.size(),
         };
         if self.runtime_keys.contains(&key) {
-            self.watch_runtime(pid, t0);
+            self.watch_runtime(pid, key.id, t0);
         }
         if pid == std::process::id() || self.cache.contains(&key) {
             self.respond(&fd);
@@ -629,7 +657,7 @@ impl Thread {
             // A container's rootfs is mounted before its runtime runs: mark it now.
             self.mark_new_filesystems();
             if self.runtime_keys.len() < 64 && self.runtime_keys.insert(key) {
-                self.watch_runtime(pid, t0);
+                self.watch_runtime(pid, key.id, t0);
             }
         }
         // The first exec from a filesystem mounted since the start: its mount point is scanned.
@@ -678,7 +706,8 @@ impl Thread {
         }
     }
 
-    fn watch_runtime(&mut self, pid: u32, t0: Instant) {
+    fn watch_runtime(&mut self, pid: u32, file: FileId, t0: Instant) {
+        self.stats().runtime_execs += 1;
         if self.runtimes.len() >= RUNTIMES_MAX {
             self.stats().config_failures += 1;
             return;
@@ -686,9 +715,12 @@ impl Thread {
         let before = crate::attribution::oci::read_cmdline(std::path::Path::new("/proc"), pid).unwrap_or_default();
         // A runtime's own `init` re-executing itself starts no container.
         if crate::attribution::oci::split_cmdline(&before).get(1).is_some_and(|a| a == "init") {
+            self.stats().runtime_inits += 1;
             return;
         }
-        self.runtimes.push(Runtime { pid, before, t0 });
+        let exe = |pid: u32| super::procfs::file_id(std::path::Path::new(&format!("/proc/{pid}/exe")));
+        let caller_is_runtime = exe(pid).is_ok_and(|id| id == file);
+        self.runtimes.push(Runtime { pid, file, before, caller_is_runtime, t0 });
     }
 
     /// Reads the arguments of the runtimes whose exec has completed; a `create` or `run` has
@@ -698,10 +730,18 @@ impl Thread {
         let mut i = 0;
         while i < self.runtimes.len() {
             let r = &self.runtimes[i];
+            // The exec is complete once the process's executable is the runtime's (the new
+            // image's arguments are then in, or empty for the microseconds before they are):
+            // arguments that merely differ from those read at the exec may still be the
+            // caller's (measured: 1 create and 3 starts of 10 were read as conmon's and
+            // podman's own arguments, and so missed; docs/benchmarks.md).
+            let exec_done = super::procfs::file_id(&proc_root.join(r.pid.to_string()).join("exe")).is_ok_and(|id| id == r.file);
             let now = crate::attribution::oci::read_cmdline(proc_root, r.pid);
             let waited = r.t0.elapsed();
             let args = match now {
-                Ok(b) if b != r.before && !b.is_empty() => crate::attribution::oci::split_cmdline(&b),
+                Ok(b) if exec_done && !b.is_empty() && (!r.caller_is_runtime || b != r.before) => {
+                    crate::attribution::oci::split_cmdline(&b)
+                }
                 Ok(_) if waited < RUNTIME_ARGS_WAIT => {
                     i += 1;
                     continue;
@@ -733,6 +773,12 @@ impl Thread {
                 }
             };
             let r = self.runtimes.swap_remove(i);
+            {
+                let sub = crate::attribution::oci::subcommand(&args).unwrap_or("(none)");
+                let mut st = self.stats();
+                let known = st.runtime_subcommands.contains_key(sub) || st.runtime_subcommands.len() < SUBCOMMANDS_MAX;
+                *st.runtime_subcommands.entry(if known { sub } else { "other" }.to_string()).or_default() += 1;
+            }
             let Some(call) = crate::attribution::oci::parse_args(&args) else { continue };
             match crate::attribution::oci::read_for_runtime(proc_root, r.pid, &call) {
                 Ok(config) => {

@@ -14,6 +14,12 @@
 //! in all, [`MAX_FOUND`] files; symbolic links to directories are not followed, hidden
 //! directories are skipped except the usual Python environment ones. The summary says what was
 //! walked, found and cut.
+//!
+//! A tree that vanishes while it is walked (a container removed while its first exec is held:
+//! its overlay unmounted, its directories deleted) ends nothing badly: each directory that is gone
+//! by the time it is reached (or whose listing fails midway) is counted in [`RootScan::gone`] with
+//! the first error, the walk goes on to the next (each costs one failed `stat`, within the same
+//! bounds), and the hold is answered as after any scan.
 
 use super::procfs::{file_id, FileId, LibKind};
 use std::collections::{HashSet, VecDeque};
@@ -56,18 +62,34 @@ pub struct RootScan {
     pub elapsed: Duration,
     /// Why it stopped before the end, if it did.
     pub cut: Option<String>,
+    /// Directories queued that could not be read when reached (gone, or their listing failed
+    /// midway), and the first of them with its error.
+    pub gone: u64,
+    /// The first of [`RootScan::gone`], with its error.
+    pub first_gone: Option<String>,
 }
 
 impl RootScan {
     /// What the walk did, for a note: `D directories, E entries in M ms`, and where it was cut.
     pub fn figures(&self) -> String {
         format!(
-            "{} directories, {} entries in {:.1} ms{}",
+            "{} directories, {} entries in {:.1} ms{}{}",
             self.dirs,
             self.entries,
             self.elapsed.as_secs_f64() * 1e3,
-            self.cut.as_ref().map(|c| format!(", cut at {c}")).unwrap_or_default()
+            self.cut.as_ref().map(|c| format!(", cut at {c}")).unwrap_or_default(),
+            self.first_gone
+                .as_ref()
+                .map(|f| format!(", {} directories gone or unreadable when reached (the first: {f})", self.gone))
+                .unwrap_or_default()
         )
+    }
+
+    fn lost(&mut self, dir: &Path, e: &std::io::Error) {
+        self.gone += 1;
+        if self.first_gone.is_none() {
+            self.first_gone = Some(format!("{}: {e}", dir.display()));
+        }
     }
 }
 
@@ -102,19 +124,45 @@ pub fn scan(roots: &[PathBuf]) -> RootScan {
 
 /// [`scan`] with other bounds (the tests').
 pub fn scan_within(roots: &[PathBuf], budget: Duration, max_entries: u64) -> RootScan {
+    walk(roots, budget, max_entries, &mut |_| {})
+}
+
+/// [`scan_within`], calling `before_dir` with each directory before it is read (the tests: a
+/// tree removed midway).
+fn walk(roots: &[PathBuf], budget: Duration, max_entries: u64, before_dir: &mut dyn FnMut(&Path)) -> RootScan {
     let start = Instant::now();
     let mut out = RootScan::default();
     let mut queue: VecDeque<(PathBuf, usize)> = roots.iter().map(|r| (r.clone(), 0)).collect();
     let mut seen_dirs: HashSet<FileId> = HashSet::new();
     let mut seen_files: HashSet<FileId> = HashSet::new();
     'walk: while let Some((dir, depth)) = queue.pop_front() {
+        before_dir(&dir);
         // A root listed twice (or one inside another) is walked once.
-        if !file_id(&dir).is_ok_and(|id| seen_dirs.insert(id)) {
-            continue;
+        match file_id(&dir) {
+            Ok(id) if seen_dirs.insert(id) => {}
+            Ok(_) => continue,
+            Err(e) => {
+                out.lost(&dir, &e);
+                continue;
+            }
         }
-        let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+        let rd = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) => {
+                out.lost(&dir, &e);
+                continue;
+            }
+        };
         out.dirs += 1;
-        for entry in rd.flatten() {
+        for entry in rd {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(e) => {
+                    // The listing failed midway (the directory removed under it).
+                    out.lost(&dir, &e);
+                    break;
+                }
+            };
             out.entries += 1;
             if out.entries > max_entries {
                 out.cut = Some(format!("{max_entries} directory entries read"));
@@ -191,5 +239,47 @@ mod tests {
         let cut = scan_within(std::slice::from_ref(&root), TIME_BUDGET, 3);
         assert_eq!(cut.cut.as_deref(), Some("3 directory entries read"), "{cut:?}");
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// Issue 26 (bad input): the tree removed while it is walked (a container's rootfs deleted
+    /// while its first exec is held). Ten directories below the root, each holding one allocator
+    /// library, the whole tree deleted just before the walk reaches the third of them: breadth
+    /// first, the root and two directories were read (two libraries found), and the eight
+    /// directories still queued are each counted gone, the walk ending at once, within its bounds.
+    #[test]
+    fn a_tree_removed_midway_is_counted_gone_and_the_walk_ends_within_its_bounds() {
+        const DIRS: u64 = 10;
+        const DELETE_BEFORE: u64 = 4;
+        let root = std::env::temp_dir().join(format!("gpufrag-libroots-gone-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for i in 0..DIRS {
+            let d = root.join(format!("d{i}"));
+            std::fs::create_dir_all(&d).expect("dirs");
+            std::fs::write(d.join("libc10_cuda.so"), b"x").expect("file");
+        }
+        let mut calls = 0u64;
+        let t = Instant::now();
+        let s = walk(std::slice::from_ref(&root), HELD_TIME_BUDGET, MAX_ENTRIES, &mut |_| {
+            calls += 1;
+            if calls == DELETE_BEFORE {
+                std::fs::remove_dir_all(&root).expect("remove the tree midway");
+            }
+        });
+        let took = t.elapsed();
+        // The model: directories read before the deletion = the calls before it; each read one
+        // (the root excepted) found its library; every directory queued after is gone.
+        let read = DELETE_BEFORE - 1;
+        assert_eq!(
+            (s.dirs, s.found.len() as u64, s.gone, s.entries),
+            (read, read - 1, DIRS - (read - 1), DIRS + (read - 1)),
+            "(directories read, libraries found, gone, entries) of {DIRS} directories deleted before the walk's read #{DELETE_BEFORE}: {s:?}"
+        );
+        assert!(s.cut.is_none() && took < HELD_TIME_BUDGET, "ended at once, not by a bound: {took:?} {s:?}");
+        let f = s.figures();
+        assert!(
+            f.contains(&format!("{} directories gone or unreadable when reached (the first: {}", DIRS - (read - 1), root.display())),
+            "{f}"
+        );
+        assert!(!root.exists());
     }
 }

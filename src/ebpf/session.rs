@@ -178,6 +178,9 @@ pub struct Session {
     loader_cost: LoaderCost,
     /// New filesystems scanned at the exec hold.
     rootfs_scans: u64,
+    /// Of those, scans that met directories gone (the filesystem removed while its first exec
+    /// was held): how many scans, how many directories, the first.
+    rootfs_gone: (u64, u64, Option<String>),
     /// Dynamic loaders that could not be probed (not tried again).
     unprobeable_loaders: HashSet<FileId>,
 }
@@ -257,6 +260,7 @@ impl Session {
             callers: Callers::default(),
             loader_cost: LoaderCost::default(),
             rootfs_scans: 0,
+            rootfs_gone: (0, 0, None),
             unprobeable_loaders: HashSet::new(),
         };
         // The dynamic loader's breakpoint first: every dlopen from now on is reported.
@@ -356,7 +360,21 @@ impl Session {
     fn scan_rootfs(&mut self, root: &std::path::Path, pid: u32, exe: &std::path::Path) {
         let roots = super::libroots::roots_under(root);
         let t = Instant::now();
-        let scan = super::libroots::scan_within(&roots, super::libroots::HELD_TIME_BUDGET, super::libroots::MAX_ENTRIES);
+        let mut scan = super::libroots::scan_within(&roots, super::libroots::HELD_TIME_BUDGET, super::libroots::MAX_ENTRIES);
+        if let Err(e) =
+            std::fs::metadata(root).and_then(|m| if m.is_dir() { Ok(()) } else { Err(std::io::ErrorKind::NotADirectory.into()) })
+        {
+            // The mount point itself gone (before or during the walk).
+            scan.gone += 1;
+            scan.first_gone.get_or_insert_with(|| format!("{}: {e}", root.display()));
+        }
+        if scan.gone > 0 {
+            self.rootfs_gone.0 += 1;
+            self.rootfs_gone.1 += scan.gone;
+            if self.rootfs_gone.2.is_none() {
+                self.rootfs_gone.2 = Some(format!("{} (pid {pid}'s exec of {}): {}", root.display(), exe.display(), scan.figures()));
+            }
+        }
         let mut probed = Vec::new();
         for (kind, path) in &scan.found {
             match self.attach_file(*kind, path) {
@@ -1188,6 +1206,11 @@ impl Session {
     /// Notes on coverage and device attribution for the summary.
     pub fn coverage_notes(&self, state: &State) -> Vec<String> {
         let mut notes = self.hold.as_ref().map(|h| h.notes()).unwrap_or_default();
+        if let (n, dirs, Some(first)) = &self.rootfs_gone {
+            notes.push(format!(
+                "exec hold: {n} new filesystem scan(s) met {dirs} directories gone or unreadable (a container's rootfs removed while its first exec was held): each scan went on past them within its bounds and its exec was let go; the first: {first}"
+            ));
+        }
         for c in self.coverage(state) {
             if !c.exact {
                 let un = c.unattributed.map_or_else(|| "unknown (no NVML)".to_string(), crate::units::human_bytes);
