@@ -478,12 +478,7 @@ fn workload_container(name: &str, state: &Path, extra: &[&str], args: &[&str]) -
 /// Stops the agent (SIGINT) and reads its summary.
 fn stop_agent(mut agent: std::process::Child, mut err: support::Lines, summary: &Path) -> (Value, String) {
     std::thread::sleep(Duration::from_millis(700));
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
-    let st = support::wait_timeout(&mut agent, Duration::from_secs(60));
-    let alog = err.rest();
-    assert!(st.success(), "agent: {st}\n{alog}");
-    (serde_json::from_str(&std::fs::read_to_string(summary).expect("summary")).expect("json"), alog)
+    support::stop_agent(&mut agent, &mut err, summary)
 }
 
 /// Runs frag-oom in a new container (`extra` podman options) under a driver-only agent and

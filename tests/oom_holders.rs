@@ -125,12 +125,7 @@ fn the_neighbour_holding_12_of_16_gib_is_named_at_the_oom_under_the_agent() {
         pids.push(u64::from(child.id()));
     }
     std::thread::sleep(Duration::from_millis(500));
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
-    let st = wait_timeout(&mut agent, Duration::from_secs(60));
-    let log = err.rest();
-    assert!(st.success(), "agent: {st}\n{log}");
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap_or_else(|e| panic!("{e}\n{log}"))).expect("json");
+    let (s, _) = stop_agent(&mut agent, &mut err, &summary);
     // The agent traces every GPU process of the node (the test beside this one's too): this
     // asker's OOM, by pid.
     let o = s["ooms"]

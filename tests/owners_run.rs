@@ -208,12 +208,7 @@ fn attach_names_the_same_owners_as_run() {
 }
 
 fn stop(mut agent: Child, err: &mut Lines, summary: &Path) -> Value {
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
-    let st = wait_timeout(&mut agent, Duration::from_secs(60));
-    let log = err.rest();
-    assert!(st.success(), "agent: {st}\n{log}");
-    serde_json::from_str(&std::fs::read_to_string(summary).unwrap_or_else(|e| panic!("{e}\n{log}"))).expect("json")
+    stop_agent(&mut agent, err, summary).0
 }
 
 #[test]

@@ -133,12 +133,7 @@ fn under_the_agent_a_new_rmm_program_is_named_and_judged_by_rmms_rules() {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "rmm_pool: {}\n{stdout}", out.status);
     std::thread::sleep(Duration::from_millis(500));
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
-    let st = wait_timeout(&mut agent, Duration::from_secs(60));
-    let log = err.rest();
-    assert!(st.success(), "agent: {st}\n{log}");
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap_or_else(|e| panic!("{e}\n{log}"))).expect("json");
+    let (s, _) = stop_agent(&mut agent, &mut err, &summary);
     assert_judged_as_rmm(&s, pid, &stdout, "gpufrag agent");
 }
 

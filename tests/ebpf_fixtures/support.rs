@@ -229,6 +229,19 @@ pub fn start_tracing(mut cmd: Command) -> (Child, Lines) {
     (child, err)
 }
 
+/// Stops an agent started by [`start_tracing`] as an operator does (SIGINT), waits at most 60 s
+/// for it to end well, and reads its summary: the summary and what the agent said, which every
+/// failure shows.
+pub fn stop_agent(agent: &mut Child, err: &mut Lines, summary: &Path) -> (Value, String) {
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
+    let st = wait_timeout(agent, Duration::from_secs(60));
+    let log = err.rest();
+    assert!(st.success(), "agent: {st}\n{log}");
+    let text = std::fs::read_to_string(summary).unwrap_or_else(|e| panic!("{}: {e}\n{log}", summary.display()));
+    (serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}\n{log}", summary.display())), log)
+}
+
 pub fn wait_timeout(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
     let end = Instant::now() + timeout;
     loop {
