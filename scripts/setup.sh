@@ -10,9 +10,10 @@ SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
 command -v cargo >/dev/null || { echo "setup: cargo is missing: install Rust 1.88 or newer with rustup (https://rustup.rs), then run this again" >&2; exit 1; }
 
 need=()
-# The build: a C compiler (simcuda, libbpf), clang (the BPF programs of bpf/), libelf, zlib and
+# The build: a C compiler and make (simcuda, the vendored libbpf), clang (the BPF programs of bpf/), libelf, zlib and
 # pkg-config (the vendored libbpf), the kernel's UAPI headers (<linux/bpf.h>, <asm/ptrace.h>).
 command -v cc >/dev/null || need+=(gcc libc6-dev)
+command -v make >/dev/null || need+=(make)
 command -v clang >/dev/null || need+=(clang)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 for p in libelf-dev zlib1g-dev linux-libc-dev; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
@@ -21,6 +22,10 @@ for p in libelf-dev zlib1g-dev linux-libc-dev; do dpkg -s "$p" >/dev/null 2>&1 |
 command -v c++ >/dev/null || need+=(g++)
 command -v nm >/dev/null || need+=(binutils)
 command -v python3 >/dev/null || need+=(python3)
+# openssl makes the certificates of the OTLP-over-TLS test; procps's kill(1) signals `top` in its
+# test (a minimal Debian has neither, nor make above).
+command -v openssl >/dev/null || need+=(openssl)
+[ -x /usr/bin/kill ] || [ -x /bin/kill ] || need+=(procps)
 dpkg -s systemtap-sdt-dev >/dev/null 2>&1 || need+=(systemtap-sdt-dev)
 # The views: headless Chromium renders report.html, tmux drives `gpufrag top` and the demo.
 command -v chromium >/dev/null || need+=(chromium)
