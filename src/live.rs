@@ -772,7 +772,7 @@ impl Live {
                 s.notes.push(format!("pid {pid}: {note}"));
             }
         }
-        if self.python_pids.is_empty() && s.devices.iter().any(|d| d.level == "segment") {
+        if self.python_pids.is_empty() && s.devices.iter().any(|d| !d.map.framework_seen) {
             s.notes.push(
                 "segment level only: no caching allocator's blocks were seen, so allocated equals reserved and nothing counts as stranded"
                     .into(),

@@ -9,36 +9,45 @@ fn line(out: &mut String, name: &str, bytes: u64) {
     let _ = writeln!(out, "  {name:<21}{:>12}  ({} B)", human_bytes(bytes), thousands(bytes));
 }
 
+/// A figure's line with a note after its exact bytes.
+fn line_noted(out: &mut String, name: &str, bytes: u64, note: &str) {
+    let _ = writeln!(out, "  {name:<21}{:>12}  ({} B, {note})", human_bytes(bytes), thousands(bytes));
+}
+
+/// A size distribution's line: `label count noun: p50 …, p90 …[, p99 …], max …`; none when empty.
+fn sizes(out: &mut String, label: &str, noun: &str, d: &crate::ingest::histogram::Distribution, p99: bool) {
+    if d.count == 0 {
+        return;
+    }
+    let p99 = if p99 { format!(", p99 {}", human_bytes(d.p99)) } else { String::new() };
+    let _ = writeln!(
+        out,
+        "  {label:<21}{} {noun}: p50 {}, p90 {}{p99}, max {}",
+        d.count,
+        human_bytes(d.p50),
+        human_bytes(d.p90),
+        human_bytes(d.max)
+    );
+}
+
 fn device(out: &mut String, d: &DeviceSummary, title: &str) {
-    let level = if d.level == "block" {
+    let level = if d.map.framework_seen {
         "block level: figures inside the caching allocator's segments"
     } else {
         "segment level: driver allocations only, no framework blocks seen"
     };
     let _ = writeln!(out, "{title} ({level})");
-    line(out, "reserved", d.reserved);
-    if d.non_framework > 0 && d.level == "block" {
+    line(out, "reserved", d.map.reserved);
+    if d.map.non_framework > 0 && d.map.framework_seen {
         // Both parts of reserved: the caching allocator's segments and driver memory beside them.
-        line(out, "  held by the cache", d.framework_reserved);
-        line(out, "  outside the cache", d.non_framework);
+        line(out, "  held by the cache", d.map.framework_reserved);
+        line(out, "  outside the cache", d.map.non_framework);
     }
-    line(out, "allocated", d.allocated);
-    let _ = writeln!(
-        out,
-        "  {:<21}{:>12}  ({} B, {:.1} % of reserved; PyTorch's inactive_split: free, but not releasable)",
-        "stranded",
-        human_bytes(d.stranded),
-        thousands(d.stranded),
-        d.stranded_ratio * 100.0
-    );
-    let _ = writeln!(
-        out,
-        "  {:<21}{:>12}  ({} B, what empty_cache() returns)",
-        "releasable",
-        human_bytes(d.releasable),
-        thousands(d.releasable)
-    );
-    line(out, "largest free block", d.largest_free_block);
+    line(out, "allocated", d.map.allocated);
+    let ratio = format!("{:.1} % of reserved; PyTorch's inactive_split: free, but not releasable", d.stranded_ratio * 100.0);
+    line_noted(out, "stranded", d.map.stranded, &ratio);
+    line_noted(out, "releasable", d.map.releasable, "what empty_cache() returns");
+    line(out, "largest free block", d.map.largest_free_block);
     match d.device_free {
         Some(free) => line(out, "device free", free),
         None => {
@@ -47,36 +56,15 @@ fn device(out: &mut String, d: &DeviceSummary, title: &str) {
     }
     line(out, "largest allocatable", d.largest_allocatable);
     let _ = writeln!(out, "  {:<21}{:>12.2}", "fragmentation", d.fragmentation);
-    let _ = writeln!(out, "  {:<21}{:>12}  blocks {}", "segments", d.segments, d.blocks);
-    if d.page_stranded > 0 {
-        line(out, "page-stranded", d.page_stranded);
+    let _ = writeln!(out, "  {:<21}{:>12}  blocks {}", "segments", d.map.segments, d.map.blocks);
+    if d.map.page_stranded > 0 {
+        line(out, "page-stranded", d.map.page_stranded);
     }
-    if d.pool_cached > 0 {
-        line(out, "pool cached", d.pool_cached);
+    if d.map.pool_cached > 0 {
+        line(out, "pool cached", d.map.pool_cached);
     }
-    let a = &d.alloc_sizes;
-    if a.count > 0 {
-        let _ = writeln!(
-            out,
-            "  allocation sizes     {} allocations: p50 {}, p90 {}, p99 {}, max {}",
-            a.count,
-            human_bytes(a.p50),
-            human_bytes(a.p90),
-            human_bytes(a.p99),
-            human_bytes(a.max)
-        );
-    }
-    let r = &d.free_runs;
-    if r.count > 0 {
-        let _ = writeln!(
-            out,
-            "  free runs            {} runs: p50 {}, p90 {}, max {}",
-            r.count,
-            human_bytes(r.p50),
-            human_bytes(r.p90),
-            human_bytes(r.max)
-        );
-    }
+    sizes(out, "allocation sizes", "allocations", &d.alloc_sizes, true);
+    sizes(out, "free runs", "runs", &d.free_runs, false);
     if !d.top_stranded_segments.is_empty() {
         let _ = writeln!(out, "  segments stranding the most:");
         let _ = writeln!(out, "    {:<18} {:>8} {:>12} {:>12} {:>6} {:>14}", "address", "pid", "size", "stranded", "live", "largest free");

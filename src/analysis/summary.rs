@@ -102,29 +102,11 @@ pub struct DeviceSummary {
     /// device free and total included, are the instance's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_parent: Option<String>,
-    /// Bytes held from the driver.
-    pub reserved: u64,
-    /// Bytes in live framework blocks (every segment's bytes where no framework is seen).
-    pub allocated: u64,
-    /// Bytes caching allocators and pools hold: what `torch.cuda.memory_reserved()` reports.
-    #[serde(default)]
-    pub framework_reserved: u64,
-    /// Driver memory no caching allocator owns (library workspaces, raw cudaMalloc, XLA).
-    #[serde(default)]
-    pub non_framework: u64,
-    /// Segments the caching allocators and pools hold.
-    #[serde(default)]
-    pub framework_segments: u64,
-    /// Free bytes inside segments that hold a live block.
-    pub stranded: u64,
-    /// Bytes in cached segments with no live block (what `empty_cache()` returns).
-    pub releasable: u64,
-    /// The largest free run inside one segment.
-    pub largest_free_block: u64,
-    /// Number of segments.
-    pub segments: u64,
-    /// Number of live blocks.
-    pub blocks: u64,
+    /// The address map's figures (reserved, allocated, stranded, releasable, largest free block,
+    /// counts; `level`: `block` when a caching allocator's blocks were seen, else `segment`),
+    /// summed over the device's processes on a device's: [`Figures`], the one list of them.
+    #[serde(flatten)]
+    pub map: Figures,
     /// Share of free memory that no single request can use.
     pub fragmentation: f64,
     /// stranded / reserved.
@@ -135,8 +117,6 @@ pub struct DeviceSummary {
     pub device_total: Option<u64>,
     /// What one request can get now.
     pub largest_allocatable: u64,
-    /// Free bytes in 2 MiB driver pages held by live sub-2 MiB allocations.
-    pub page_stranded: u64,
     /// NVML's used bytes (`nvmlDeviceGetComputeRunningProcesses`, read by the live pipeline:
     /// `crate::ingest::gpus`): of this process on a process's figures; on a device's, the sum
     /// over every process NVML lists there, untraced ones too. Absent when NVML was not read or
@@ -153,10 +133,6 @@ pub struct DeviceSummary {
     /// written), on a device's figures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub utilization_memory: Option<u32>,
-    /// Bytes kept by stream-ordered pools.
-    pub pool_cached: u64,
-    /// `block` when a caching allocator's blocks were seen, else `segment` (driver level only).
-    pub level: String,
     /// The segments with the most stranded bytes, most first (at most ten).
     pub top_stranded_segments: Vec<SegmentSummary>,
     /// Sizes of successful allocations: framework blocks at block level, segments at segment level.
@@ -286,24 +262,14 @@ pub struct OomSummary {
     /// builds its error message): how long after, ns; absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_free_after_ns: Option<u64>,
-    /// Stranded bytes at the failure.
-    pub stranded: u64,
-    /// Releasable bytes at the failure.
-    pub releasable: u64,
-    /// The largest free block at the failure.
-    pub largest_free_block: u64,
-    /// Reserved bytes at the failure.
-    pub reserved: u64,
-    /// Allocated bytes at the failure.
-    pub allocated: u64,
+    /// The failing process's figures on that device at the failure ([`Figures`]: stranded,
+    /// releasable, largest free block, reserved, allocated, page-stranded, counts, level).
+    #[serde(flatten)]
+    pub map: Figures,
     /// The return code of the failed call.
     pub rc: i32,
     /// The call that failed.
     pub op: String,
-    /// Free bytes in partly used 2 MiB driver pages at the failure (the process's sub-2 MiB
-    /// driver allocations): usable by small requests only.
-    #[serde(default)]
-    pub page_stranded: u64,
     /// The allocator's allowed bytes (`set_per_process_memory_fraction`: fraction × device total)
     /// when its OOM report carried them (PyTorch's OOM observer under `run`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -392,28 +358,16 @@ fn device_summary(
         device,
         hw_id: None,
         mig_parent: None,
-        reserved: f.reserved,
-        allocated: f.allocated,
-        framework_reserved: f.framework_reserved,
-        non_framework: f.non_framework,
-        framework_segments: f.framework_segments,
-        stranded: f.stranded,
-        releasable: f.releasable,
-        largest_free_block: f.largest_free_block,
-        segments: f.segments,
-        blocks: f.blocks,
+        map: *f,
         fragmentation: fragmentation(f.largest_free_block, device_free, f.stranded, f.releasable),
         stranded_ratio: if f.reserved == 0 { 0.0 } else { f.stranded as f64 / f.reserved as f64 },
         device_free: free,
         device_total: total,
         largest_allocatable: largest_allocatable(f.largest_free_block, device_free, f.releasable),
-        page_stranded: f.page_stranded,
         nvml_used: None,
         gpu_name: None,
         utilization_gpu: None,
         utilization_memory: None,
-        pool_cached: f.pool_cached,
-        level: if f.framework_seen { "block" } else { "segment" }.to_string(),
         top_stranded_segments: top,
         alloc_sizes: alloc_sizes.distribution(),
         free_runs: runs.distribution(),
@@ -587,12 +541,7 @@ impl OomSummary {
             device_free_source: o.device_free_source.name().to_string(),
             device_free_age_ns: o.device_free_age_ns,
             device_free_after_ns: o.device_free_after_ns,
-            stranded: o.figures.stranded,
-            releasable: o.figures.releasable,
-            largest_free_block: o.figures.largest_free_block,
-            reserved: o.figures.reserved,
-            allocated: o.figures.allocated,
-            page_stranded: o.figures.page_stranded,
+            map: o.figures,
             allowed: o.allowed,
             rc: o.rc,
             op: o.op.map_or("unknown", |k| k.name()).to_string(),
@@ -733,7 +682,7 @@ mod robustness_tests {
         st.apply(&Event { size: total, device_free: total - GIB, flags: F_DEVICE_FREE_KNOWN, ..Event::new(EventKind::DeviceInfo, 1, 0) });
         st.apply(&Event { addr: 1 << 40, size: 20 * GIB, flags: F_FRAMEWORK_OWNED, ..Event::new(EventKind::MemAlloc, 1, 0) });
         let d = &Summary::from_state(&st, "t").devices[0];
-        assert_eq!(d.releasable, 20 * GIB);
+        assert_eq!(d.map.releasable, 20 * GIB);
         assert!(d.largest_allocatable <= total, "largest allocatable {} above the card's {total}", d.largest_allocatable);
         assert_eq!(d.largest_allocatable, total - crate::analysis::DRIVER_SLACK);
     }
@@ -746,5 +695,92 @@ mod robustness_tests {
         st.apply(&Event { size: 5, ..Event::new(EventKind::Dropped, 1, 0) });
         let s = Summary::from_state(&st, "t");
         assert_eq!((s.events, s.dropped), (1, 5));
+    }
+}
+
+#[cfg(test)]
+mod figures_once_tests {
+    use super::*;
+    use crate::event::{Event, EventKind, F_DEVICE_FREE_KNOWN, F_FRAMEWORK_OWNED};
+
+    const MIB: u64 = 1 << 20;
+
+    /// Two processes on device 0 (one with a caching allocator's split segment, one with a raw
+    /// driver allocation) and a failed block request in the first.
+    fn two_processes() -> State {
+        let mut st = State::default();
+        st.apply(&Event { size: 1 << 34, device_free: 1 << 33, flags: F_DEVICE_FREE_KNOWN, ..Event::new(EventKind::DeviceInfo, 1, 0) });
+        st.apply(&Event { addr: 1 << 40, size: 20 * MIB, flags: F_FRAMEWORK_OWNED, ..Event::new(EventKind::MemAlloc, 1, 0) });
+        st.apply(&Event { addr: 1 << 40, size: 4 * MIB, ..Event::new(EventKind::BlockAlloc, 1, 0) });
+        st.apply(&Event { addr: (1 << 40) + 8 * MIB, size: 2 * MIB, ..Event::new(EventKind::BlockAlloc, 1, 0) });
+        st.apply(&Event { addr: 1 << 41, size: 6 * MIB, ..Event::new(EventKind::MemAlloc, 2, 0) });
+        st
+    }
+
+    /// The names `Figures` serializes, in its order: the one list.
+    fn figure_names() -> Vec<String> {
+        match serde_json::to_value(crate::map::Figures::default()).unwrap() {
+            serde_json::Value::Object(m) => m.keys().cloned().collect(),
+            v => panic!("figures serialize as an object, not {v}"),
+        }
+    }
+
+    /// Issue 28: the figures were declared in five structs. Each device, process and OOM entry
+    /// now carries the map's own `Figures`, all of them, in its order; a device's are its
+    /// processes' combined by `Figures::merge`.
+    #[test]
+    fn every_entry_carries_the_maps_figures_in_one_order_and_a_device_is_its_processes_merged() {
+        let st = two_processes();
+        let s = Summary::from_state(&st, "t");
+        let names = figure_names();
+        assert_eq!(names.len(), 13, "{names:?}");
+        let v = serde_json::to_value(&s).unwrap();
+        for (what, entry) in [("device", &v["devices"][0]), ("process", &v["processes"][0]), ("process", &v["processes"][1])] {
+            let keys: Vec<&String> = entry.as_object().unwrap().keys().filter(|k| names.contains(k)).collect();
+            assert_eq!(keys, names.iter().collect::<Vec<_>>(), "{what} entry: {entry:#}");
+        }
+        let mut merged = crate::map::Figures::default();
+        for sp in st.spaces.values() {
+            merged.merge(&sp.map.figures());
+        }
+        assert_eq!(s.devices[0].map, merged);
+        assert_eq!(s.devices[0].map.reserved, 26 * MIB);
+        let one = st.spaces[&(1, 0)].map.figures().largest_free_block;
+        assert!(one > 0);
+        assert_eq!(s.devices[0].map.largest_free_block, one, "the larger of one process's, not a sum");
+        assert_eq!(s.devices[0].map.level(), "block");
+        assert_eq!(s.processes.iter().map(|p| p.figures.map.level()).collect::<Vec<_>>(), ["block", "segment"]);
+    }
+
+    /// The OOM entry's figures are the failing process's `Figures` at the failure, the same list.
+    #[test]
+    fn an_oom_entry_carries_the_failing_processs_figures_at_the_failure() {
+        let mut st = two_processes();
+        let at_failure = st.spaces[&(1, 0)].map.figures();
+        st.apply(&Event { requested: 64 * MIB, rc: crate::ingest::RC_OUT_OF_MEMORY, ..Event::new(EventKind::AllocFailed, 1, 0) });
+        let s = Summary::from_state(&st, "t");
+        assert_eq!(s.ooms.len(), 1, "{:?}", s.ooms);
+        assert_eq!(s.ooms[0].map, at_failure);
+        let v = serde_json::to_value(&s.ooms[0]).unwrap();
+        let names = figure_names();
+        let keys: Vec<&String> = v.as_object().unwrap().keys().filter(|k| names.contains(k)).collect();
+        assert_eq!(keys, names.iter().collect::<Vec<_>>(), "{v:#}");
+    }
+
+    /// A summary read back (`top --replay` of a summary, the tests) is the summary written, the
+    /// flattened figures and `level` included; a `level` other than `block` or `segment` is an
+    /// error naming it.
+    #[test]
+    fn a_summary_reads_back_to_itself_and_a_bad_level_is_named() {
+        let mut st = two_processes();
+        st.apply(&Event { requested: 64 * MIB, rc: crate::ingest::RC_OUT_OF_MEMORY, ..Event::new(EventKind::AllocFailed, 1, 0) });
+        let s = Summary::from_state(&st, "t");
+        let text = serde_json::to_string(&s).unwrap();
+        let back: Summary = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, s);
+        assert_eq!(serde_json::to_string(&back).unwrap(), text, "byte-identical when written again");
+        let bad = text.replacen("\"level\":\"block\"", "\"level\":\"chunk\"", 1);
+        let err = serde_json::from_str::<Summary>(&bad).unwrap_err().to_string();
+        assert!(err.contains("level is `block` or `segment`, not `chunk`"), "{err}");
     }
 }

@@ -130,18 +130,9 @@ pub struct DeviceView {
     pub hw_id: Arc<str>,
     /// `hw.model`, `hw.vendor`, `hw.driver_version` from NVML.
     pub hardware: Arc<super::gpu::Hardware>,
-    /// Σ reserved.
-    pub reserved: u64,
-    /// Σ allocated.
-    pub allocated: u64,
-    /// Σ stranded.
-    pub stranded: u64,
-    /// Σ releasable.
-    pub releasable: u64,
-    /// Σ page-stranded: free bytes in 2 MiB driver pages held by live sub-2 MiB allocations.
-    pub page_stranded: u64,
-    /// max largest free block.
-    pub largest_free_block: u64,
+    /// The exported processes' figures, combined by [`Figures::merge`] (sums; the largest free
+    /// block is the largest of one process's).
+    pub figures: Figures,
     /// Device free, when measured.
     pub free: Option<u64>,
     /// Device total, when measured.
@@ -268,12 +259,7 @@ impl Reader {
                 device: d.device,
                 hw_id: d.hw_id.clone(),
                 hardware: d.hardware.clone(),
-                reserved: 0,
-                allocated: 0,
-                stranded: 0,
-                releasable: 0,
-                page_stranded: 0,
-                largest_free_block: 0,
+                figures: Figures::default(),
                 free: d.free,
                 total: d.total,
                 unattributed: 0,
@@ -281,12 +267,7 @@ impl Reader {
             .collect();
         for p in &processes {
             if let Some(d) = devices.iter_mut().find(|d| d.device == p.device) {
-                d.reserved += p.figures.reserved;
-                d.allocated += p.figures.allocated;
-                d.stranded += p.figures.stranded;
-                d.releasable += p.figures.releasable;
-                d.page_stranded += p.figures.page_stranded;
-                d.largest_free_block = d.largest_free_block.max(p.figures.largest_free_block);
+                d.figures.merge(&p.figures);
             }
         }
         View { seq: s.seq, processes, devices, alloc_sizes: s.alloc_sizes.clone(), dropped: s.dropped, exited_now }
@@ -621,18 +602,18 @@ mod tests {
         let r = Reader::new(store.clone());
         let v = r.view();
         assert_eq!(v.processes.len(), 2);
-        assert_eq!(v.devices[0].reserved, 12 << 20);
+        assert_eq!(v.devices[0].figures.reserved, 12 << 20);
         r.collected(true);
         st.apply(&Event::new(EventKind::ProcessExit, 10, -1));
         store.put(b.build(&st));
         let v = r.view();
         assert_eq!(v.processes.len(), 2, "exported once more");
         assert!(v.processes.iter().any(|p| p.pid == 10 && p.exited));
-        assert_eq!(v.devices[0].reserved, 12 << 20);
+        assert_eq!(v.devices[0].figures.reserved, 12 << 20);
         r.collected(true);
         let v = r.view();
         assert_eq!(v.processes.iter().map(|p| p.pid).collect::<Vec<_>>(), vec![11]);
-        assert_eq!(v.devices[0].reserved, 8 << 20, "the device sums what the view exports");
+        assert_eq!(v.devices[0].figures.reserved, 8 << 20, "the device sums what the view exports");
         // Another reader that never saw the exit still gets it once.
         let r2 = Reader::new(store);
         assert_eq!(r2.view().processes.len(), 2);
@@ -651,7 +632,7 @@ mod tests {
         store.put(b.build(&st));
         assert_eq!(r.view().seq, first.seq);
         r.collected(true);
-        assert_eq!(r.view().devices[0].reserved, 8 << 20);
+        assert_eq!(r.view().devices[0].figures.reserved, 8 << 20);
     }
 
     #[test]

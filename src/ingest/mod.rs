@@ -810,23 +810,7 @@ impl State {
     pub fn device_figures(&self, device: i16) -> Figures {
         let mut f = Figures::default();
         for s in self.spaces.values().filter(|s| s.device == device) {
-            // Saturating: the figures come from input, and processes' sums may pass 2^64.
-            let g = s.map.figures();
-            let add = |a: &mut u64, b: u64| *a = a.saturating_add(b);
-            add(&mut f.reserved, g.reserved);
-            add(&mut f.allocated, g.allocated);
-            add(&mut f.framework_reserved, g.framework_reserved);
-            add(&mut f.non_framework, g.non_framework);
-            add(&mut f.framework_segments, g.framework_segments);
-            add(&mut f.stranded, g.stranded);
-            add(&mut f.releasable, g.releasable);
-            f.largest_free_block = f.largest_free_block.max(g.largest_free_block);
-            add(&mut f.segments, g.segments);
-            add(&mut f.blocks, g.blocks);
-            add(&mut f.page_stranded, g.page_stranded);
-            add(&mut f.pool_cached, g.pool_cached);
-            add(&mut f.unmapped_physical, g.unmapped_physical);
-            f.framework_seen |= g.framework_seen;
+            f.merge(&s.map.figures());
         }
         f
     }

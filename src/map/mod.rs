@@ -247,8 +247,14 @@ fn check_range(addr: u64, size: u64) -> Result<(), Anomaly> {
     Ok(())
 }
 
-/// The figures of one address space, all in bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+/// The figures of one address space, all in bytes: the one list of them. Every output carries
+/// this struct as it is (the summary's device, process and OOM entries flatten it; the export's
+/// device views and `top`'s rows hold it), combined across processes by [`Figures::merge`] only;
+/// the figures derived from it (fragmentation, largest allocatable) are computed in
+/// `crate::analysis`. Serialized under these names, `framework_seen` as `level` (`block` or
+/// `segment`); `unmapped_physical` is kept out of the summary (a cross-check of the map, in no view).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Figures {
     /// Held from the driver: segments, mapped VMM memory, pool caches.
     pub reserved: u64,
@@ -280,9 +286,62 @@ pub struct Figures {
     /// Bytes stream-ordered pools keep after frees, until trimmed.
     pub pool_cached: u64,
     /// Physical VMM memory created but not mapped.
+    #[serde(skip)]
     pub unmapped_physical: u64,
-    /// Whether any framework-owned segment was ever seen.
+    /// Whether any framework-owned segment was ever seen: the figures are at block level (inside
+    /// the caching allocators' segments), else at segment level (the driver's view).
+    #[serde(rename = "level", with = "level")]
     pub framework_seen: bool,
+}
+
+impl Figures {
+    /// Adds another address space's figures to these (a device's from its processes'): bytes and
+    /// counts are summed, saturating (the figures come from input, and sums may pass 2^64); the
+    /// largest free block is the larger one, since no request spans two address spaces.
+    pub fn merge(&mut self, o: &Figures) {
+        let add = |a: &mut u64, b: u64| *a = a.saturating_add(b);
+        add(&mut self.reserved, o.reserved);
+        add(&mut self.allocated, o.allocated);
+        add(&mut self.framework_reserved, o.framework_reserved);
+        add(&mut self.non_framework, o.non_framework);
+        add(&mut self.framework_segments, o.framework_segments);
+        add(&mut self.stranded, o.stranded);
+        add(&mut self.releasable, o.releasable);
+        self.largest_free_block = self.largest_free_block.max(o.largest_free_block);
+        add(&mut self.segments, o.segments);
+        add(&mut self.blocks, o.blocks);
+        add(&mut self.page_stranded, o.page_stranded);
+        add(&mut self.pool_cached, o.pool_cached);
+        add(&mut self.unmapped_physical, o.unmapped_physical);
+        self.framework_seen |= o.framework_seen;
+    }
+
+    /// `block` when a caching allocator's blocks were seen, else `segment`: the summary's `level`.
+    pub fn level(&self) -> &'static str {
+        level::name(self.framework_seen)
+    }
+}
+
+/// `framework_seen` as the summary writes it: `level`, `block` or `segment`.
+mod level {
+    pub fn name(framework_seen: bool) -> &'static str {
+        if framework_seen {
+            "block"
+        } else {
+            "segment"
+        }
+    }
+    pub fn serialize<S: serde::Serializer>(seen: &bool, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(name(*seen))
+    }
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+        use serde::Deserialize;
+        match String::deserialize(d)?.as_str() {
+            "block" => Ok(true),
+            "segment" => Ok(false),
+            other => Err(serde::de::Error::custom(format!("level is `block` or `segment`, not `{other}`"))),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default)]

@@ -498,7 +498,7 @@ mod tests {
         }
         assert_eq!(frames.len(), 2);
         assert!(frames[1].last);
-        assert_eq!(frames[0].summary.devices[0].reserved, 1 << 30);
+        assert_eq!(frames[0].summary.devices[0].map.reserved, 1 << 30);
         assert_eq!(frames[0].strips[0].segments[0].cells, "8".repeat(crate::views::strip::STRIP_CELLS));
         assert!(!sock.exists(), "the socket is removed at the end");
         let _ = std::fs::remove_dir_all(&dir);

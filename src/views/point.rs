@@ -23,7 +23,7 @@ pub fn headline(o: &OomSummary) -> String {
 /// Whether the failed request went to the driver with no caching allocator in between (sub-2 MiB
 /// allocations packed into shared pages).
 fn driver_level(o: &OomSummary) -> bool {
-    o.framework.is_none() && o.page_stranded > 0
+    o.framework.is_none() && o.map.page_stranded > 0
 }
 
 /// Free in all and the largest free piece one request could get, at the failure: inside the
@@ -32,9 +32,9 @@ fn driver_level(o: &OomSummary) -> bool {
 pub fn free_pieces(o: &OomSummary) -> (u64, u64) {
     let device = if o.device_free_known { o.device_free } else { 0 };
     if driver_level(o) {
-        (device + o.page_stranded, largest_allocatable(0, device, o.releasable))
+        (device + o.map.page_stranded, largest_allocatable(0, device, o.map.releasable))
     } else {
-        (device + o.stranded + o.releasable, largest_allocatable(o.largest_free_block, device, o.releasable))
+        (device + o.map.stranded + o.map.releasable, largest_allocatable(o.map.largest_free_block, device, o.map.releasable))
     }
 }
 
@@ -102,9 +102,7 @@ mod tests {
             framework: None,
             requested: 2 * mib,
             device_free: 5 * mib,
-            stranded: 0,
-            largest_free_block: 0,
-            page_stranded: 900 * mib,
+            map: crate::map::Figures { stranded: 0, largest_free_block: 0, page_stranded: 900 * mib, ..frag().map },
             fix: "pool the small allocations: a caching allocator ...; or ...".into(),
             ..frag()
         };

@@ -110,11 +110,11 @@ pub fn map_svgs(data: &ReportData, oom: Option<usize>) -> Vec<String> {
         }
         let bars = Bars {
             requested,
-            largest_free_block: o.largest_free_block,
+            largest_free_block: o.map.largest_free_block,
             device_free,
-            stranded: o.stranded,
+            stranded: o.map.stranded,
             stranded_pieces: Vec::new(),
-            releasable: o.releasable,
+            releasable: o.map.releasable,
         };
         let subtitle = "No address map in this input (a summary): the request against the figures at the failure, to scale.".to_string();
         return vec![map::svg(&MapSpec { space: None, title, subtitle, bars })];
@@ -127,11 +127,11 @@ pub fn map_svgs(data: &ReportData, oom: Option<usize>) -> Vec<String> {
             .map(|d| {
                 let bars = Bars {
                     requested: None,
-                    largest_free_block: d.largest_free_block,
+                    largest_free_block: d.map.largest_free_block,
                     device_free: d.device_free,
-                    stranded: d.stranded,
+                    stranded: d.map.stranded,
                     stranded_pieces: Vec::new(),
-                    releasable: d.releasable,
+                    releasable: d.map.releasable,
                 };
                 map::svg(&MapSpec {
                     space: None,
@@ -237,7 +237,7 @@ fn verdict_section(out: &mut String, s: &Summary, oom: Option<usize>) {
     match oom {
         Some(i) => {
             let o = &s.ooms[i];
-            let total = o.device_free + o.stranded + o.releasable;
+            let total = o.device_free + o.map.stranded + o.map.releasable;
             put(
                 out,
                 format_args!(
@@ -245,9 +245,9 @@ fn verdict_section(out: &mut String, s: &Summary, oom: Option<usize>) {
                     i + 1,
                     s.ooms.len(),
                     o.requested,
-                    o.largest_free_block,
-                    o.stranded,
-                    o.releasable,
+                    o.map.largest_free_block,
+                    o.map.stranded,
+                    o.map.releasable,
                     o.device_free,
                     o.device_free_known,
                     o.pid,
@@ -289,12 +289,17 @@ fn verdict_section(out: &mut String, s: &Summary, oom: Option<usize>) {
             let free = if o.device_free_known { human_bytes(o.device_free) } else { "not measured".into() };
             for (id, name, val, bytes) in [
                 ("requested", "requested", human_bytes(o.requested), Some(o.requested)),
-                ("largest-free-block", "largest free block", human_bytes(o.largest_free_block), Some(o.largest_free_block)),
-                ("stranded", "stranded in split segments", human_bytes(o.stranded), Some(o.stranded)),
-                ("releasable", "releasable (empty_cache)", human_bytes(o.releasable), Some(o.releasable)),
+                ("largest-free-block", "largest free block", human_bytes(o.map.largest_free_block), Some(o.map.largest_free_block)),
+                ("stranded", "stranded in split segments", human_bytes(o.map.stranded), Some(o.map.stranded)),
+                ("releasable", "releasable (empty_cache)", human_bytes(o.map.releasable), Some(o.map.releasable)),
                 ("device-free", "device free (driver)", free, o.device_free_known.then_some(o.device_free)),
-                ("reserved", "reserved", human_bytes(o.reserved), Some(o.reserved)),
-                ("page-stranded", "page-stranded (partly used 2 MiB driver pages)", human_bytes(o.page_stranded), Some(o.page_stranded)),
+                ("reserved", "reserved", human_bytes(o.map.reserved), Some(o.map.reserved)),
+                (
+                    "page-stranded",
+                    "page-stranded (partly used 2 MiB driver pages)",
+                    human_bytes(o.map.page_stranded),
+                    Some(o.map.page_stranded),
+                ),
                 (
                     "allowed",
                     "allowed (memory fraction)",
@@ -331,7 +336,7 @@ fn verdict_section(out: &mut String, s: &Summary, oom: Option<usize>) {
                         "<p class=\"why\">Device {}: one request could get at most {} now (largest free block {}, device free {}); {} of the free memory is out of reach of a single request (fragmentation {:.2}).</p>\n",
                         d.device,
                         esc(&human_bytes(d.largest_allocatable)),
-                        esc(&human_bytes(d.largest_free_block)),
+                        esc(&human_bytes(d.map.largest_free_block)),
                         esc(&d.device_free.map(human_bytes).unwrap_or_else(|| "not measured".into())),
                         format_args!("{:.0} %", d.fragmentation * 100.0),
                         d.fragmentation
@@ -386,11 +391,11 @@ fn whatif_table(out: &mut String, w: &crate::analysis::summary::WhatIfSummary) {
 fn device_row(out: &mut String, label: &str, d: &DeviceSummary, id_attr: &str) {
     put(out, format_args!("<tr{id_attr} data-device=\"{}\"><td>{}</td>", d.device, esc(label)));
     for (f, v) in [
-        ("reserved", d.reserved),
-        ("allocated", d.allocated),
-        ("stranded", d.stranded),
-        ("releasable", d.releasable),
-        ("largest_free_block", d.largest_free_block),
+        ("reserved", d.map.reserved),
+        ("allocated", d.map.allocated),
+        ("stranded", d.map.stranded),
+        ("releasable", d.map.releasable),
+        ("largest_free_block", d.map.largest_free_block),
     ] {
         out.push_str(&bytes_td(f, v));
     }
@@ -399,7 +404,7 @@ fn device_row(out: &mut String, label: &str, d: &DeviceSummary, id_attr: &str) {
         None => out.push_str("<td class=\"num\" data-field=\"device_free\">not measured</td>"),
     }
     out.push_str(&bytes_td("largest_allocatable", d.largest_allocatable));
-    put(out, format_args!("<td class=\"num\" data-field=\"fragmentation\" data-value=\"{}\">{:.2}</td><td class=\"num\" data-field=\"segments\" data-value=\"{}\">{}</td><td class=\"num\" data-field=\"blocks\" data-value=\"{}\">{}</td><td>{}</td></tr>\n", d.fragmentation, d.fragmentation, d.segments, d.segments, d.blocks, d.blocks, esc(&d.level)));
+    put(out, format_args!("<td class=\"num\" data-field=\"fragmentation\" data-value=\"{}\">{:.2}</td><td class=\"num\" data-field=\"segments\" data-value=\"{}\">{}</td><td class=\"num\" data-field=\"blocks\" data-value=\"{}\">{}</td><td>{}</td></tr>\n", d.fragmentation, d.fragmentation, d.map.segments, d.map.segments, d.map.blocks, d.map.blocks, esc(d.map.level())));
 }
 
 /// Each process's driver memory by the library that called the driver (the summary's `owners`),
@@ -412,7 +417,7 @@ fn owners_table(out: &mut String, s: &Summary) {
     out.push_str("<h3>Driver memory by owner</h3>\n<p>The library that called the driver for each live allocation (cuBLAS's workspaces, NCCL's buffers, the framework's segments, ...); each process's rows sum to its reserved bytes.</p>\n<table id=\"owners-table\">\n<tr><th>process</th><th>owner</th><th>bytes</th><th>share of its reserved</th></tr>\n");
     for (p, o) in per {
         for (owner, bytes) in o {
-            let share = if p.figures.reserved > 0 { bytes as f64 * 100.0 / p.figures.reserved as f64 } else { 0.0 };
+            let share = if p.figures.map.reserved > 0 { bytes as f64 * 100.0 / p.figures.map.reserved as f64 } else { 0.0 };
             put(
                 out,
                 format_args!(
@@ -501,9 +506,9 @@ fn tables(out: &mut String, s: &Summary) {
             ),
         );
         out.push_str(&bytes_td("requested", o.requested));
-        out.push_str(&bytes_td("largest_free_block", o.largest_free_block));
-        out.push_str(&bytes_td("stranded", o.stranded));
-        out.push_str(&bytes_td("releasable", o.releasable));
+        out.push_str(&bytes_td("largest_free_block", o.map.largest_free_block));
+        out.push_str(&bytes_td("stranded", o.map.stranded));
+        out.push_str(&bytes_td("releasable", o.map.releasable));
         if o.device_free_known {
             out.push_str(&bytes_td("device_free", o.device_free));
         } else {

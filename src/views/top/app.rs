@@ -200,7 +200,7 @@ impl App {
     fn show(&mut self, f: Box<Frame>) {
         for r in rows_of(&f.summary) {
             let h = self.history.entry(r.key).or_default();
-            h.push_back(Sample { reserved: r.figures.reserved, allocated: r.figures.allocated, stranded: r.figures.stranded });
+            h.push_back(Sample { reserved: r.figures.map.reserved, allocated: r.figures.map.allocated, stranded: r.figures.map.stranded });
             while h.len() > HISTORY {
                 h.pop_front();
             }
@@ -268,11 +268,11 @@ impl App {
         }
         let value = |r: &RowView| -> u64 {
             match self.sort {
-                Sort::Reserved => r.figures.reserved,
-                Sort::Allocated => r.figures.allocated,
-                Sort::Stranded => r.figures.stranded,
+                Sort::Reserved => r.figures.map.reserved,
+                Sort::Allocated => r.figures.map.allocated,
+                Sort::Stranded => r.figures.map.stranded,
                 Sort::Fragmentation => (r.figures.fragmentation * 1e6) as u64,
-                Sort::LargestFree => r.figures.largest_free_block,
+                Sort::LargestFree => r.figures.map.largest_free_block,
                 Sort::Id => 0,
             }
         };
@@ -390,14 +390,14 @@ fn without_exited(rows: &mut [RowView]) {
         for (d, g) in &gone {
             if r.key == RowKey::Device(*d) || r.key == RowKey::Total {
                 let f = &mut r.figures;
-                f.reserved = f.reserved.saturating_sub(g.reserved);
-                f.allocated = f.allocated.saturating_sub(g.allocated);
-                f.stranded = f.stranded.saturating_sub(g.stranded);
-                f.releasable = f.releasable.saturating_sub(g.releasable);
-                f.framework_reserved = f.framework_reserved.saturating_sub(g.framework_reserved);
-                f.non_framework = f.non_framework.saturating_sub(g.non_framework);
-                f.segments = f.segments.saturating_sub(g.segments);
-                f.blocks = f.blocks.saturating_sub(g.blocks);
+                f.map.reserved = f.map.reserved.saturating_sub(g.map.reserved);
+                f.map.allocated = f.map.allocated.saturating_sub(g.map.allocated);
+                f.map.stranded = f.map.stranded.saturating_sub(g.map.stranded);
+                f.map.releasable = f.map.releasable.saturating_sub(g.map.releasable);
+                f.map.framework_reserved = f.map.framework_reserved.saturating_sub(g.map.framework_reserved);
+                f.map.non_framework = f.map.non_framework.saturating_sub(g.map.non_framework);
+                f.map.segments = f.map.segments.saturating_sub(g.map.segments);
+                f.map.blocks = f.map.blocks.saturating_sub(g.map.blocks);
             }
         }
     }
@@ -439,22 +439,14 @@ pub fn rows_of(s: &Summary) -> Vec<RowView> {
 /// `None` without devices.
 pub fn total_of(devices: &[DeviceSummary]) -> Option<DeviceSummary> {
     let mut t = DeviceSummary { device: -1, ..devices.first()?.clone() };
-    let sum = |get: fn(&DeviceSummary) -> u64| devices.iter().map(get).fold(0u64, u64::saturating_add);
     let sum_known = |get: fn(&DeviceSummary) -> Option<u64>| -> Option<u64> {
         devices.iter().map(get).collect::<Option<Vec<u64>>>().map(|v| v.into_iter().fold(0u64, u64::saturating_add))
     };
     t.hw_id = None;
-    t.reserved = sum(|d| d.reserved);
-    t.allocated = sum(|d| d.allocated);
-    t.framework_reserved = sum(|d| d.framework_reserved);
-    t.non_framework = sum(|d| d.non_framework);
-    t.framework_segments = sum(|d| d.framework_segments);
-    t.stranded = sum(|d| d.stranded);
-    t.releasable = sum(|d| d.releasable);
-    t.segments = sum(|d| d.segments);
-    t.blocks = sum(|d| d.blocks);
-    t.page_stranded = sum(|d| d.page_stranded);
-    t.pool_cached = sum(|d| d.pool_cached);
+    t.map = devices.iter().fold(crate::map::Figures::default(), |mut m, d| {
+        m.merge(&d.map);
+        m
+    });
     t.device_free = sum_known(|d| d.device_free);
     t.nvml_used = sum_known(|d| d.nvml_used);
     // Name and utilization are a GPU's own.
@@ -462,7 +454,7 @@ pub fn total_of(devices: &[DeviceSummary]) -> Option<DeviceSummary> {
     t.utilization_gpu = None;
     t.utilization_memory = None;
     t.device_total = sum_known(|d| d.device_total);
-    t.largest_free_block = 0;
+    t.map.largest_free_block = 0;
     t.largest_allocatable = 0;
     t.fragmentation = 0.0;
     t.stranded_ratio = 0.0;
@@ -626,7 +618,7 @@ mod tests {
         let app = app_of(&st);
         let rows = app.rows();
         let view: Vec<(&str, u64, Option<u64>, Option<u64>)> =
-            rows.iter().map(|r| (r.label.as_str(), r.figures.reserved, r.figures.device_free, r.figures.device_total)).collect();
+            rows.iter().map(|r| (r.label.as_str(), r.figures.map.reserved, r.figures.device_free, r.figures.device_total)).collect();
         // Devices in index order, each with its processes under it (issue 27).
         let order: Vec<(&str, u64)> = view.iter().map(|v| (v.0, v.1)).collect();
         assert_eq!(

@@ -208,7 +208,7 @@ mod tests {
         let mut last = None;
         while let Ok(u) = rx.recv_timeout(Duration::from_secs(5)) {
             if let Update::Frame(f) = u {
-                last = f.summary.devices.first().map(|d| d.reserved);
+                last = f.summary.devices.first().map(|d| d.map.reserved);
             } else {
                 break;
             }

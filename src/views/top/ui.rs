@@ -150,11 +150,11 @@ fn draw_oom(f: &mut TermFrame<'_>, app: &App, area: Rect) {
         o.device,
         human_bytes(o.requested),
         o.verdict.name(),
-        human_bytes(o.largest_free_block),
-        human_bytes(o.stranded),
+        human_bytes(o.map.largest_free_block),
+        human_bytes(o.map.stranded),
         if o.device_free_known { human_bytes(o.device_free) } else { "not measured".into() },
         // Driver-level fragmentation: free bytes in partly used 2 MiB pages.
-        if o.page_stranded > 0 { format!(", page-stranded {}", human_bytes(o.page_stranded)) } else { String::new() },
+        if o.map.page_stranded > 0 { format!(", page-stranded {}", human_bytes(o.map.page_stranded)) } else { String::new() },
         o.allowed.map_or(String::new(), |a| format!(", allowed {}", human_bytes(a))),
         // Who else held the GPU (crate::holders): the largest holder.
         o.holders.list.first().map_or(String::new(), |h| format!("; {}", h.sentence())),
@@ -296,11 +296,15 @@ fn table_row(r: &RowView, exact: bool, label_w: usize, pick: &dyn Fn(Vec<Cell<'s
         Cell::from(label),
         Cell::from(r.user.clone()),
         Cell::from(r.framework.map_or("", |f| f.name())),
-        Cell::from(fig(d.reserved)),
+        Cell::from(fig(d.map.reserved)),
         Cell::from(known(d.nvml_used)),
-        Cell::from(fig(d.allocated)),
-        Cell::from(fig(d.stranded)).style(if d.stranded > 0 && !r.exited { Style::default().fg(STRANDED) } else { Style::default() }),
-        Cell::from(if total { String::new() } else { fig(d.largest_free_block) }),
+        Cell::from(fig(d.map.allocated)),
+        Cell::from(fig(d.map.stranded)).style(if d.map.stranded > 0 && !r.exited {
+            Style::default().fg(STRANDED)
+        } else {
+            Style::default()
+        }),
+        Cell::from(if total { String::new() } else { fig(d.map.largest_free_block) }),
         Cell::from(if total { String::new() } else { format!("{:.2}", d.fragmentation) }),
         // Free and total are the device's: shown on device rows only.
         Cell::from(if process { String::new() } else { known(d.device_free) }),
@@ -315,7 +319,7 @@ fn table_row(r: &RowView, exact: bool, label_w: usize, pick: &dyn Fn(Vec<Cell<'s
             (true, false) => "running",
             _ => "",
         }),
-        Cell::from(if total { String::new() } else { format!("{} {}", if exact { "exact" } else { "approx" }, d.level) }),
+        Cell::from(if total { String::new() } else { format!("{} {}", if exact { "exact" } else { "approx" }, d.map.level()) }),
         Cell::from(r.command.clone()),
     ];
     let row = Row::new(pick(cells));
