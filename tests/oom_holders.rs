@@ -47,6 +47,25 @@ fn check_traced_holder(o: &Value, pid: u64) {
     assert_eq!(o["verdict"].as_str(), Some("true_oom"), "{o:#}");
 }
 
+/// The shell script both `run` tests trace: a holder of `HOLD_MIB` starts and, once it is ready,
+/// an asker of `ASK_MIB` fails beside it; then the holder is released. With the holder's and the
+/// asker's output files (the holder's pid is in `HOLDER_OUT.pid`).
+fn holder_then_asker(prog: &str) -> (String, std::path::PathBuf, std::path::PathBuf) {
+    let (go, done) = (unique("holder-go"), unique("asker-done"));
+    std::fs::write(&done, b"go").expect("done");
+    let (hout, aout) = (unique("holder.out"), unique("asker.out"));
+    let script = format!(
+        "{prog} oomhold {} {} {go} > {h} & echo $! > {h}.pid; while ! grep -q READY {h}; do sleep 0.05; done; {prog} oomhold 64 {ASK_MIB} {done} > {a}; sleep 1; touch {go}; wait",
+        HOLD_MIB[0],
+        HOLD_MIB[1],
+        go = go.display(),
+        done = done.display(),
+        h = hout.display(),
+        a = aout.display(),
+    );
+    (script, hout, aout)
+}
+
 #[test]
 fn the_neighbour_holding_12_of_16_gib_is_named_at_the_oom_under_run() {
     let m = Machine::new(1);
@@ -59,19 +78,7 @@ fn the_neighbour_holding_12_of_16_gib_is_named_at_the_oom_under_run() {
     let mut outside = outside.spawn().expect("untraced neighbour");
     let mut out = Lines::new(outside.stdout.take().expect("stdout"));
     assert!(out.wait_for("READY", Duration::from_secs(60)), "{}", out.rest());
-    let go = unique("holder-go");
-    let done = unique("asker-done");
-    std::fs::write(&done, b"go").expect("done");
-    let (hout, aout) = (unique("holder.out"), unique("asker.out"));
-    let script = format!(
-        "{prog} oomhold {} {} {go} > {h} & echo $! > {h}.pid; while ! grep -q READY {h}; do sleep 0.05; done; {prog} oomhold 64 {ASK_MIB} {done} > {a}; sleep 1; touch {go}; wait",
-        HOLD_MIB[0],
-        HOLD_MIB[1],
-        go = go.display(),
-        done = done.display(),
-        h = hout.display(),
-        a = aout.display(),
-    );
+    let (script, hout, aout) = holder_then_asker(&prog);
     let summary = unique("holders-run.json");
     let mut cmd = Command::new(gpufrag());
     cmd.args(["run", "--quiet", "--no-report", "--no-feed", "--summary-json"]).arg(&summary).args(["--", "sh", "-c", &script]);
@@ -150,18 +157,7 @@ fn report_holders(html: &str) -> Vec<(u64, u64, String)> {
 fn the_report_and_top_name_the_holder_as_the_summary_does() {
     let m = Machine::new(1);
     let prog = fixtures().prog.display().to_string();
-    let (go, done) = (unique("holder-go"), unique("asker-done"));
-    std::fs::write(&done, b"go").expect("done");
-    let (hout, aout) = (unique("holder.out"), unique("asker.out"));
-    let script = format!(
-        "{prog} oomhold {} {} {go} > {h} & echo $! > {h}.pid; while ! grep -q READY {h}; do sleep 0.05; done; {prog} oomhold 64 {ASK_MIB} {done} > {a}; sleep 1; touch {go}; wait",
-        HOLD_MIB[0],
-        HOLD_MIB[1],
-        go = go.display(),
-        done = done.display(),
-        h = hout.display(),
-        a = aout.display(),
-    );
+    let (script, hout, _) = holder_then_asker(&prog);
     let (summary, report, record) = (unique("holders-report.json"), unique("holders-report.html"), unique("holders.gfrec"));
     let mut cmd = Command::new(gpufrag());
     cmd.args(["run", "--quiet", "--no-feed", "--summary-json"]).arg(&summary).arg("--report").arg(&report).arg("--record").arg(&record);
