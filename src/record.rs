@@ -2,7 +2,7 @@
 //! `agent --record` write and `analyze`, `report`, `whatif` and `top --replay` read back to the
 //! same figures.
 //!
-//! Layout (version 3): a 16-byte header (`GPUFRAG\x01`, `u32` version, `u32` record size = 80)
+//! Layout (version 4): a 16-byte header (`GPUFRAG\x01`, `u32` version, `u32` record size = 80)
 //! followed by entries, little-endian. An entry is one 80-byte [`Event`]; when its `text_len` is
 //! not 0, [`text_records`] more 80-byte records follow it, holding its text zero-padded (a
 //! setting's string, a library's path: what a fixed-size event cannot carry). A writer that stops
@@ -13,7 +13,12 @@
 //! framework identity and its OOM figures: `EventKind::AllocSettings` and after), so that a
 //! replay sizes blocks as the live run did; version 2 files (the same layout, without those
 //! events: replayed under PyTorch's default settings) and version 1 files (earlier builds: events
-//! only, no text, no end marker, so their end cannot be told) are still read.
+//! only, no text, no end marker, so their end cannot be told) are still read. Version 4 is
+//! version 3's layout with one promise more: blocks synced from periodic snapshots of the
+//! allocator carry `F_SRC_SNAPSHOT` (`crate::event::sampled_block`), so a block with a known size
+//! and without it was announced one event per request (PyTorch's trace tracker, the annotation
+//! header) and can drive a simulation; in older files any block with a known size may have been
+//! synced ([`sized_blocks_may_be_sampled`]).
 //!
 //! [`Reader`] streams a file entry by entry in bounded memory, whatever its size; [`read`] and
 //! [`parse`] collect a whole file for the callers that want it in memory. The writer flushes in
@@ -28,7 +33,14 @@ use std::path::{Path, PathBuf};
 /// First 8 bytes of every record file.
 pub const MAGIC: &[u8; 8] = b"GPUFRAG\x01";
 /// The format version this build writes.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
+
+/// Whether, in a file of format `version`, a block event with a known size may have been synced
+/// from a periodic snapshot without saying so: before version 4 the Python hook's synced blocks
+/// did not carry `F_SRC_SNAPSHOT`.
+pub const fn sized_blocks_may_be_sampled(version: u32) -> bool {
+    version < 4
+}
 /// The oldest format version this build reads.
 pub const OLDEST_VERSION: u32 = 1;
 /// Header length in bytes.

@@ -179,3 +179,28 @@ fn demo_summary_in_a_shared_folder_puts_the_report_in_the_private_state_folder()
     assert!(said.contains(&private.display().to_string()), "{said}");
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// A newcomer's first run ended on two paragraphs of notes: "no simulated fix: … the record's
+/// blocks come from periodic snapshots of the allocator (gpufrag run's Python hook)" for a
+/// program that announces every block through the annotation header (whatif read any block with
+/// a known size as a snapshot's), and "NVML absent … the driver names UUID …, which NVML lists as
+/// no GPU" (gpufrag's own NVML was not simcuda's). The demo's fix is now simulated from its own
+/// trace, faithful to it, its GPU named as the stand-in driver names it, and it has no notes.
+#[test]
+fn regression_the_demo_simulates_its_fix_names_its_gpu_and_ends_without_notes() {
+    let dir = std::env::temp_dir().join(format!("gpufrag-demo-fix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let s = demo("frag-oom", &dir, 0);
+    assert_eq!(s["notes"], serde_json::json!([]), "{s:#}");
+    let w = &s["whatif"];
+    assert_eq!(w["faithful"], Value::Bool(true), "{w:#}");
+    assert_eq!(w["baseline"]["oom"], Value::Bool(true), "the baseline must fail as the run did: {w:#}");
+    assert_eq!(w["baseline"]["first_oom_requested"], s["ooms"][0]["requested"], "{w:#}");
+    assert_eq!(w["best"]["oom"], Value::Bool(false), "{w:#}");
+    let fix = s["ooms"][0]["fix"].as_str().expect("fix");
+    assert!(fix.starts_with("With expandable_segments:True") && fix.contains("simulated over"), "{fix}");
+    let d = &s["devices"][0];
+    assert!(d["gpu_name"].as_str().is_some_and(|n| n.contains("simcuda")), "{d:#}");
+    assert!(d["hw_id"].as_str().is_some_and(|u| u.starts_with("GPU-")), "{d:#}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -76,6 +76,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     std::env::set_var("SIMCUDA_MEM", &args.mem);
     std::env::set_var("SIMCUDA_STATE_DIR", &state_dir);
     std::env::set_var("LD_LIBRARY_PATH", &libs);
+    // gpufrag's own NVML is simcuda's too (this process's library path was read at its start, so
+    // it is named by path): the demo's GPU then has the name, UUID and per-process figures the
+    // stand-in driver gives it, as a real GPU has under NVML.
+    let nvml = libs.join("libnvidia-ml.so.1");
+    std::env::set_var("GPUFRAG_NVML_LIB", &nvml);
     eprintln!(
         "[gpufrag] demo: {scenario} on a simulated {} GPU (simcuda), traced by the LD_PRELOAD shim{}\n",
         args.mem,
@@ -114,7 +119,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         python_interval: 1.0,
         ring_capacity: None,
         preload: None,
-        export: Default::default(),
+        export: crate::export::ExportArgs { nvml_lib: Some(nvml.display().to_string()), ..Default::default() },
         views: crate::views::ViewArgs { report: report.clone(), ..Default::default() },
         program_output: args.program_output,
         cmd,

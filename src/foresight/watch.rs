@@ -17,7 +17,7 @@
 use super::{Available, Forecast, Predictor, HORIZON};
 use crate::alloc::pytorch::AllocConf;
 use crate::alloc::Framework;
-use crate::event::{Event, EventKind, F_BLOCK_SIZE_KNOWN, F_OOM_AMEND, F_SRC_SNAPSHOT};
+use crate::event::{Event, EventKind, F_OOM_AMEND};
 use crate::ingest::State;
 use crate::sim::Request;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -154,7 +154,7 @@ impl Watch {
                     if Framework::from_flags(e.flags) != Framework::PYTORCH {
                         t.off = true;
                         self.note(key, format!("its blocks are {}'s, not PyTorch's caching allocator's: the simulation models PyTorch's only, no prediction", Framework::from_flags(e.flags).allocator()));
-                    } else if e.flags & F_BLOCK_SIZE_KNOWN != 0 && e.flags & F_SRC_SNAPSHOT != 0 {
+                    } else if crate::event::sampled_block(e.flags) {
                         // Blocks synced from snapshots (the tracker's and the annotations' blocks
                         // come with their size too, one event per request: those are predicted).
                         t.off = true;

@@ -404,6 +404,13 @@ pub trait EventPasses {
     fn pass(&self, f: &mut dyn FnMut(usize, &Event, &[u8]) -> bool) -> Result<(), StreamError>;
     /// Where the events come from, for the memory budget's error.
     fn name(&self) -> &std::path::Path;
+    /// Whether any block event with a known size may have been synced from periodic snapshots
+    /// without saying so: a record older than format 4
+    /// ([`crate::record::sized_blocks_may_be_sampled`]). Otherwise only
+    /// [`crate::event::sampled_block`]'s are.
+    fn sized_blocks_may_be_sampled(&self) -> bool {
+        false
+    }
 }
 
 struct InMemory<'a> {
@@ -460,6 +467,10 @@ impl EventPasses for RecordPasses<'_> {
 
     fn name(&self) -> &std::path::Path {
         self.path
+    }
+
+    fn sized_blocks_may_be_sampled(&self) -> bool {
+        self.bytes.records(self.path).is_ok_and(|r| crate::record::sized_blocks_may_be_sampled(r.version()))
     }
 }
 
@@ -549,16 +560,18 @@ pub fn from_passes(src: &dyn EventPasses) -> Result<RequestStream, StreamError> 
 }
 
 /// [`from_passes`]'s first pass: the (process, device) with the most block allocations and the
-/// number of events; an error where there are none, or where their sizes are sampled.
+/// number of events; an error where there are none, or where their blocks were synced from
+/// periodic snapshots (sampled).
 fn busiest(src: &dyn EventPasses) -> Result<(u32, i16, usize), StreamError> {
     let mut counts: BTreeMap<(u32, i16), (usize, bool)> = BTreeMap::new();
     let mut total = 0usize;
+    let legacy = src.sized_blocks_may_be_sampled();
     src.pass(&mut |i, e, _| {
         total = i + 1;
         if e.kind == EventKind::BlockAlloc as u16 {
             let c = counts.entry((e.pid, e.device)).or_default();
             c.0 += 1;
-            c.1 |= e.flags & crate::event::F_BLOCK_SIZE_KNOWN != 0;
+            c.1 |= crate::event::sampled_block(e.flags) || (legacy && e.flags & crate::event::F_BLOCK_SIZE_KNOWN != 0);
         }
         true
     })?;

@@ -220,6 +220,16 @@ pub const F_SRC_SNAPSHOT: u32 = 1 << 3;
 pub const F_SRC_USDT: u32 = 1 << 4;
 /// A block event's `size` is the block's real extent (no allocator rules needed).
 pub const F_BLOCK_SIZE_KNOWN: u32 = 1 << 5;
+
+/// Whether a block event with these flags was found by comparing periodic snapshots of the
+/// allocator (the Python hook without PyTorch's trace tracker: [`F_SRC_SNAPSHOT`] with its
+/// extent, [`F_BLOCK_SIZE_KNOWN`]): every block that lived between two snapshots is missing, so
+/// such events cannot drive a simulation of the allocator (whatif, foresight). The tracker's, the
+/// probes' and the annotations' blocks come one event per request, their size often known too:
+/// those are not sampled.
+pub const fn sampled_block(flags: u32) -> bool {
+    flags & F_SRC_SNAPSHOT != 0 && flags & F_BLOCK_SIZE_KNOWN != 0
+}
 /// The call returned a non-zero code.
 pub const F_FAILED: u32 = 1 << 6;
 /// A segment or mapping made by a framework's caching allocator (its free space is cache, not in use).
