@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's two commands, verbatim, on a fresh Debian 12 system that has only a clone of this
 # repository: a privileged podman container of the debootstrap base image the container test
-# builds (scripts/container-base-image.sh), with this machine's Rust toolchain mounted read-only
+# builds (scripts/container-base-image.sh), in the host's process namespace, with this machine's Rust toolchain mounted read-only
 # (rustup's servers may be out of reach; the image has no Rust) and crates.io's cache mounted so
 # that nothing is downloaded twice. Prints each command's time and the tests' skip summary, and
 # writes them to $OUT/fresh-debian.md. A full build on 2 cores: about an hour.
@@ -33,10 +33,13 @@ if [ -r /etc/ssl/certs/ca-certificates.crt ]; then
       -e SSL_CERT_FILE=/opt/host-ca.crt -e REQUESTS_CA_BUNDLE=/opt/host-ca.crt -e CARGO_HTTP_CAINFO=/opt/host-ca.crt)
 fi
 run() {
+  # The host's process namespace (`--pid host`), as the DaemonSet's `hostPID: true`: the eBPF
+  # probes report pids of the kernel's initial namespace, which /proc names only there (in a
+  # private one every traced process reads as gone, and its container is unknown).
   # The host's hard open-files limit bounds the container's (podman's default exceeds it on some
   # hosts); a larger process limit is refused there too (root in the privileged container is not bound
   # by it: CAP_SYS_RESOURCE).
-  podman --runtime runc run --rm --privileged --network host \
+  podman --runtime runc run --rm --privileged --pid host --network host \
     --ulimit "nofile=$(ulimit -Hn):$(ulimit -Hn)" --ulimit nproc=1000:1000 \
     -v "$clone/gpufrag:/src" -w /src -v "$clone/containers:/var/lib/containers" \
     -v "$rustup_home:/opt/rustup:ro" -v "$cargo_home/bin:/opt/cargo/bin:ro" -v "$cargo_home/registry:/opt/cargo/registry" \

@@ -65,8 +65,12 @@ impl std::fmt::Display for Malformed {
 }
 
 /// The placement a `/proc/PID/cgroup` text gives. The v2 line, the `name=systemd` line and the
-/// `memory`, `pids`, `cpu` lines are read in that order; the first that names a container wins,
-/// else the first that names an unknown form, else the process is on the host.
+/// `memory`, `pids`, `cpu` lines are read in that order; of the lines that name a container the
+/// one with the deepest path wins (the first of those), else the first that names an unknown form,
+/// else the process is on the host. Deepest, because a runtime nested in a container (podman in
+/// podman, a kind node's containerd) may set up only some hierarchies: on a hybrid host the
+/// nested runc leaves the v2 line at the outer container's group while every v1 controller places
+/// the process in its own container below it (tests/fixtures/cgroup/podman-in-podman-hybrid.txt).
 pub fn parse_file(text: &str) -> Result<Placement, Malformed> {
     let mut paths: Vec<(u8, &str)> = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -95,14 +99,23 @@ pub fn parse_file(text: &str) -> Result<Placement, Malformed> {
     }
     paths.sort_by_key(|p| p.0);
     let mut unknown = None;
+    let mut deepest: Option<(usize, Container)> = None;
     for (_, p) in &paths {
         match parse_path(p) {
-            Placement::Container(c) => return Ok(Placement::Container(c)),
+            Placement::Container(c) => {
+                let depth = p.split('/').filter(|c| !c.is_empty()).count();
+                if deepest.as_ref().is_none_or(|(d, _)| depth > *d) {
+                    deepest = Some((depth, c));
+                }
+            }
             u @ Placement::Unknown { .. } => {
                 unknown.get_or_insert(u);
             }
             Placement::Host => {}
         }
+    }
+    if let Some((_, c)) = deepest {
+        return Ok(Placement::Container(c));
     }
     Ok(unknown.unwrap_or(Placement::Host))
 }
@@ -290,6 +303,17 @@ mod tests {
         "1575e8b4a92a9c340a657f3df4ddc0f6a6305c200879f3898b26368ad019b503",
         "docker",
         Some("a2acd1bccd50fd7790183537181f658e")
+    );
+
+    // real: podman in a privileged podman container on this hybrid host: the nested runc sets up
+    // the v1 controllers (each names the outer container, then its own) but leaves the v2 line at
+    // the outer container's group; the process is in the inner container
+    layout!(
+        podman_in_podman_on_hybrid_the_inner_container_wins_over_the_v2_line,
+        "podman-in-podman-hybrid.txt",
+        "a12b9e126fee4b4c896616e92df5b16c671b6dbcc46405fb19761d6f067355e3",
+        "podman",
+        None
     );
 
     /// The id podman gave the container of capture.sh's run (`podman inspect -f {{.Id}}`).
