@@ -201,8 +201,24 @@ impl ProcRead {
                 Ok(crate::hello::Environ::parse(&b))
             }
         });
-        ProcRead { exe, cgroup: take("cgroup").map(|b| String::from_utf8_lossy(&b).into_owned()), environ, namespace, node: None }
+        let mut cgroup = take("cgroup").map(|b| String::from_utf8_lossy(&b).into_owned());
+        // An exited process (a zombie, state Z or X in `stat`) has left its v1 cgroups for the
+        // root while its v2 line stays: its file no longer says its container (a nested
+        // container's process would read as the outer one's). Unknown, not wrong.
+        if cgroup.is_ok() && exited(&dir) {
+            cgroup = Err("the process has exited: its cgroup file no longer names its container".to_string());
+        }
+        ProcRead { exe, cgroup, environ, namespace, node: None }
     }
+}
+
+/// Whether the process of `/proc/PID` directory `dir` has exited (`stat`'s state after the
+/// command's closing parenthesis is `Z` or `X`); false when `stat` cannot be read.
+fn exited(dir: &std::path::Path) -> bool {
+    std::fs::read_to_string(dir.join("stat"))
+        .ok()
+        .and_then(|s| s.rfind(')').and_then(|i| s[i + 1..].split_whitespace().next().map(|st| matches!(st, "Z" | "X"))))
+        .unwrap_or(false)
 }
 
 struct Known {
@@ -779,6 +795,27 @@ mod tests {
     use super::*;
 
     const ID: &str = "2327a2aec169e25cf05f2a901486b7463fdb513ae097fc0ae6a3ca94381ddc40";
+
+    /// A zombie's `/proc/PID/cgroup` no longer says its container: on this hybrid host a nested
+    /// container's process that had exited read as its outer container's (the fresh Debian
+    /// container's deploy_containers run). Read of a real zombie (a child that exited, not yet
+    /// waited for): its cgroup is unknown, not wrong; a live process's is read.
+    #[test]
+    fn a_zombies_cgroup_is_unknown_not_its_roots() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let dir = Path::new("/proc").join(pid.to_string());
+        let t = std::time::Instant::now();
+        while !exited(&dir) && t.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(exited(&dir), "the child never became a zombie");
+        let r = ProcRead::read(Path::new("/proc"), pid);
+        assert!(r.cgroup.as_ref().is_err_and(|e| e.contains("has exited")), "{:?}", r.cgroup);
+        child.wait().unwrap();
+        let me = ProcRead::read(Path::new("/proc"), std::process::id());
+        assert!(me.cgroup.is_ok() && !exited(&Path::new("/proc").join(std::process::id().to_string())), "{:?}", me.cgroup);
+    }
 
     fn four() -> NodeGpus {
         NodeGpus { uuids: Some((0..4).map(|i| format!("GPU-{i:08x}-0000-4000-8000-000000000000")).collect()), ..NodeGpus::default() }
