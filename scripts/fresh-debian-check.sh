@@ -53,7 +53,7 @@ mkdir -p "$clone/containers"
 # Both commands run in one container, one after the other, so the second finds what the first
 # installed (as on a real machine).
 set +e
-run "set -o pipefail; s=\$(date +%s); ( ${cmds[0]} ) 2>&1 | tail -40; r1=\$?; m=\$(date +%s); ( ${cmds[1]} ) 2>&1 | tail -60; r2=\$?; e=\$(date +%s); echo \"TIMES main=\$((m-s))s rc=\$r1 tests=\$((e-m))s rc=\$r2\"; [ \$r1 = 0 ] && [ \$r2 = 0 ]" | tee "$out/fresh-debian.log"
+run "set -o pipefail; s=\$(date +%s); ( ${cmds[0]} ) 2>&1 | tail -40; r1=\$?; m=\$(date +%s); ( ${cmds[1]} ) > /src/tests.log 2>&1; r2=\$?; tail -60 /src/tests.log; e=\$(date +%s); echo \"TIMES main=\$((m-s))s rc=\$r1 tests=\$((e-m))s rc=\$r2\"; [ \$r1 = 0 ] && [ \$r2 = 0 ]" | tee "$out/fresh-debian.log"
 rc=${PIPESTATUS[0]}
 set -e
 {
@@ -63,5 +63,7 @@ set -e
   grep -E '^tests: exit|SKIPPED' "$out/fresh-debian.log" || true
 } > "$out/fresh-debian.md"
 cat "$out/fresh-debian.md"
+# The tests' whole output (the log above keeps its last 60 lines): a failure's own lines.
+cp "$clone/gpufrag/tests.log" "$out/tests.log" 2>/dev/null || true
 rm -rf "$clone"
 exit "$rc"
