@@ -127,10 +127,10 @@ fn demo_first_screen_shows_live_line_oom_and_verdict_once_and_leaves_no_file_in_
         at("[gpufrag] gpu0: reserved"),
         at("OOM in pid"),
         at("fragmentation OOM: 2.50 GiB requested"),
-        at("fix: set PYTORCH_CUDA_ALLOC_CONF"),
+        at("fix: With expandable_segments:True"),
     );
     assert!(live < oom && oom < verdict && verdict < fix, "order: live {live}, oom {oom}, verdict {verdict}, fix {fix}\n{stderr}");
-    for once in ["fragmentation OOM: 2.50 GiB requested", "fix: set PYTORCH_CUDA_ALLOC_CONF"] {
+    for once in ["fragmentation OOM: 2.50 GiB requested", "fix: With expandable_segments:True"] {
         assert_eq!(stderr.matches(once).count(), 1, "{once:?} should be printed once:\n{stderr}");
     }
     let left: Vec<_> = std::fs::read_dir(&cwd).expect("cwd").flatten().map(|e| e.file_name()).collect();
