@@ -37,6 +37,9 @@ command -v man >/dev/null || need+=(man-db)
 command -v prometheus >/dev/null || need+=(prometheus)
 python3 -c 'import yaml' 2>/dev/null || need+=(python3-yaml)
 dpkg -s python3-venv >/dev/null 2>&1 || need+=(python3-venv)
+# rotel-agent (the OTLP collector of the export tests, from PyPI) links Debian 12's libpython3.11,
+# which a minimal system lacks ("libpython3.11.so.1.0: cannot open shared object file").
+dpkg -s libpython3.11 >/dev/null 2>&1 || need+=(libpython3.11)
 # Deployment: a real container runtime (podman with runc: crun fails on hybrid cgroup layouts)
 # and debootstrap for its base image (no image registry is reachable).
 command -v podman >/dev/null || need+=(podman)
