@@ -977,11 +977,10 @@ impl Session {
             if e.pid != 0 && !self.placement.knows(e.pid) {
                 let mut read = crate::attribution::ProcRead::read(std::path::Path::new("/proc"), e.pid);
                 // Gone already: its cgroup and pod namespace as read while its exec was held (the
-                // environment then was the old image's, so it is not taken). A zombie counts as
-                // gone: its environ no longer reads, and its cgroup file may no longer say its
-                // container (on a hybrid host its v1 lines fall back to the root while the v2 line
-                // stays: a nested container's process then read as its outer container's).
-                if let Some(held) = self.held_reads.remove(&e.pid).filter(|_| read.cgroup.is_err() || read.environ.is_err()) {
+                // environment then was the old image's, so it is not taken). An exited process's
+                // cgroup reads as an error too (`ProcRead::read`: a zombie's file no longer names
+                // its container).
+                if let Some(held) = self.held_reads.remove(&e.pid).filter(|_| read.cgroup.is_err()) {
                     read.cgroup = held.cgroup;
                     read.namespace = held.namespace;
                 }
